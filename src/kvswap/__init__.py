@@ -1,0 +1,3 @@
+"""kvswap: a llama-server-compatible inference server with paged conversation state."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,80 @@
+"""The model's vocabulary: tokenize, token pieces, special tokens.
+
+Read-only libllama vocabulary calls, safe from any thread (HTTP handlers tokenize off the engine
+thread). Token pieces are cached per token, so turning a generated token into bytes on the hot
+path is a list lookup.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+
+TokenArray = npt.NDArray[np.int32]
+
+
+class Vocab:
+    """Wraps a `llama_vocab` pointer owned by the model."""
+
+    def __init__(self, ptr: llama_cpp.llama_vocab_p) -> None:
+        self.ptr = ptr
+        self.n_tokens: int = llama_cpp.llama_vocab_n_tokens(ptr)
+        self.bos: int = llama_cpp.llama_vocab_bos(ptr)
+        self.eos: int = llama_cpp.llama_vocab_eos(ptr)
+        self.eot: int = llama_cpp.llama_vocab_eot(ptr)
+        self.add_bos: bool = bool(llama_cpp.llama_vocab_get_add_bos(ptr))
+        self.add_eos: bool = bool(llama_cpp.llama_vocab_get_add_eos(ptr))
+        self._pieces: list[bytes | None] = [None] * self.n_tokens
+        self._special_pieces: list[bytes | None] = [None] * self.n_tokens
+        self._eog = np.zeros(self.n_tokens, dtype=bool)
+        for tok in range(self.n_tokens):
+            if llama_cpp.llama_vocab_is_eog(ptr, tok):
+                self._eog[tok] = True
+        self.eog_tokens: tuple[int, ...] = tuple(int(t) for t in np.flatnonzero(self._eog))
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> TokenArray:
+        """Tokens of `text`; `add_special` adds BOS/EOS as the model asks."""
+        data = text.encode("utf-8", "surrogatepass")
+        cap = len(data) + 8
+        while True:
+            out = (llama_cpp.llama_token * cap)()
+            n = llama_cpp.llama_tokenize(self.ptr, data, len(data), out, cap, add_special, parse_special)
+            if n >= 0:
+                return np.ctypeslib.as_array(out)[:n].astype(np.int32, copy=True)
+            cap = -n
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def valid(self, token: int) -> bool:
+        return 0 <= token < self.n_tokens
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token; control tokens are empty unless `special`."""
+        table = self._special_pieces if special else self._pieces
+        cached = table[token]
+        if cached is None:
+            cached = self._render_piece(token, special)
+            table[token] = cached
+        return cached
+
+    def _render_piece(self, token: int, special: bool) -> bytes:
+        cap = 64
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = llama_cpp.llama_token_to_piece(self.ptr, token, buf, cap, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            cap = -n
+
+    def detokenize(self, tokens: TokenArray | list[int], special: bool = False) -> str:
+        """Text of a token list (invalid UTF-8 replaced)."""
+        return b"".join(self.piece(int(t), special) for t in tokens).decode("utf-8", "replace")
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's stored text of a token (for logging and /tokenize pieces)."""
+        raw = llama_cpp.llama_vocab_get_text(self.ptr, token)
+        return raw.decode("utf-8", "replace") if raw else ""

@@ -1,0 +1,470 @@
+"""The engine thread: the only caller of libllama for contexts, slots and samplers.
+
+One loop, one step at a time: drain commands, start waiting work on idle slots, plan (pure),
+decode one batch, commit (sample, stream events, finish requests), publish a snapshot. HTTP
+handlers reach it only through `EngineClient`, which posts commands to `inbox`.
+
+Owns the context, the batch, the slots and their requests' sampler chains. Does no file I/O:
+slot files are read and written by workers around `SlotCapture` and `SlotApply`.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvswap.backend.batch import Batch
+from kvswap.backend.context import Context, ContextParams
+from kvswap.backend.model import Model
+from kvswap.backend.sampler import SamplerChain
+from kvswap.engine.commands import (
+    Applied,
+    Cancel,
+    Captured,
+    Command,
+    Erased,
+    Shutdown,
+    SlotApply,
+    SlotCapture,
+    SlotErase,
+    Submit,
+)
+from kvswap.engine.geometry import Geometry
+from kvswap.engine.metrics import EngineMetrics
+from kvswap.engine.planner import SlotWork, Span, StepPlan, plan_step
+from kvswap.engine.probs import top_probs
+from kvswap.engine.running import RunningRequest
+from kvswap.engine.scheduler import Job, WaitQueue
+from kvswap.engine.slot import Slot
+from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
+from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError
+
+log = logging.getLogger("kvswap.engine")
+
+# While slots are busy, the snapshot read by /slots and /metrics is refreshed at most this often.
+_SNAPSHOT_EVERY_S = 0.05
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's slice of the server configuration."""
+
+    geometry: Geometry
+    n_threads: int = 1
+    n_threads_batch: int = 1
+    flash_attn: str = "auto"
+    swa_full: bool = False
+    slot_prompt_similarity: float = 0.1
+    step_tokens: int = 0  # per-step token budget; 0 = n_ubatch
+
+
+@dataclass
+class _Placed:
+    """One span of the current batch, kept to commit or roll back the step."""
+
+    slot: Slot
+    span: Span
+    pos0: int
+    token: int  # the decoded token of a decode span (for rollback)
+
+
+class Engine:
+    """Runs requests on a model's context in a thread of its own."""
+
+    def __init__(self, model: Model, config: EngineConfig) -> None:
+        geo = config.geometry
+        self.model = model
+        self.vocab = model.vocab
+        self.config = config
+        self.ctx = Context(
+            model,
+            ContextParams(
+                n_ctx=geo.n_ctx,
+                n_seq_max=geo.n_parallel,
+                n_batch=geo.n_batch,
+                n_ubatch=geo.n_ubatch,
+                kv_unified=geo.kv_unified,
+                cache_type_k=geo.cache_type_k,
+                cache_type_v=geo.cache_type_v,
+                n_threads=config.n_threads,
+                n_threads_batch=config.n_threads_batch,
+                flash_attn=config.flash_attn,
+                swa_full=config.swa_full,
+            ),
+        )
+        self.n_ctx_slot = min(self.ctx.n_ctx_seq, model.info.n_ctx_train)
+        if geo.kv_unified_per_slot > 0:
+            self.n_ctx_slot = min(self.n_ctx_slot, geo.kv_unified_per_slot)
+        self.step_budget = max(1, min(config.step_tokens or geo.n_ubatch, geo.n_batch))
+        self.batch = Batch(max(self.step_budget, geo.n_parallel))
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(geo.n_parallel)]
+        self.waiting = WaitQueue(config.slot_prompt_similarity)
+        self.metrics = EngineMetrics()
+        self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._n_admitted = 0
+        self._last_run: dict[int, RunningRequest] = {}  # slot id -> its last request (for /slots)
+        self._swa_window = 0 if config.swa_full else model.info.n_swa
+        self._thread: threading.Thread | None = None
+        self.snapshot = self._make_snapshot()
+        self._t_snapshot = 0.0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kvswap-engine", daemon=True)
+        self._thread.start()
+
+    def post(self, cmd: Command) -> None:
+        self.inbox.put(cmd)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self._thread is not None:
+            self.inbox.put(Shutdown())
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+        self.batch.close()
+        self.ctx.close()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._drain(block=not self._busy()):
+                self._start_waiting()
+                plan = self._plan()
+                if plan.spans:
+                    self._step(plan)
+                now = time.monotonic()
+                if not self._busy() or now - self._t_snapshot >= _SNAPSHOT_EVERY_S:
+                    self.snapshot = self._make_snapshot()
+                    self._t_snapshot = now
+        except Exception:
+            log.exception("engine loop crashed")
+            self._fail_everything(ErrorKind.SERVER, "the engine stopped after an internal error")
+            raise
+        self._fail_everything(ErrorKind.UNAVAILABLE, "the server is shutting down")
+
+    def _busy(self) -> bool:
+        return any(s.running is not None for s in self.slots)
+
+    def _drain(self, block: bool) -> bool:
+        """Handle queued commands; False once asked to shut down."""
+        try:
+            cmd = self.inbox.get() if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if isinstance(cmd, Shutdown):
+                return False
+            self._handle(cmd)
+            try:
+                cmd = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _handle(self, cmd: Command) -> None:
+        if isinstance(cmd, Submit):
+            err = self._check_submit(cmd)
+            if err is not None:
+                cmd.sink(err)
+                return
+            prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
+            self.waiting.add(Job(cmd.req_id, cmd.request.id_slot, prompt, cmd))
+        elif isinstance(cmd, Cancel):
+            self._cancel(cmd.req_id)
+        elif isinstance(cmd, SlotCapture | SlotApply | SlotErase):
+            if not 0 <= cmd.slot_id < len(self.slots):
+                cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
+                return
+            self.waiting.add(Job(cmd.req_id, cmd.slot_id, None, cmd))
+
+    def _check_submit(self, cmd: Submit) -> EngineError | None:
+        req = cmd.request
+        n = len(req.prompt_tokens)
+        if not -1 <= req.id_slot < len(self.slots):
+            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, f"Invalid slot ID: {req.id_slot}")
+        if n == 0:
+            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, "the prompt is empty")
+        if n >= self.n_ctx_slot:
+            return EngineError(
+                cmd.req_id,
+                ErrorKind.EXCEED_CONTEXT,
+                f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} "
+                "tokens), try increasing it",
+                {"n_prompt_tokens": n, "n_ctx": self.n_ctx_slot},
+            )
+        bad = [t for t in req.prompt_tokens if not self.vocab.valid(t)]
+        if bad:
+            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, f"invalid token id in prompt: {bad[0]}")
+        return None
+
+    # -- admission --------------------------------------------------------------------------
+
+    def _start_waiting(self) -> None:
+        for job, slot in self.waiting.startable(self.slots):
+            cmd = job.payload
+            if isinstance(cmd, Submit):
+                assert job.prompt is not None
+                self._admit(cmd, job.prompt, slot)
+            elif isinstance(cmd, SlotCapture):
+                cmd.reply(self._capture(slot))
+            elif isinstance(cmd, SlotApply):
+                cmd.reply(self._apply(slot, cmd))
+            elif isinstance(cmd, SlotErase):
+                n = len(slot.tokens)
+                self._truncate(slot, 0)
+                cmd.reply(Erased(slot.id, n))
+
+    def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
+        req = cmd.request
+        n_keep = slot.tokens.common_prefix(prompt) if req.cache_prompt else 0
+        n_keep = min(n_keep, len(prompt) - 1)  # at least one token is evaluated
+        n_keep = self._truncate(slot, n_keep)
+        sampler = SamplerChain(self.vocab, req.sampling, self.n_ctx_slot)
+        for tok in prompt[max(0, len(prompt) - req.sampling.history_needed(self.n_ctx_slot)) :]:
+            sampler.accept(int(tok))
+        self._n_admitted += 1
+        slot.running = RunningRequest(cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted)
+        self._last_run[slot.id] = slot.running
+        self.metrics.on_prompt_cached(n_keep)
+
+    def _truncate(self, slot: Slot, n: int) -> int:
+        """Cut a slot's KV and tokens to the first `n`; returns what is kept (0 when the memory
+        cannot be cut there, e.g. recurrent state or a slid window)."""
+        if n >= len(slot.tokens):
+            return len(slot.tokens)
+        ok = n > 0 and self.ctx.seq_rm(slot.seq_id, n, -1)
+        if ok and self._swa_window > 0:
+            # Attention from position n needs the window before it: it must still be there.
+            ok = self.ctx.seq_pos_min(slot.seq_id) <= max(0, n - self._swa_window)
+        if not ok:
+            self.ctx.seq_clear(slot.seq_id)
+            n = 0
+        slot.tokens.truncate(n)
+        return n
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def _plan(self) -> StepPlan:
+        work = [
+            SlotWork(
+                slot_id=s.id,
+                n_decode=1 if s.running.pending is not None else 0,
+                n_prompt_left=s.running.n_prompt_left,
+                admitted=s.running.admitted,
+            )
+            for s in self.slots
+            if s.running is not None
+        ]
+        return plan_step(work, self.step_budget)
+
+    def _step(self, plan: StepPlan) -> None:
+        batch = self.batch
+        batch.clear()
+        placed: list[_Placed] = []
+        for span in plan.spans:
+            slot = self.slots[span.slot_id]
+            run = slot.running
+            assert run is not None
+            pos0 = len(slot.tokens)
+            if span.is_decode:
+                assert run.pending is not None
+                token = run.pending
+                toks = np.array([token], dtype=np.int32)
+                run.pending = None
+                run.out_index = batch.add_span(toks, pos0, slot.seq_id, True)
+            else:
+                token = -1
+                toks = run.prompt[run.n_done : run.n_done + span.n_tokens]
+                idx = batch.add_span(toks, pos0, slot.seq_id, span.ends_prompt)
+                run.out_index = idx if span.ends_prompt else -1
+                run.n_done += span.n_tokens
+            slot.tokens.append(toks)
+            placed.append(_Placed(slot, span, pos0, token))
+        t0 = time.perf_counter()
+        rc = self.ctx.decode(batch)
+        dt = time.perf_counter() - t0
+        if rc != 0:
+            self._on_decode_failure(rc, placed)
+            return
+        self.metrics.on_decode(
+            n_busy_slots=sum(1 for s in self.slots if s.running is not None),
+            n_prompt_tokens=plan.n_prompt_tokens,
+            seconds=dt,
+            max_tokens=max(len(p.slot.tokens) for p in placed),
+        )
+        for p in placed:
+            run = p.slot.running
+            assert run is not None
+            if p.span.is_decode or p.span.ends_prompt:
+                if p.span.ends_prompt:
+                    run.prompt_done()
+                    if run.request.return_progress and run.request.stream:
+                        run.sink(run.progress())
+                self._sample(p.slot, run)
+            elif run.request.return_progress and run.request.stream:
+                run.sink(run.progress())
+
+    def _sample(self, slot: Slot, run: RunningRequest) -> None:
+        token = self.ctx.sample(run.sampler.ptr, run.out_index)
+        probs = None
+        if run.request.n_probs > 0:
+            probs = top_probs(self.ctx.logits(run.out_index), token, run.request.n_probs, self.vocab.piece)
+        event = run.accept_token(
+            token,
+            self.vocab.piece(token),
+            self.vocab.is_eog(token),
+            len(slot.tokens),
+            self.n_ctx_slot,
+            slot.id,
+            probs,
+        )
+        if event is not None:
+            run.sink(event)
+        if run.finished:
+            self._release(slot)
+
+    def _release(self, slot: Slot, error: EngineError | None = None) -> None:
+        """End the slot's request: send its completion (or `error`) and free the slot."""
+        run = slot.running
+        assert run is not None
+        slot.running = None
+        slot.t_last_used = time.monotonic()
+        completion: Completion | EngineError
+        if error is not None:
+            completion = error
+        else:
+            completion = run.completion(slot.id, len(slot.tokens))
+            self.metrics.on_prediction(completion.timings.predicted_n, completion.timings.predicted_ms / 1e3)
+        run.close()
+        run.sink(completion)
+
+    def _on_decode_failure(self, rc: int, placed: list[_Placed]) -> None:
+        """Undo the step on every slot in the batch, then fail the request(s) it must cost."""
+        for p in placed:
+            run = p.slot.running
+            assert run is not None
+            kept = self._truncate(p.slot, p.pos0)
+            if p.span.is_decode:
+                run.pending = p.token
+            else:
+                run.n_done -= p.span.n_tokens
+            if kept < p.pos0:
+                # The memory could not be cut back (recurrent state): the request cannot go on.
+                self._release(p.slot, EngineError(run.req_id, ErrorKind.SERVER, "decode failed and the slot could not be restored"))
+        running = [p.slot for p in placed if p.slot.running is not None]
+        if not running:
+            return
+        if rc == 1:
+            # No room in the KV pool: the most recently admitted request gives way.
+            victim = max(running, key=lambda s: s.running.admitted if s.running else -1)
+            log.warning("KV pool full: refusing request %s on slot %d", victim.running.req_id if victim.running else -1, victim.id)
+            self._release(
+                victim,
+                EngineError(
+                    victim.running.req_id if victim.running else -1,
+                    ErrorKind.UNAVAILABLE,
+                    "the KV pool is full: no room for this request now (other slots hold their "
+                    "conversations); retry later or erase a slot",
+                ),
+            )
+            return
+        log.error("llama_decode failed with %d", rc)
+        for slot in running:
+            assert slot.running is not None
+            self._release(slot, EngineError(slot.running.req_id, ErrorKind.SERVER, f"llama_decode failed ({rc})"))
+
+    # -- cancellation and shutdown ----------------------------------------------------------
+
+    def _cancel(self, req_id: int) -> None:
+        job = self.waiting.remove(req_id)
+        if job is not None:
+            return
+        for slot in self.slots:
+            if slot.running is not None and slot.running.req_id == req_id:
+                slot.running.cancelled = True
+                self._release(slot)
+                return
+
+    def _fail_everything(self, kind: ErrorKind, message: str) -> None:
+        for slot in self.slots:
+            if slot.running is not None:
+                self._release(slot, EngineError(slot.running.req_id, kind, message))
+        for job in list(self.waiting.jobs):
+            cmd = job.payload
+            if isinstance(cmd, Submit):
+                cmd.sink(EngineError(job.req_id, kind, message))
+            elif isinstance(cmd, SlotCapture | SlotApply | SlotErase):
+                cmd.reply(KvswapError(kind, message))
+        self.waiting.jobs.clear()
+
+    # -- slot verbs -------------------------------------------------------------------------
+
+    def _capture(self, slot: Slot) -> Captured | KvswapError:
+        size = self.ctx.state_size(slot.seq_id)
+        buf = mmap.mmap(-1, max(size, 1))
+        n = self.ctx.state_get_into(slot.seq_id, memoryview(buf)[:size])
+        if n == 0 and size > 0:
+            buf.close()
+            return KvswapError(ErrorKind.SERVER, "Unable to save slot: libllama returned no state")
+        return Captured(slot.id, slot.tokens.view().copy(), buf, n)
+
+    def _apply(self, slot: Slot, cmd: SlotApply) -> Applied | KvswapError:
+        n_tokens = len(cmd.tokens)
+        if n_tokens > self.n_ctx_slot:
+            return KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                f"Unable to restore slot: the state holds {n_tokens} tokens, more than the slot's "
+                f"context ({self.n_ctx_slot})",
+            )
+        if n_tokens and (int(cmd.tokens.min()) < 0 or int(cmd.tokens.max()) >= self.vocab.n_tokens):
+            return KvswapError(ErrorKind.INVALID_REQUEST, "Unable to restore slot: invalid tokens in slot save file")
+        slot.tokens.truncate(0)
+        if not self.ctx.state_set_from(slot.seq_id, cmd.state):
+            return KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                "Unable to restore slot: No available space in KV cache or invalid slot save file",
+            )
+        slot.tokens.replace(cmd.tokens)
+        slot.t_last_used = time.monotonic()
+        return Applied(slot.id, n_tokens, len(memoryview(cmd.state)))
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def _make_snapshot(self) -> EngineSnapshot:
+        slots = []
+        for slot in self.slots:
+            run = slot.running or self._last_run.get(slot.id)
+            slots.append(
+                SlotSnapshot(
+                    id=slot.id,
+                    n_ctx=self.n_ctx_slot,
+                    is_processing=slot.running is not None,
+                    n_cached=len(slot.tokens),
+                    id_task=run.req_id if run else -1,
+                    request=run.request if run else None,
+                    n_prompt_tokens=len(run.prompt) if run else 0,
+                    n_prompt_tokens_processed=(run.n_done - run.n_cache) if run else 0,
+                    n_prompt_tokens_cache=run.n_cache if run else 0,
+                    n_decoded=len(run.generated) if run else 0,
+                    has_next_token=slot.running is not None,
+                    generated_text=run.text.content if run else "",
+                )
+            )
+        n_busy = sum(1 for s in self.slots if s.running is not None)
+        return EngineSnapshot(
+            slots=tuple(slots),
+            geometry=self.config.geometry,
+            n_ctx_slot=self.n_ctx_slot,
+            metrics=self.metrics.snapshot(n_busy, len(self.waiting)),
+            n_waiting=len(self.waiting),
+        )

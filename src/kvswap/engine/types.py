@@ -1,0 +1,189 @@
+"""The typed data that crosses the boundary between HTTP handlers and the engine thread.
+
+Requests go in as `GenerationRequest`; results come out as events (`PromptProgress`,
+`TokenEvent`, `Completion`, `EngineError`). Everything here is immutable plain data: no
+pointers, no locks, no libllama.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvswap.engine.sampling import SamplingParams
+
+
+class StopType(str, Enum):
+    """Why generation ended, as llama-server's `stop_type`."""
+
+    NONE = "none"  # cancelled or not finished
+    EOS = "eos"  # an end-of-generation token
+    LIMIT = "limit"  # n_predict reached, or the slot's window is full
+    WORD = "word"  # a stop string matched
+
+
+class ErrorKind(str, Enum):
+    """llama-server's error types; the HTTP status is `code`."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    EXCEED_CONTEXT = "exceed_context_size_error"
+    AUTHENTICATION = "authentication_error"
+    NOT_FOUND = "not_found_error"
+    SERVER = "server_error"
+    NOT_SUPPORTED = "not_supported_error"
+    UNAVAILABLE = "unavailable_error"
+
+    @property
+    def code(self) -> int:
+        return _ERROR_CODES[self]
+
+
+_ERROR_CODES = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.EXCEED_CONTEXT: 400,
+    ErrorKind.AUTHENTICATION: 401,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.SERVER: 500,
+    ErrorKind.NOT_SUPPORTED: 501,
+    ErrorKind.UNAVAILABLE: 503,
+}
+
+
+class KvswapError(Exception):
+    """A typed error for the outside world: becomes `{"error": {code, message, type}}`."""
+
+    def __init__(self, kind: ErrorKind, message: str, **extra: object) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.extra = extra  # extra fields llama-server puts beside code/message/type
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion request, tokenized, as the engine runs it."""
+
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until EOS, a stop string or the slot's window
+    stop: tuple[str, ...] = ()
+    id_slot: int = -1  # -1: choose by prefix similarity, then LRU
+    cache_prompt: bool = True
+    n_probs: int = 0  # top-N probabilities per generated token
+    post_sampling_probs: bool = False
+    return_progress: bool = False
+    timings_per_token: bool = False
+    stream: bool = False
+    t_max_predict_ms: int = 0  # 0: no time limit on generation
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's `timings` object."""
+
+    cache_n: int  # prompt tokens reused from the slot's cache
+    prompt_n: int  # prompt tokens evaluated
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float  # from the end of the prompt to the last token
+
+    @property
+    def prompt_per_token_ms(self) -> float:
+        return self.prompt_ms / self.prompt_n if self.prompt_n > 0 else 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 / self.prompt_ms * self.prompt_n if self.prompt_ms > 0 else 0.0
+
+    @property
+    def predicted_steps(self) -> int:
+        # The first generated token comes from the prompt's logits: it costs no decode step.
+        return max(0, self.predicted_n - 1)
+
+    @property
+    def predicted_per_token_ms(self) -> float:
+        steps = self.predicted_steps
+        return self.predicted_ms / steps if steps > 0 else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        steps = self.predicted_steps
+        return 1e3 / self.predicted_ms * steps if self.predicted_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    """One candidate token and its probability (or log-probability)."""
+
+    token: int
+    piece: bytes
+    prob: float  # probability in [0, 1]
+
+
+@dataclass(frozen=True)
+class TokenProbs:
+    """The sampled token and the top candidates at its position."""
+
+    token: int
+    piece: bytes
+    prob: float
+    top: tuple[TokenProb, ...]
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """Prefill progress (`return_progress`), as llama-server's `prompt_progress`."""
+
+    req_id: int
+    total: int  # prompt tokens in all
+    cache: int  # reused from the cache
+    processed: int  # cache + evaluated so far
+    time_ms: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Text produced by one step for one request (may be empty while text is held back)."""
+
+    req_id: int
+    id_slot: int
+    text: str
+    tokens: tuple[int, ...]
+    n_decoded: int
+    n_prompt_tokens: int
+    probs: tuple[TokenProbs, ...] = ()
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The final result of a request."""
+
+    req_id: int
+    id_slot: int
+    content: str
+    tokens: tuple[int, ...]
+    n_decoded: int
+    n_prompt_tokens: int
+    n_tokens_cached: int  # tokens held in the slot at the end
+    stop_type: StopType
+    stopping_word: str
+    timings: Timings
+    seed: int  # the seed the sampler actually used
+    sampling: SamplingParams
+    n_predict: int
+    probs: tuple[TokenProbs, ...] = ()
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class EngineError:
+    """A request failed; the error is typed for the HTTP layer."""
+
+    req_id: int
+    kind: ErrorKind
+    message: str
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+Event = PromptProgress | TokenEvent | Completion | EngineError
