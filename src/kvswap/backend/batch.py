@@ -60,9 +60,7 @@ class Batch:
         self.n_tokens = end
         return end - 1
 
-    def add_outputs(
-        self, tokens: npt.NDArray[np.int32], pos0: int, seq_id: int
-    ) -> int:
+    def add_outputs(self, tokens: npt.NDArray[np.int32], pos0: int, seq_id: int) -> int:
         """Append `tokens` with logits requested for every one; returns the first index."""
         start = self.n_tokens
         self.add_span(tokens, pos0, seq_id, False)

@@ -87,7 +87,7 @@ class Model:
     """A loaded model. Create with `Model.load`, release with `close`."""
 
     def __init__(self, ptr: llama_cpp.llama_model_p, info: ModelInfo) -> None:
-        self.ptr = ptr
+        self.ptr: llama_cpp.llama_model_p | None = ptr
         self.info = info
         self.vocab = Vocab(llama_cpp.llama_model_get_vocab(ptr))
 
@@ -130,6 +130,7 @@ class Model:
 
     def meta(self, key: str) -> str | None:
         """A GGUF metadata value as a string, or None when the key is absent."""
+        assert self.ptr is not None, "model is closed"
         return _meta_str(self.ptr, key)
 
     def close(self) -> None:

@@ -43,13 +43,17 @@ class SamplerChain:
         n_vocab = vocab.n_tokens
         biases = _logit_bias(vocab, p)
         if biases:
-            arr = (llama_cpp.llama_logit_bias * len(biases))(*biases)
+            arr = (llama_cpp.llama_logit_bias * len(biases))(
+                *(llama_cpp.llama_logit_bias(tok, bias) for tok, bias in biases)
+            )
             self._keepalive.append(arr)
             yield llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(biases), arr)
         seed = p.seed & 0xFFFFFFFF
         if p.mirostat == 1:
             yield llama_cpp.llama_sampler_init_temp(p.temperature)
-            yield llama_cpp.llama_sampler_init_mirostat(n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+            yield llama_cpp.llama_sampler_init_mirostat(
+                n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100
+            )
             return
         if p.mirostat == 2:
             yield llama_cpp.llama_sampler_init_temp(p.temperature)
@@ -60,15 +64,24 @@ class SamplerChain:
         for name in p.samplers:
             if name == "penalties":
                 yield llama_cpp.llama_sampler_init_penalties(
-                    n_vocab, repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                    n_vocab,
+                    repeat_last_n,
+                    p.repeat_penalty,
+                    p.frequency_penalty,
+                    p.presence_penalty,
                 )
             elif name == "dry":
                 breakers = [b.encode() for b in p.dry_sequence_breakers]
                 c_breakers = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
                 self._keepalive.append(c_breakers)
                 yield llama_cpp.llama_sampler_init_dry(
-                    vocab.ptr, p.dry_multiplier, p.dry_base, p.dry_allowed_length, dry_last_n,
-                    c_breakers, len(breakers),
+                    vocab.ptr,
+                    p.dry_multiplier,
+                    p.dry_base,
+                    p.dry_allowed_length,
+                    dry_last_n,
+                    c_breakers,
+                    len(breakers),
                 )
             elif name == "top_k":
                 yield llama_cpp.llama_sampler_init_top_k(p.top_k)
@@ -79,11 +92,15 @@ class SamplerChain:
             elif name == "min_p":
                 yield llama_cpp.llama_sampler_init_min_p(p.min_p, p.min_keep)
             elif name == "xtc":
-                yield llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, p.min_keep, seed)
+                yield llama_cpp.llama_sampler_init_xtc(
+                    p.xtc_probability, p.xtc_threshold, p.min_keep, seed
+                )
             elif name == "typ_p":
                 yield llama_cpp.llama_sampler_init_typical(p.typical_p, p.min_keep)
             elif name == "temperature":
-                yield llama_cpp.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
+                yield llama_cpp.llama_sampler_init_temp_ext(
+                    p.temperature, p.dynatemp_range, p.dynatemp_exponent
+                )
         if "adaptive_p" in p.samplers:
             yield llama_cpp.llama_sampler_init_adaptive_p(p.adaptive_target, p.adaptive_decay, seed)
         else:

@@ -41,7 +41,9 @@ class Vocab:
         cap = len(data) + 8
         while True:
             out = (llama_cpp.llama_token * cap)()
-            n = llama_cpp.llama_tokenize(self.ptr, data, len(data), out, cap, add_special, parse_special)
+            n = llama_cpp.llama_tokenize(
+                self.ptr, data, len(data), out, cap, add_special, parse_special
+            )
             if n >= 0:
                 return np.ctypeslib.as_array(out)[:n].astype(np.int32, copy=True)
             cap = -n

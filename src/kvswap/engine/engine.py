@@ -191,7 +191,9 @@ class Engine:
         req = cmd.request
         n = len(req.prompt_tokens)
         if not -1 <= req.id_slot < len(self.slots):
-            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, f"Invalid slot ID: {req.id_slot}")
+            return EngineError(
+                cmd.req_id, ErrorKind.INVALID_REQUEST, f"Invalid slot ID: {req.id_slot}"
+            )
         if n == 0:
             return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, "the prompt is empty")
         if n >= self.n_ctx_slot:
@@ -204,7 +206,9 @@ class Engine:
             )
         bad = [t for t in req.prompt_tokens if not self.vocab.valid(t)]
         if bad:
-            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, f"invalid token id in prompt: {bad[0]}")
+            return EngineError(
+                cmd.req_id, ErrorKind.INVALID_REQUEST, f"invalid token id in prompt: {bad[0]}"
+            )
         return None
 
     # -- admission --------------------------------------------------------------------------
@@ -233,7 +237,9 @@ class Engine:
         for tok in prompt[max(0, len(prompt) - req.sampling.history_needed(self.n_ctx_slot)) :]:
             sampler.accept(int(tok))
         self._n_admitted += 1
-        slot.running = RunningRequest(cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted)
+        slot.running = RunningRequest(
+            cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted
+        )
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 
@@ -318,7 +324,9 @@ class Engine:
         token = self.ctx.sample(run.sampler.ptr, run.out_index)
         probs = None
         if run.request.n_probs > 0:
-            probs = top_probs(self.ctx.logits(run.out_index), token, run.request.n_probs, self.vocab.piece)
+            probs = top_probs(
+                self.ctx.logits(run.out_index), token, run.request.n_probs, self.vocab.piece
+            )
         event = run.accept_token(
             token,
             self.vocab.piece(token),
@@ -344,7 +352,9 @@ class Engine:
             completion = error
         else:
             completion = run.completion(slot.id, len(slot.tokens))
-            self.metrics.on_prediction(completion.timings.predicted_n, completion.timings.predicted_ms / 1e3)
+            self.metrics.on_prediction(
+                completion.timings.predicted_n, completion.timings.predicted_ms / 1e3
+            )
         run.close()
         run.sink(completion)
 
@@ -360,14 +370,25 @@ class Engine:
                 run.n_done -= p.span.n_tokens
             if kept < p.pos0:
                 # The memory could not be cut back (recurrent state): the request cannot go on.
-                self._release(p.slot, EngineError(run.req_id, ErrorKind.SERVER, "decode failed and the slot could not be restored"))
+                self._release(
+                    p.slot,
+                    EngineError(
+                        run.req_id,
+                        ErrorKind.SERVER,
+                        "decode failed and the slot could not be restored",
+                    ),
+                )
         running = [p.slot for p in placed if p.slot.running is not None]
         if not running:
             return
         if rc == 1:
             # No room in the KV pool: the most recently admitted request gives way.
             victim = max(running, key=lambda s: s.running.admitted if s.running else -1)
-            log.warning("KV pool full: refusing request %s on slot %d", victim.running.req_id if victim.running else -1, victim.id)
+            log.warning(
+                "KV pool full: refusing request %s on slot %d",
+                victim.running.req_id if victim.running else -1,
+                victim.id,
+            )
             self._release(
                 victim,
                 EngineError(
@@ -381,7 +402,10 @@ class Engine:
         log.error("llama_decode failed with %d", rc)
         for slot in running:
             assert slot.running is not None
-            self._release(slot, EngineError(slot.running.req_id, ErrorKind.SERVER, f"llama_decode failed ({rc})"))
+            self._release(
+                slot,
+                EngineError(slot.running.req_id, ErrorKind.SERVER, f"llama_decode failed ({rc})"),
+            )
 
     # -- cancellation and shutdown ----------------------------------------------------------
 
@@ -427,7 +451,10 @@ class Engine:
                 f"context ({self.n_ctx_slot})",
             )
         if n_tokens and (int(cmd.tokens.min()) < 0 or int(cmd.tokens.max()) >= self.vocab.n_tokens):
-            return KvswapError(ErrorKind.INVALID_REQUEST, "Unable to restore slot: invalid tokens in slot save file")
+            return KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                "Unable to restore slot: invalid tokens in slot save file",
+            )
         slot.tokens.truncate(0)
         if not self.ctx.state_set_from(slot.seq_id, cmd.state):
             return KvswapError(

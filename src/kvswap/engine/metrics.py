@@ -49,7 +49,9 @@ class EngineMetrics:
         self.n_busy_slots_total = 0
         self.n_tokens_max = 0
 
-    def on_decode(self, n_busy_slots: int, n_prompt_tokens: int, seconds: float, max_tokens: int) -> None:
+    def on_decode(
+        self, n_busy_slots: int, n_prompt_tokens: int, seconds: float, max_tokens: int
+    ) -> None:
         """One successful llama_decode: its busy slots, prompt tokens and duration."""
         self.n_decode_total += 1
         self.n_busy_slots_total += n_busy_slots
@@ -67,7 +69,9 @@ class EngineMetrics:
         self.tokens_predicted_steps_total += max(0, n_tokens - 1)
         self.tokens_predicted_seconds_total += seconds
 
-    def snapshot(self, requests_processing: int, requests_deferred: int, **extra: float) -> MetricsSnapshot:
+    def snapshot(
+        self, requests_processing: int, requests_deferred: int, **extra: float
+    ) -> MetricsSnapshot:
         return MetricsSnapshot(
             prompt_tokens_total=self.prompt_tokens_total,
             prompt_tokens_cached_total=self.prompt_tokens_cached_total,

@@ -87,8 +87,14 @@ class RunningRequest:
     # -- generation ----------------------------------------------------------------------
 
     def accept_token(
-        self, token: int, piece: bytes, is_eog: bool, n_ctx_used: int, n_ctx_slot: int,
-        id_slot: int, probs: TokenProbs | None,
+        self,
+        token: int,
+        piece: bytes,
+        is_eog: bool,
+        n_ctx_used: int,
+        n_ctx_slot: int,
+        id_slot: int,
+        probs: TokenProbs | None,
     ) -> TokenEvent | None:
         """Apply one sampled token; returns the stream event (None when not streaming)."""
         now = time.perf_counter()
@@ -110,7 +116,9 @@ class RunningRequest:
             elif n_ctx_used + 1 >= n_ctx_slot:
                 # The next decode would need a cell past the slot's window.
                 self.stop_type = StopType.LIMIT
-            elif req.t_max_predict_ms > 0 and (now - self.t_prompt_end) * 1e3 >= req.t_max_predict_ms:
+            elif (
+                req.t_max_predict_ms > 0 and (now - self.t_prompt_end) * 1e3 >= req.t_max_predict_ms
+            ):
                 self.stop_type = StopType.LIMIT
         if self.stop_type is not StopType.NONE:
             self.finished = True

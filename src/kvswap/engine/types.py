@@ -8,12 +8,12 @@ pointers, no locks, no libllama.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from kvswap.engine.sampling import SamplingParams
 
 
-class StopType(str, Enum):
+class StopType(StrEnum):
     """Why generation ended, as llama-server's `stop_type`."""
 
     NONE = "none"  # cancelled or not finished
@@ -22,7 +22,7 @@ class StopType(str, Enum):
     WORD = "word"  # a stop string matched
 
 
-class ErrorKind(str, Enum):
+class ErrorKind(StrEnum):
     """llama-server's error types; the HTTP status is `code`."""
 
     INVALID_REQUEST = "invalid_request_error"

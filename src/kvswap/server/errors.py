@@ -1,0 +1,85 @@
+"""Typed HTTP errors: every failure leaves the server as `{"error": {code, message, type}}`.
+
+Owns the mapping from exceptions (KvswapError, request validation, malformed bodies, unknown
+routes, anything unexpected) to llama-server's error shape with the HTTP status equal to `code`.
+Installed on the app by `install_error_handlers`; routes just raise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvswap.engine.types import ErrorKind, KvswapError
+
+log = logging.getLogger("kvswap.server")
+
+
+def error_body(kind: ErrorKind, message: str, **extra: object) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": kind.code, "message": message, "type": kind.value}
+    body.update(extra)
+    return {"error": body}
+
+
+def error_response(kind: ErrorKind, message: str, **extra: object) -> JSONResponse:
+    return JSONResponse(error_body(kind, message, **extra), status_code=kind.code)
+
+
+def _describe_validation(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            return "Invalid JSON in request body: " + str(
+                err.get("ctx", {}).get("error", "parse error")
+            )
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{loc or 'body'}: {err.get('msg', 'invalid')}")
+    return "Invalid request: " + "; ".join(parts)
+
+
+_STATUS_KINDS = {
+    400: ErrorKind.INVALID_REQUEST,
+    401: ErrorKind.AUTHENTICATION,
+    404: ErrorKind.NOT_FOUND,
+    405: ErrorKind.NOT_FOUND,
+    413: ErrorKind.INVALID_REQUEST,
+    501: ErrorKind.NOT_SUPPORTED,
+    503: ErrorKind.UNAVAILABLE,
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(KvswapError)
+    async def _kvswap(_: Request, exc: KvswapError) -> JSONResponse:
+        return error_response(exc.kind, exc.message, **exc.extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(ErrorKind.INVALID_REQUEST, _describe_validation(exc))
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _json(_: Request, exc: json.JSONDecodeError) -> JSONResponse:
+        return error_response(ErrorKind.INVALID_REQUEST, f"Invalid JSON in request body: {exc}")
+
+    @app.exception_handler(UnicodeDecodeError)
+    async def _utf8(_: Request, exc: UnicodeDecodeError) -> JSONResponse:
+        return error_response(ErrorKind.INVALID_REQUEST, "Invalid UTF-8 in request body")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = _STATUS_KINDS.get(exc.status_code, ErrorKind.SERVER)
+        message = "File Not Found" if exc.status_code == 404 else str(exc.detail)
+        resp = error_response(kind, message)
+        resp.status_code = exc.status_code
+        return resp
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(ErrorKind.SERVER, f"internal error: {type(exc).__name__}")

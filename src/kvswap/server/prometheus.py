@@ -1,0 +1,179 @@
+"""/metrics: Prometheus text written by kvswap itself, in llama-server's style.
+
+Every name carries the `llamacpp:` prefix, counters and gauges each with HELP and TYPE lines, no
+`_created` series. The throughput gauges are rates since the previous read of /metrics, as
+llama-server's buckets; `MetricsRenderer` keeps the previous reading (it is the only state).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from kvswap.engine.metrics import MetricsSnapshot
+
+PREFIX = "llamacpp:"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str  # "counter" | "gauge"
+    help: str
+    value: float
+
+
+def _fmt(value: float) -> str:
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(metrics: list[Metric]) -> str:
+    lines = []
+    for m in metrics:
+        lines.append(f"# HELP {PREFIX}{m.name} {m.help}")
+        lines.append(f"# TYPE {PREFIX}{m.name} {m.kind}")
+        lines.append(f"{PREFIX}{m.name} {_fmt(m.value)}")
+    return "\n".join(lines) + "\n"
+
+
+# kvswap's own series: name -> (kind, help). Values come from MetricsSnapshot.extra.
+KVSWAP_SERIES: dict[str, tuple[str, str]] = {
+    "page_store_bytes": ("gauge", "Bytes held by the page store"),
+    "page_store_pages": ("gauge", "Pages held by the page store"),
+    "page_spill_held_bytes": ("gauge", "Bytes of pages held only by running spills"),
+    "ctx_checkpoint_bytes": ("gauge", "Bytes held by context checkpoints in slots"),
+    "page_out_total": ("counter", "Successful page_out operations"),
+    "page_in_total": ("counter", "Successful page_in operations"),
+    "page_failed_total": ("counter", "Page operations that failed"),
+    "ctx_checkpoints_evicted_budget_total": (
+        "counter",
+        "Checkpoints evicted to stay under the byte budget",
+    ),
+    "ctx_checkpoints_skipped_budget_total": (
+        "counter",
+        "Checkpoints skipped because the byte budget was full",
+    ),
+    "reconfigure_total": ("counter", "Successful live reconfigures"),
+    "reconfigure_failed_total": ("counter", "Live reconfigures refused or rolled back"),
+}
+
+
+class MetricsRenderer:
+    """Turns engine snapshots into /metrics text, with rates since the previous read."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prev = MetricsSnapshot()
+
+    def render(self, s: MetricsSnapshot) -> str:
+        with self._lock:
+            prev, self._prev = self._prev, s
+        d_prompt_t = s.prompt_seconds_total - prev.prompt_seconds_total
+        d_prompt_n = s.prompt_tokens_total - prev.prompt_tokens_total
+        d_pred_t = s.tokens_predicted_seconds_total - prev.tokens_predicted_seconds_total
+        d_pred_steps = s.tokens_predicted_steps_total - prev.tokens_predicted_steps_total
+        counters = [
+            Metric(
+                "prompt_tokens_total",
+                "counter",
+                "Number of prompt tokens processed, excluding cached tokens",
+                s.prompt_tokens_total,
+            ),
+            Metric(
+                "prompt_tokens_cached_total",
+                "counter",
+                "Number of prompt tokens reused from the cache",
+                s.prompt_tokens_cached_total,
+            ),
+            Metric(
+                "prompt_seconds_total",
+                "counter",
+                "Total time spent processing prompts",
+                s.prompt_seconds_total,
+            ),
+            Metric(
+                "tokens_predicted_total",
+                "counter",
+                "Number of generation tokens processed",
+                s.tokens_predicted_total,
+            ),
+            Metric(
+                "tokens_predicted_seconds_total",
+                "counter",
+                "Total time spent generating tokens",
+                s.tokens_predicted_seconds_total,
+            ),
+            Metric(
+                "n_decode_total",
+                "counter",
+                "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+                s.n_decode_total,
+            ),
+            Metric(
+                "n_tokens_max",
+                "counter",
+                "Largest observed sequence length (prompt + generation)",
+                s.n_tokens_max,
+            ),
+            Metric(
+                "spec_decode_num_draft_tokens_total",
+                "counter",
+                "Speculative: Total draft tokens generated",
+                s.spec_decode_num_draft_tokens_total,
+            ),
+            Metric(
+                "spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Speculative: Total draft tokens accepted by the target model",
+                s.spec_decode_num_accepted_tokens_total,
+            ),
+            Metric(
+                "spec_decode_num_drafts_total",
+                "counter",
+                "Speculative: Total speculative decoding verification steps",
+                s.spec_decode_num_drafts_total,
+            ),
+        ]
+        gauges = [
+            Metric(
+                "prompt_tokens_seconds",
+                "gauge",
+                "Average prompt throughput in tokens/s",
+                d_prompt_n / d_prompt_t if d_prompt_t > 0 else 0.0,
+            ),
+            Metric(
+                "predicted_tokens_seconds",
+                "gauge",
+                "Average generation throughput in tokens/s",
+                d_pred_steps / d_pred_t if d_pred_t > 0 else 0.0,
+            ),
+            Metric(
+                "requests_processing",
+                "gauge",
+                "Number of requests processing",
+                s.requests_processing,
+            ),
+            Metric(
+                "requests_deferred", "gauge", "Number of requests deferred", s.requests_deferred
+            ),
+            Metric(
+                "n_busy_slots_per_decode",
+                "gauge",
+                "Average number of busy slots per llama_decode() call",
+                s.n_busy_slots_per_decode,
+            ),
+        ]
+        own = [
+            Metric(name, kind, help_text, s.extra.get(name, 0.0))
+            for name, (kind, help_text) in KVSWAP_SERIES.items()
+        ]
+        return render(
+            [
+                *counters,
+                *[m for m in own if m.kind == "counter"],
+                *gauges,
+                *[m for m in own if m.kind == "gauge"],
+            ]
+        )

@@ -1,0 +1,100 @@
+"""Waiting work and slot choice: id_slot, longest prefix, LRU, and arrival order."""
+
+import numpy as np
+
+from kvswap.engine.scheduler import Job, WaitQueue, choose_slot
+from kvswap.engine.slot import Slot, TokenBuffer
+
+
+def _slots(n: int) -> list[Slot]:
+    return [Slot(i, n_ctx=1024, t_last_used=float(i)) for i in range(n)]
+
+
+def _prompt(*toks: int) -> np.ndarray:
+    return np.array(toks, dtype=np.int32)
+
+
+def test_token_buffer_common_prefix() -> None:
+    buf = TokenBuffer(4)
+    buf.append([1, 2, 3, 4, 5])
+    assert buf.common_prefix(_prompt(1, 2, 3, 9)) == 3
+    assert buf.common_prefix(_prompt(1, 2, 3, 4, 5, 6)) == 5
+    assert buf.common_prefix(_prompt(7)) == 0
+    assert buf.common_prefix(_prompt()) == 0
+    buf.truncate(2)
+    assert list(buf.view()) == [1, 2]
+
+
+def test_longest_prefix_above_similarity_wins() -> None:
+    slots = _slots(3)
+    slots[0].tokens.append([1, 2, 3])
+    slots[1].tokens.append([1, 2, 3, 4, 5])
+    chosen = choose_slot(slots, _prompt(1, 2, 3, 4, 5, 6), similarity=0.1, taken=set())
+    assert chosen is slots[1]
+
+
+def test_lru_when_no_prefix_is_similar_enough() -> None:
+    slots = _slots(3)
+    slots[0].tokens.append([9, 9, 9])
+    slots[0].t_last_used = 10.0
+    slots[1].t_last_used = 5.0
+    slots[2].t_last_used = 7.0
+    chosen = choose_slot(slots, _prompt(1, 2, 3), similarity=0.1, taken=set())
+    assert chosen is slots[1]
+
+
+def test_busy_slots_are_never_chosen() -> None:
+    slots = _slots(2)
+    slots[0].running = object()  # type: ignore[assignment]
+    slots[1].running = object()  # type: ignore[assignment]
+    assert choose_slot(slots, _prompt(1), similarity=0.1, taken=set()) is None
+
+
+def test_unpinned_requests_wait_in_order() -> None:
+    slots = _slots(2)
+    slots[0].running = object()  # type: ignore[assignment]
+    slots[1].running = object()  # type: ignore[assignment]
+    q = WaitQueue(similarity=0.1)
+    q.add(Job(1, -1, _prompt(1)))
+    q.add(Job(2, -1, _prompt(2)))
+    assert list(q.startable(slots)) == []
+    slots[1].running = None
+    started = []
+    for job, slot in q.startable(slots):
+        started.append((job.req_id, slot.id))
+        slot.running = object()  # type: ignore[assignment]
+    assert started == [(1, 1)]
+    assert [j.req_id for j in q.jobs] == [2]
+
+
+def test_jobs_on_one_slot_run_in_arrival_order() -> None:
+    slots = _slots(2)
+    slots[0].running = object()  # type: ignore[assignment]
+    q = WaitQueue(similarity=0.1)
+    q.add(Job(1, 0))  # a verb on the busy slot 0
+    q.add(Job(2, 0))
+    q.add(Job(3, 1))  # a verb on the idle slot 1: not held up by slot 0's queue
+    assert [(j.req_id, s.id) for j, s in q.startable(slots)] == [(3, 1)]
+    slots[0].running = None
+    # Verbs finish at once, so both jobs of slot 0 start in order in one pass.
+    assert [(j.req_id, s.id) for j, s in q.startable(slots)] == [(1, 0), (2, 0)]
+
+
+def test_an_unpinned_request_does_not_jump_a_slot_queue() -> None:
+    slots = _slots(1)
+    slots[0].running = object()  # type: ignore[assignment]
+    q = WaitQueue(similarity=0.1)
+    q.add(Job(1, 0))
+    q.add(Job(2, -1, _prompt(5)))
+    slots[0].running = None
+    started = [job.req_id for job, _slot in q.startable(slots)]
+    # The verb on slot 0 runs first; the request then finds the slot idle again.
+    assert started == [1, 2]
+
+
+def test_remove_drops_a_waiting_job() -> None:
+    q = WaitQueue(similarity=0.1)
+    q.add(Job(1, -1, _prompt(1)))
+    assert q.remove(1) is not None
+    assert q.remove(1) is None
+    assert len(q) == 0
