@@ -1,0 +1,318 @@
+"""The frozen settings `kvswap serve` runs with, one dataclass per component.
+
+Owns the shape and the defaults of kvswap's configuration. `flags.parse_serve_args` builds a
+`ServerConfig` once at start-up; each component receives only its slice (`ModelSettings` for the
+backend, `ContextSettings` for the engine, ...). A live reconfigure builds new instances with
+`dataclasses.replace`; nothing is mutated in place. No I/O here, except that the defaults of
+thread counts and of the page store ceiling probe the host (`machine.MachineInfo`) when a
+dataclass is built without them.
+
+Defaults are the pinned llama-server's (llama.cpp `common/common.h`, `common/arg.cpp`,
+`tools/server/server.cpp`) unless a comment says "kvswap-only".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvswap.config.machine import MachineInfo
+
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # libllama's "pick a random seed"; kvswap writes it as -1
+N_PARALLEL_AUTO_SLOTS = 4  # llama-server: -np auto (-1) means 4 slots with unified KV
+N_GPU_LAYERS_AUTO = -1  # -ngl auto
+N_GPU_LAYERS_ALL = -2  # -ngl all
+VERBOSITY_ALL = (1 << 31) - 1  # -v: llama-server sets the threshold to INT_MAX
+
+# llama-server's default sampler chain (common_params_sampling::samplers).
+DEFAULT_SAMPLERS: tuple[str, ...] = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+
+# -lm/--load-mode value -> (use_mmap, use_mlock) as libllama reads them.
+_LOAD_MODE_MMAP_MLOCK: dict[str, tuple[bool, bool]] = {
+    "auto": (True, False),  # mmap unless a device cannot; libllama decides
+    "none": (False, False),
+    "mmap": (True, False),
+    "mlock": (False, True),
+    "mmap+mlock": (True, True),
+    "dio": (False, False),  # direct I/O
+}
+LOAD_MODES: tuple[str, ...] = tuple(_LOAD_MODE_MMAP_MLOCK)
+
+
+def _probed_cpu_physical() -> int:
+    return MachineInfo.probe().n_cpu_physical
+
+
+def _probed_page_ram_bytes() -> int:
+    return MachineInfo.probe().default_page_ram_bytes()
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """One LoRA adapter loaded at start-up."""
+
+    path: str  # the adapter's GGUF file
+    scale: float = 1.0  # --lora gives 1.0; --lora-scaled FILE:SCALE gives SCALE
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What to load and how (the backend's slice)."""
+
+    # -m/--model (LLAMA_ARG_MODEL); None: the embedded SmolLM2 default model.
+    path: str | None = None
+    # The API name of the model: the first of `aliases` in sorted order, as llama-server
+    # (a std::set); None: the server derives it from the model path.
+    alias: str | None = None
+    # -a/--alias (LLAMA_ARG_ALIAS), comma-separated, stripped, deduplicated, sorted.
+    aliases: tuple[str, ...] = ()
+    # --tags (LLAMA_ARG_TAGS), comma-separated; informational, listed by /v1/models.
+    tags: tuple[str, ...] = ()
+    # -ngl/--gpu-layers/--n-gpu-layers (LLAMA_ARG_N_GPU_LAYERS): a layer count, or
+    # -1 = 'auto' (llama-server's default: as many as fit) or -2 = 'all'.
+    n_gpu_layers: int = N_GPU_LAYERS_AUTO
+    # -lm/--load-mode (LLAMA_ARG_LOAD_MODE): auto | none | mmap | mlock | mmap+mlock | dio.
+    # The pinned llama-server has no --mlock/--no-mmap any more; use_mmap and use_mlock below
+    # are read from this.
+    load_mode: str = "auto"
+    # --chat-template (LLAMA_ARG_CHAT_TEMPLATE): a template text or a built-in name; None: the
+    # GGUF's template. Set together with chat_template_file, the later flag wins (the other is
+    # None), as llama-server keeps one template.
+    chat_template: str | None = None
+    # --chat-template-file (LLAMA_ARG_CHAT_TEMPLATE_FILE): path of a jinja template file.
+    chat_template_file: str | None = None
+    # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
+    lora: tuple[LoraSpec, ...] = ()
+    # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).
+    lora_init_without_apply: bool = False
+
+    @property
+    def use_mmap(self) -> bool:
+        """Map the weights (from `load_mode`)."""
+        return _LOAD_MODE_MMAP_MLOCK[self.load_mode][0]
+
+    @property
+    def use_mlock(self) -> bool:
+        """Lock the weights in RAM (from `load_mode`)."""
+        return _LOAD_MODE_MMAP_MLOCK[self.load_mode][1]
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """The context geometry and per-slot policies (the engine's slice)."""
+
+    # -c/--ctx-size (LLAMA_ARG_CTX_SIZE): the KV pool in tokens; 0 = the model's training
+    # context. Without -c and with --kv-unified-per-slot N, the parser already set it to
+    # n_parallel_resolved * N, as llama-server.
+    n_ctx: int = 0
+    # -np/--parallel (LLAMA_ARG_N_PARALLEL): slot count; -1 = auto (see n_parallel_resolved).
+    n_parallel: int = -1
+    # -kvu/--kv-unified, -no-kvu/--no-kv-unified (LLAMA_ARG_KV_UNIFIED); None = not given
+    # (see kv_unified_resolved).
+    kv_unified: bool | None = None
+    # --kv-unified-per-slot (LLAMA_ARG_KV_UNIFIED_PER_SLOT): caps each slot's window at N
+    # tokens; 0 = off.
+    kv_unified_per_slot: int = 0
+    # -b/--batch-size (LLAMA_ARG_BATCH): logical batch.
+    n_batch: int = 2048
+    # -ub/--ubatch-size (LLAMA_ARG_UBATCH): physical batch; also the per-step token budget.
+    n_ubatch: int = 512
+    # -ctk/--cache-type-k, -ctv/--cache-type-v (LLAMA_ARG_CACHE_TYPE_K/_V): a ggml type name
+    # from values.KV_CACHE_TYPES.
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    # -t/--threads (LLAMA_ARG_THREADS): decode threads. Default: physical cores, as
+    # llama-server's common_cpu_get_num_math; a value <= 0 means all logical CPUs.
+    n_threads: int = field(default_factory=_probed_cpu_physical)
+    # -tb/--threads-batch (no env var): prompt threads. Default: n_threads; <= 0 means all
+    # logical CPUs.
+    n_threads_batch: int = field(default_factory=_probed_cpu_physical)
+    # -fa/--flash-attn (LLAMA_ARG_FLASH_ATTN): 'on' | 'off' | 'auto'.
+    flash_attn: str = "auto"
+    # --swa-full (LLAMA_ARG_SWA_FULL): full-size sliding-window cache (no checkpoints needed).
+    swa_full: bool = False
+    # -ctxcp/--ctx-checkpoints/--swa-checkpoints (LLAMA_ARG_CTX_CHECKPOINTS): per slot.
+    ctx_checkpoints: int = 32
+    # -cms/--checkpoint-min-step (LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT): tokens between
+    # checkpoints, >= 0; 0 = no minimum.
+    checkpoint_min_step: int = 8192
+    # kvswap-only --ctx-checkpoints-bytes (KVSWAP_ARG_CTX_CHECKPOINTS_BYTES): one byte budget
+    # over every slot's checkpoints; 0 = off.
+    ctx_checkpoints_bytes: int = 0
+    # --keep (no env var): tokens of the prompt kept by context shift; -1 = all.
+    n_keep: int = 0
+    # --context-shift/--no-context-shift (LLAMA_ARG_CONTEXT_SHIFT): off in llama-server.
+    context_shift: bool = False
+    # --cache-prompt/--no-cache-prompt (LLAMA_ARG_CACHE_PROMPT): default of a request's
+    # cache_prompt.
+    cache_prompt: bool = True
+
+    @property
+    def n_parallel_resolved(self) -> int:
+        """Slot count: n_parallel, or 4 when it is auto (-1), as llama-server."""
+        return N_PARALLEL_AUTO_SLOTS if self.n_parallel < 0 else self.n_parallel
+
+    @property
+    def kv_unified_resolved(self) -> bool:
+        """Unified KV as llama-server decides: always with auto n_parallel (it overrides even
+        -no-kvu there), else the flag, else off."""
+        if self.n_parallel < 0:
+            return True
+        return bool(self.kv_unified)
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """A request's sampling fields when it omits them (llama-server takes these from flags)."""
+
+    temperature: float = 0.8  # --temp/--temperature (LLAMA_ARG_TEMPERATURE), clamped >= 0
+    top_k: int = 40  # --top-k (LLAMA_ARG_TOP_K); <= 0: whole vocabulary
+    top_p: float = 0.95  # --top-p (LLAMA_ARG_TOP_P); 1.0 = off
+    min_p: float = 0.05  # --min-p (LLAMA_ARG_MIN_P); 0.0 = off
+    typical_p: float = 1.0  # --typical/--typical-p; 1.0 = off
+    repeat_last_n: int = 64  # --repeat-last-n, >= 0; 0 = off
+    repeat_penalty: float = 1.0  # --repeat-penalty (LLAMA_ARG_REPEAT_PENALTY), > 0; 1.0 = off
+    presence_penalty: float = 0.0  # --presence-penalty (LLAMA_ARG_PRESENCE_PENALTY)
+    frequency_penalty: float = 0.0  # --frequency-penalty (LLAMA_ARG_FREQUENCY_PENALTY)
+    dry_multiplier: float = 0.0  # --dry-multiplier; 0.0 = off
+    dry_base: float = 1.75  # --dry-base; values < 1.0 are ignored, as llama-server
+    dry_allowed_length: int = 2  # --dry-allowed-length
+    dry_penalty_last_n: int = 64  # --dry-penalty-last-n, >= 0; 0 = off
+    # --dry-sequence-breaker (repeatable; the first one clears the defaults; "none" = empty);
+    # backslash escapes processed unless --no-escape.
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
+    xtc_probability: float = 0.0  # --xtc-probability; 0.0 = off
+    xtc_threshold: float = 0.1  # --xtc-threshold; > 0.5 = off
+    top_n_sigma: float = -1.0  # --top-nsigma/--top-n-sigma; -1.0 = off
+    dynatemp_range: float = 0.0  # --dynatemp-range; 0.0 = off
+    dynatemp_exponent: float = 1.0  # --dynatemp-exp
+    adaptive_target: float = -1.0  # --adaptive-target; negative = off
+    adaptive_decay: float = 0.9  # --adaptive-decay
+    mirostat: int = 0  # --mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0
+    mirostat_tau: float = 5.0  # --mirostat-ent
+    mirostat_eta: float = 0.1  # --mirostat-lr
+    # -s/--seed: -1 = a random seed per request (libllama's LLAMA_DEFAULT_SEED 0xFFFFFFFF,
+    # which /props reports as 4294967295); else 0..4294967294.
+    seed: int = -1
+    n_predict: int = -1  # -n/--predict/--n-predict (LLAMA_ARG_N_PREDICT); -1 = no limit
+    n_probs: int = 0  # no flag in llama-server: per request only
+    ignore_eos: bool = False  # --ignore-eos
+    # -l/--logit-bias TOKEN_ID(+/-)BIAS (repeatable): (token id, bias) in flag order.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    # --samplers a;b;c (names and aliases) or --sampler-seq/--sampling-seq chars, as canonical
+    # llama-server names (common_sampler_type_to_str).
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP front end (the server's slice)."""
+
+    host: str = "127.0.0.1"  # --host (LLAMA_ARG_HOST): the first address of `hosts`
+    # --host, comma-separated addresses or UNIX socket paths ending in .sock.
+    hosts: tuple[str, ...] = ("127.0.0.1",)
+    port: int = 8080  # --port (LLAMA_ARG_PORT), 0..65535 (0: any free port)
+    # --api-key (LLAMA_API_KEY, comma-separated) then --api-key-file (LLAMA_ARG_API_KEY_FILE,
+    # one key per line, '#' comments), accumulated as llama-server; empty: no auth.
+    api_keys: tuple[str, ...] = ()
+    timeout_s: int = 3600  # -to/--timeout (LLAMA_ARG_TIMEOUT): read/write timeout
+    # --threads-http (LLAMA_ARG_THREADS_HTTP); -1: llama-server's max(n_parallel + 4, cpus - 1).
+    n_threads_http: int = -1
+    metrics: bool = False  # --metrics (LLAMA_ARG_ENDPOINT_METRICS): serve /metrics
+    slots_endpoint: bool = True  # --slots/--no-slots (LLAMA_ARG_ENDPOINT_SLOTS)
+    props_write: bool = False  # --props (LLAMA_ARG_ENDPOINT_PROPS): allow POST /props
+    # --slot-save-path (no env var): an existing directory, as given; None: save/restore off.
+    slot_save_path: str | None = None
+    api_prefix: str = ""  # --api-prefix (LLAMA_ARG_API_PREFIX), no trailing slash
+    # kvswap-only --max-body-bytes (KVSWAP_ARG_MAX_BODY_BYTES): request bodies past this: 413.
+    max_body_bytes: int = 32 << 20
+    # kvswap-only --max-n-predict (KVSWAP_ARG_MAX_N_PREDICT): caps every request's n_predict;
+    # -1 = no cap beyond the slot's window.
+    max_n_predict: int = -1
+
+
+@dataclass(frozen=True)
+class PagingSettings:
+    """The page store and the idle policies (the pages' slice)."""
+
+    # kvswap-only --page-ram-bytes (KVSWAP_ARG_PAGE_RAM_BYTES): the store's ceiling; default
+    # min(25% of physical RAM, 8 GiB), computed when parsing; 0 disables the store.
+    page_ram_bytes: int = field(default_factory=_probed_page_ram_bytes)
+    # kvswap-only --page-disk-bytes (KVSWAP_ARG_PAGE_DISK_BYTES): bound on spilled bytes under
+    # --slot-save-path; None = no bound.
+    page_disk_bytes: int | None = None
+    # -cram/--cache-ram (LLAMA_ARG_CACHE_RAM): llama-server's prompt cache in MiB;
+    # -1 = no limit, 0 = off.
+    cache_ram_mib: int = 8192
+    # -sps/--slot-prompt-similarity (no env var): least prefix share to reuse a slot; 0 = off.
+    slot_prompt_similarity: float = 0.1
+    # --sleep-idle-seconds (no env var): sleep after N idle seconds; -1 = never (0 refused).
+    sleep_idle_seconds: int = -1
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    """Speculative decoding (the drafter's slice)."""
+
+    # --spec-type (LLAMA_ARG_SPEC_TYPE): 'none' | 'draft-simple' | 'ngram-simple'. As the
+    # pinned llama-server, -md alone does not enable drafting.
+    spec_type: str = "none"
+    # --spec-draft-model/-md/--model-draft (LLAMA_ARG_SPEC_DRAFT_MODEL).
+    model_draft: str | None = None
+    n_max: int = 3  # --spec-draft-n-max (LLAMA_ARG_SPEC_DRAFT_N_MAX), >= 0
+    n_min: int = 0  # --spec-draft-n-min (LLAMA_ARG_SPEC_DRAFT_N_MIN)
+    p_min: float = 0.0  # --spec-draft-p-min/--draft-p-min (LLAMA_ARG_SPEC_DRAFT_P_MIN)
+    # --spec-draft-type-k/-ctkd/--cache-type-k-draft (LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K), and V.
+    cache_type_k_draft: str = "f16"
+    cache_type_v_draft: str = "f16"
+    # --spec-draft-ngl/-ngld/... (LLAMA_ARG_N_GPU_LAYERS_DRAFT): as n_gpu_layers (-1 auto).
+    n_gpu_layers_draft: int = N_GPU_LAYERS_AUTO
+    # --spec-draft-threads/-td/--threads-draft: default n_threads; <= 0: all logical CPUs.
+    n_threads_draft: int = field(default_factory=_probed_cpu_physical)
+    # --spec-draft-threads-batch/-tbd/--threads-batch-draft: default n_threads_batch (as
+    # llama-server's code, though its help says --threads-draft).
+    n_threads_batch_draft: int = field(default_factory=_probed_cpu_physical)
+    # ngram-simple: --spec-ngram-simple-size-n (lookup n-gram), -size-m (drafted m-gram),
+    # -min-hits, each 1..1024.
+    ngram_size_n: int = 12
+    ngram_size_m: int = 48
+    ngram_min_hits: int = 1
+    # The draft context has no -cd in the pinned tree: it takes the target's n_ctx.
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Logging (the process's slice)."""
+
+    verbose: bool = False  # -v/--verbose/--log-verbose given
+    # -lv/--verbosity/--log-verbosity (LLAMA_ARG_LOG_VERBOSITY): 0 generic, 1 error, 2 warning,
+    # 3 info, 4 trace, 5 debug; -v sets it to VERBOSITY_ALL (the later flag wins).
+    verbosity: int = 3
+    log_disable: bool = False  # --log-disable
+    log_file: str | None = None  # --log-file (LLAMA_ARG_LOG_FILE)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `kvswap serve` was started with."""
+
+    model: ModelSettings = field(default_factory=ModelSettings)
+    context: ContextSettings = field(default_factory=ContextSettings)
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    paging: PagingSettings = field(default_factory=PagingSettings)
+    spec: SpecSettings = field(default_factory=SpecSettings)
+    log: LogSettings = field(default_factory=LogSettings)
+    # llama-server flags accepted but not implemented by kvswap, as spelled on the command line
+    # (or the environment variable's name), in order, once each; the server logs them.
+    ignored_flags: tuple[str, ...] = ()

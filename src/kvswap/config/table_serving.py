@@ -1,0 +1,190 @@
+"""Flag table: llama-server's server-specific flags kvswap implements, and kvswap's own flags.
+
+Owns the entries and setters for the HTTP front end, slots, checkpoints, the prompt cache, the
+page store and the request limits. kvswap-only flags take `KVSWAP_ARG_*` environment variables.
+`--api-key-file`, `--chat-template-file` and `--slot-save-path` look at the file system.
+"""
+
+from __future__ import annotations
+
+import os
+
+from kvswap.config.argspec import (
+    Builder,
+    Flag,
+    Group,
+    Kind,
+    flag,
+    set_bool,
+    set_float,
+    set_int,
+    set_size,
+)
+from kvswap.config.sizes import parse_size
+from kvswap.config.values import read_int, split_csv
+
+VALUE, VOID, TOGGLE = Kind.VALUE, Kind.VOID, Kind.TOGGLE
+SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
+
+
+def _comma_words(v: str) -> set[str]:
+    return {word.strip() for word in v.split(",") if word.strip()}
+
+
+def _add_aliases(b: Builder, v: str) -> None:
+    b.update("model", aliases=tuple(sorted(set(b.model.aliases) | _comma_words(v))))
+
+
+def _add_tags(b: Builder, v: str) -> None:
+    b.update("model", tags=tuple(sorted(set(b.model.tags) | _comma_words(v))))
+
+
+def _set_hosts(b: Builder, v: str) -> None:
+    hosts = tuple(host.strip() for host in split_csv(v) if host.strip())
+    if not hosts:
+        raise ValueError("--host requires at least one address")
+    b.update("http", hosts=hosts, host=hosts[0])
+
+
+def _add_api_keys(b: Builder, v: str) -> None:
+    keys = tuple(key for key in split_csv(v) if key)
+    b.update("http", api_keys=b.http.api_keys + keys)
+
+
+def _add_api_key_file(b: Builder, v: str) -> None:
+    try:
+        with open(v, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ValueError(f"failed to open file '{v}': {e.strerror}") from None
+    keys = tuple(line for line in lines if line and not line.startswith("#"))
+    b.update("http", api_keys=b.http.api_keys + keys)
+
+
+def _set_slot_save_path(b: Builder, v: str) -> None:
+    if not os.path.isdir(v):
+        raise ValueError(f"not a directory: {v}")
+    b.update("http", slot_save_path=v)
+
+
+def _set_chat_template(b: Builder, v: str) -> None:
+    b.update("model", chat_template=v, chat_template_file=None)
+
+
+def _set_chat_template_file(b: Builder, v: str) -> None:
+    if not os.path.isfile(v):
+        raise ValueError(f"failed to open file '{v}'")
+    b.update("model", chat_template_file=v, chat_template=None)
+
+
+def _set_checkpoint_min_step(b: Builder, v: str) -> None:
+    step = read_int(v)
+    if step < 0:
+        raise ValueError("checkpoint-min-step must be non-negative")
+    b.update("context", checkpoint_min_step=step)
+
+
+def _set_sleep_idle(b: Builder, v: str) -> None:
+    seconds = read_int(v)
+    if seconds == 0 or seconds < -1:
+        raise ValueError("invalid value: cannot be 0 or less than -1")
+    b.update("paging", sleep_idle_seconds=seconds)
+
+
+def _set_max_body_bytes(b: Builder, v: str) -> None:
+    n_bytes = parse_size(v, "--max-body-bytes")
+    if n_bytes < 1:
+        raise ValueError("must be at least 1 byte")
+    b.update("http", max_body_bytes=n_bytes)
+
+
+# fmt: off
+FLAGS: tuple[Flag, ...] = (
+    flag("--kv-unified-per-slot", VALUE, SERVER,
+         set_int("context", "kv_unified_per_slot", lo=0), env="LLAMA_ARG_KV_UNIFIED_PER_SLOT",
+         hint="N", help="context limit per parallel slot (default: 0 = unset); without "
+         "-c/--ctx-size the shared KV pool is sized to n_parallel*N"),
+    flag("-kvu --kv-unified", TOGGLE, SERVER, set_bool("context", "kv_unified"),
+         neg="-no-kvu --no-kv-unified", env="LLAMA_ARG_KV_UNIFIED",
+         help="single unified KV buffer shared across all sequences (default: enabled if the "
+         "number of slots is auto)"),
+    flag("-ctxcp --ctx-checkpoints --swa-checkpoints", VALUE, SERVER,
+         set_int("context", "ctx_checkpoints", lo=0), env="LLAMA_ARG_CTX_CHECKPOINTS",
+         hint="N", help="max number of context checkpoints per slot (default: 32)"),
+    flag("-cms --checkpoint-min-step", VALUE, SERVER, _set_checkpoint_min_step,
+         env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", hint="N",
+         help="minimum spacing between context checkpoints in tokens (default: 8192, "
+         "0 = no minimum)"),
+    flag("-cram --cache-ram", VALUE, SERVER, set_int("paging", "cache_ram_mib", lo=-1),
+         env="LLAMA_ARG_CACHE_RAM", hint="N",
+         help="maximum prompt cache size in MiB (default: 8192, -1 - no limit, 0 - disable)"),
+    flag("--cache-prompt", TOGGLE, SERVER, set_bool("context", "cache_prompt"),
+         neg="--no-cache-prompt", env="LLAMA_ARG_CACHE_PROMPT",
+         help="prompt caching (default: enabled)"),
+    flag("-a --alias", VALUE, SERVER, _add_aliases, env="LLAMA_ARG_ALIAS", hint="STRING",
+         help="model name aliases, comma-separated (to be used by API)"),
+    flag("--tags", VALUE, SERVER, _add_tags, env="LLAMA_ARG_TAGS", hint="STRING",
+         help="model tags, comma-separated (informational)"),
+    flag("--host", VALUE, SERVER, _set_hosts, env="LLAMA_ARG_HOST", hint="HOST",
+         help="IP addresses to listen on, comma-separated, or UNIX socket paths ending in "
+         ".sock (default: 127.0.0.1)"),
+    flag("--port", VALUE, SERVER, set_int("http", "port", lo=0, hi=65535),
+         env="LLAMA_ARG_PORT", hint="PORT", help="port to listen (default: 8080)"),
+    flag("--api-prefix", VALUE, SERVER, lambda b, v: b.update("http", api_prefix=v),
+         env="LLAMA_ARG_API_PREFIX", hint="PREFIX",
+         help="prefix path the server serves from, without the trailing slash (default: '')"),
+    flag("--api-key", VALUE, SERVER, _add_api_keys, env="LLAMA_API_KEY", hint="KEY",
+         help="API key for authentication, several as a comma-separated list (default: none)"),
+    flag("--api-key-file", VALUE, SERVER, _add_api_key_file, env="LLAMA_ARG_API_KEY_FILE",
+         hint="FNAME", help="file of API keys, one per line, '#' starts a comment line"),
+    flag("-to --timeout", VALUE, SERVER, set_int("http", "timeout_s", lo=0),
+         env="LLAMA_ARG_TIMEOUT", hint="N",
+         help="server read/write timeout in seconds (default: 3600)"),
+    flag("--threads-http", VALUE, SERVER, set_int("http", "n_threads_http"),
+         env="LLAMA_ARG_THREADS_HTTP", hint="N",
+         help="threads used to process HTTP requests (default: -1)"),
+    flag("--metrics", VOID, SERVER, set_bool("http", "metrics"),
+         env="LLAMA_ARG_ENDPOINT_METRICS",
+         help="enable prometheus compatible metrics endpoint (default: disabled)"),
+    flag("--props", VOID, SERVER, set_bool("http", "props_write"),
+         env="LLAMA_ARG_ENDPOINT_PROPS",
+         help="enable changing global properties via POST /props (default: disabled)"),
+    flag("--slots", TOGGLE, SERVER, set_bool("http", "slots_endpoint"), neg="--no-slots",
+         env="LLAMA_ARG_ENDPOINT_SLOTS",
+         help="expose slots monitoring endpoint (default: enabled)"),
+    flag("--slot-save-path", VALUE, SERVER, _set_slot_save_path, hint="PATH",
+         help="path to save slot kv cache (default: disabled)"),
+    flag("--chat-template", VALUE, SERVER, _set_chat_template, env="LLAMA_ARG_CHAT_TEMPLATE",
+         hint="JINJA_TEMPLATE",
+         help="set custom jinja chat template (default: template taken from model's metadata)"),
+    flag("--chat-template-file", VALUE, SERVER, _set_chat_template_file,
+         env="LLAMA_ARG_CHAT_TEMPLATE_FILE", hint="JINJA_TEMPLATE_FILE",
+         help="set custom jinja chat template file (default: template from model's metadata)"),
+    flag("-sps --slot-prompt-similarity", VALUE, SERVER,
+         set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
+         help="how much the prompt of a request must match the prompt of a slot to use that "
+         "slot (default: 0.10, 0.0 = disabled)"),
+    flag("--lora-init-without-apply", VOID, SERVER, set_bool("model", "lora_init_without_apply"),
+         help="load LoRA adapters without applying them (apply later via POST /lora-adapters)"),
+    flag("--sleep-idle-seconds", VALUE, SERVER, _set_sleep_idle, hint="SECONDS",
+         help="seconds of idleness after which the server sleeps (default: -1 = disabled)"),
+    flag("--ctx-checkpoints-bytes", VALUE, KVSWAP,
+         set_size("context", "ctx_checkpoints_bytes", "--ctx-checkpoints-bytes"),
+         env="KVSWAP_ARG_CTX_CHECKPOINTS_BYTES", hint="SIZE",
+         help="one byte budget over all slots' context checkpoints (default: 0 = off)"),
+    flag("--page-ram-bytes", VALUE, KVSWAP,
+         set_size("paging", "page_ram_bytes", "--page-ram-bytes"),
+         env="KVSWAP_ARG_PAGE_RAM_BYTES", hint="SIZE",
+         help="ceiling of the RAM page store (default: min(25% of RAM, 8G); 0 = no store)"),
+    flag("--page-disk-bytes", VALUE, KVSWAP,
+         set_size("paging", "page_disk_bytes", "--page-disk-bytes"),
+         env="KVSWAP_ARG_PAGE_DISK_BYTES", hint="SIZE",
+         help="bound on the bytes of spilled pages (default: no bound)"),
+    flag("--max-body-bytes", VALUE, KVSWAP, _set_max_body_bytes,
+         env="KVSWAP_ARG_MAX_BODY_BYTES", hint="SIZE",
+         help="largest request body accepted (default: 32M)"),
+    flag("--max-n-predict", VALUE, KVSWAP, set_int("http", "max_n_predict", lo=-1),
+         env="KVSWAP_ARG_MAX_N_PREDICT", hint="N",
+         help="cap on every request's n_predict (default: -1 = only the slot's window)"),
+)
+# fmt: on

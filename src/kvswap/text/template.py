@@ -1,0 +1,555 @@
+"""Chat templates (Hugging Face jinja, as stored in GGUF metadata) rendered as llama-server does.
+
+Owns `ChatTemplate`, the message/tool validation that llama-server applies before rendering
+(`normalize_messages`, `validate_messages`, `normalize_tools`), the typed errors, and the BOS/EOS
+edge helpers. Rendering runs in jinja2's `ImmutableSandboxedEnvironment` configured as Hugging
+Face's `apply_chat_template` (trim_blocks, lstrip_blocks, loopcontrols, `{% generation %}`,
+`tojson` with ensure_ascii=False, `raise_exception`, `strftime_now`), with llama-server's context
+(common/chat.cpp, `common_chat_template_direct_apply_impl`): messages, bos_token, eos_token,
+enable_thinking, tools, datetime, date_string, then `chat_template_kwargs` merged on top, then
+add_generation_prompt.
+
+Messages are first reshaped as llama-server reshapes them (`common_chat_msgs_parse_oaicompat`,
+`common_chat_msg::to_json_oaicompat`): content is always a string ("" for null), text parts are
+joined with newlines unless the template only renders typed content, role "developer" becomes
+"system", and a system message is merged into the next one when the template ignores the system
+role. The template's capabilities are probed once, at construction.
+
+Safe to call from any thread (no libllama, no shared mutable state); it does not tokenize: the
+caller tokenizes the result with special-token parsing (see `strip_leading_bos`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\\n' -}}\n"
+    "{%- endif -%}"
+)
+"""llama-server's fallback when the model has no template (`CHATML_TEMPLATE_SRC`)."""
+
+_MEDIA_PART_TYPES = {
+    "image_url": "image",
+    "input_audio": "audio",
+    "input_video": "video",
+    "video_url": "video",
+}
+
+
+class TemplateError(Exception):
+    """The chat template could not be compiled or rendered."""
+
+
+class TemplateSyntaxError(TemplateError):
+    """The template source does not compile."""
+
+
+class TemplateRenderError(TemplateError):
+    """Rendering failed (undefined value, type error, sandbox violation, ...)."""
+
+
+class TemplateRaisedError(TemplateRenderError):
+    """The template called `raise_exception(message)`: it refuses these inputs."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"Jinja Exception: {message}")
+        self.template_message = message
+
+
+class InvalidMessagesError(ValueError):
+    """A chat request's messages, tools or template kwargs have a shape llama-server rejects."""
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateCaps:
+    """What the template does with its inputs, found by rendering probes (llama.cpp jinja/caps)."""
+
+    supports_string_content: bool
+    """Renders `content` given as a string."""
+    supports_typed_content: bool
+    """Renders `content` given as a list of typed parts (used only when strings are not)."""
+    supports_system_role: bool
+    """Renders a system message's content (else it is merged into the next message)."""
+    supports_tools: bool
+    """Renders the `tools` list."""
+    supports_thinking: bool
+    """Output depends on `enable_thinking` (llama-server's default for it)."""
+
+
+def strip_leading_bos(text: str, bos_token: str) -> tuple[str, bool]:
+    """Remove the BOS text the template emitted; return (text, whether it was there).
+
+    llama-server tokenizes the prompt with add_special=True and parse_special=True; when the
+    vocabulary adds BOS itself (`llama_vocab_get_add_bos`) it strips the template's leading BOS
+    first, so the prompt has exactly one. `ChatTemplate(add_bos=True)` does this in `render`.
+    """
+    if bos_token and text.startswith(bos_token):
+        return text[len(bos_token) :], True
+    return text, False
+
+
+def strip_trailing_eos(text: str, eos_token: str) -> tuple[str, bool]:
+    """Remove a trailing EOS text (llama-server does when the vocabulary adds EOS itself)."""
+    if eos_token and text.endswith(eos_token):
+        return text[: len(text) - len(eos_token)], True
+    return text, False
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: llama-server's oaicompat_chat_params_parse + common_chat_msgs_parse_oaicompat.
+
+
+def _dump(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _fail(message: str) -> NoReturn:
+    raise InvalidMessagesError(message)
+
+
+def _parse_fail(message: str) -> NoReturn:
+    raise InvalidMessagesError(f"Failed to parse messages: {message}")
+
+
+def _optional_str(message: Mapping[str, Any], key: str) -> str:
+    value = message.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        _parse_fail(f"Invalid '{key}' type: expected string, got {_dump(value)}")
+    return value
+
+
+def _content_parts(content: list[Any]) -> list[dict[str, str]]:
+    parts: list[dict[str, str]] = []
+    for part in content:
+        if not isinstance(part, Mapping) or "type" not in part:
+            _parse_fail(f"Missing content part type: {_dump(part)}")
+        part_type = part["type"]
+        if part_type in _MEDIA_PART_TYPES:
+            kind = _MEDIA_PART_TYPES[part_type]
+            _fail(
+                f"{kind} input is not supported - hint: if this is unexpected, "
+                "you may need to provide the mmproj"
+            )
+        if part_type != "text":
+            _fail("unsupported content[].type")
+        text = part.get("text")
+        if not isinstance(text, str):
+            _parse_fail(f"Invalid 'text' in content part: expected string, got {_dump(part)}")
+        parts.append({"type": "text", "text": text})
+    return parts
+
+
+def _tool_call(tool_call: object) -> dict[str, Any]:
+    if not isinstance(tool_call, Mapping) or "type" not in tool_call:
+        _parse_fail(f"Missing tool call type: {_dump(tool_call)}")
+    if tool_call["type"] != "function":
+        _parse_fail(f"Unsupported tool call type: {_dump(tool_call)}")
+    function = tool_call.get("function")
+    if not isinstance(function, Mapping):
+        _parse_fail(f"Missing tool call function: {_dump(tool_call)}")
+    name = function.get("name")
+    if not isinstance(name, str):
+        _parse_fail(f"Missing tool call name: {_dump(tool_call)}")
+    if "arguments" not in function:
+        _parse_fail(f"Missing tool call arguments: {_dump(tool_call)}")
+    arguments = function["arguments"]
+    out: dict[str, Any] = {
+        "type": "function",
+        "function": {
+            "name": name,
+            "arguments": arguments if isinstance(arguments, str) else _dump(arguments),
+        },
+    }
+    call_id = _optional_str(tool_call, "id")
+    if call_id:
+        out["id"] = call_id
+    return out
+
+
+def _normalize_message(message: object) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        _parse_fail(f"Expected 'message' to be an object, got {_dump(message)}")
+    if "role" not in message:
+        _parse_fail(f"Missing 'role' in message: {_dump(message)}")
+    role = message["role"]
+    if not isinstance(role, str):
+        _parse_fail(f"Invalid 'role' type: expected string, got {_dump(role)}")
+    has_content = "content" in message
+    if role != "assistant" and not has_content:
+        _fail("All non-assistant messages must contain 'content'")
+    tool_calls = message.get("tool_calls")
+    if role == "assistant" and not has_content and "tool_calls" not in message:
+        _fail("Assistant message must contain either 'content' or 'tool_calls'!")
+    content = message.get("content")
+    out: dict[str, Any] = {"role": role}
+    if isinstance(content, str) or content is None:
+        out["content"] = content or ""
+    elif isinstance(content, list):
+        parts = _content_parts(content)
+        out["content"] = parts if parts else ""
+    else:
+        _fail("Expected 'content' to be a string or an array")
+    for key in ("reasoning_content", "name", "tool_call_id"):
+        value = _optional_str(message, key)
+        if value:
+            out[key] = value
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            _parse_fail(f"Expected 'tool_calls' to be an array, got {_dump(tool_calls)}")
+        if tool_calls:
+            out["tool_calls"] = [_tool_call(call) for call in tool_calls]
+    return out
+
+
+def normalize_messages(messages: object) -> list[dict[str, Any]]:
+    """Validate request messages and reshape them as llama-server hands them to templates.
+
+    Each result has `role` and `content` (a string, or a list of {"type": "text"} parts), plus
+    non-empty `reasoning_content`, `name`, `tool_call_id` and `tool_calls` (arguments as JSON
+    text). Unknown fields are dropped. Raises `InvalidMessagesError` with llama-server's message.
+    """
+    if not isinstance(messages, list):
+        _fail("Expected 'messages' to be an array")
+    return [_normalize_message(message) for message in messages]
+
+
+def validate_messages(messages: object) -> None:
+    """Raise `InvalidMessagesError` for messages llama-server rejects (see `normalize_messages`)."""
+    normalize_messages(messages)
+
+
+def normalize_tools(tools: object) -> list[dict[str, Any]] | None:
+    """Validate OpenAI `tools` and reshape them as llama-server does; None when absent or empty."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        _fail(f"Failed to parse tools: Expected 'tools' to be an array, got {_dump(tools)}")
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if not isinstance(tool, Mapping) or "type" not in tool:
+            _fail(f"Failed to parse tools: Missing tool type: {_dump(tool)}")
+        if tool["type"] != "function":
+            _fail(f"Failed to parse tools: Unsupported tool type: {_dump(tool)}")
+        function = tool.get("function")
+        if not isinstance(function, Mapping):
+            _fail(f"Failed to parse tools: Missing tool function: {_dump(tool)}")
+        name = function.get("name")
+        if not isinstance(name, str):
+            _fail(f"Failed to parse tools: Missing tool function name: {_dump(tool)}")
+        description = function.get("description", "")
+        parameters = function.get("parameters", {})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": description if isinstance(description, str) else "",
+                    "parameters": parameters,
+                },
+            }
+        )
+    return out or None
+
+
+# ---------------------------------------------------------------------------------------------
+# Message workarounds (common/chat.cpp, namespace workaround and messages_inp_normalizer).
+
+
+def join_text_parts(parts: list[dict[str, str]]) -> str:
+    """llama-server's `concat_content_parts`: newline between parts once text is non-empty."""
+    text = ""
+    for part in parts:
+        if text:
+            text += "\n"
+        text += part["text"]
+    return text
+
+
+def _as_string_content(content: str | list[dict[str, str]]) -> str:
+    return content if isinstance(content, str) else join_text_parts(content)
+
+
+def _as_typed_content(content: str | list[dict[str, str]]) -> list[dict[str, str]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def _merge_system_into_next(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    if len(messages) == 1:
+        return []
+    system, nxt = messages[0], dict(messages[1])
+    if isinstance(system["content"], str) and isinstance(nxt["content"], str):
+        nxt["content"] = system["content"] + "\n" + nxt["content"]
+    else:
+        nxt["content"] = _as_typed_content(system["content"]) + _as_typed_content(nxt["content"])
+    return [nxt, *messages[2:]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The jinja2 environment, as transformers' chat template utilities build it.
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for HF's training masks;
+    for inference it renders its body."""
+
+    tags = {"generation"}  # noqa: RUF012 - jinja2's Extension API declares a class attribute
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        call = self.call_method("_render_body")
+        return nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+def _tojson(
+    value: object,
+    ensure_ascii: bool = False,
+    indent: int | str | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """HF's `tojson`: plain `json.dumps` (no HTML escaping, non-ASCII kept by default)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _raise_exception(message: object) -> NoReturn:
+    raise TemplateRaisedError(str(message))
+
+
+def _new_environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    return env
+
+
+_PROBE_MARKER = "<<kvswap-probe-8d1f>>"
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": _PROBE_MARKER,
+        "description": "Tool description",
+        "parameters": {"type": "object", "properties": {"arg": {"type": "string"}}},
+    },
+}
+
+
+def _probe_caps(*, string: bool, typed: bool) -> TemplateCaps:
+    """Caps assumed while probing: only the content shape matters to `_prepare`."""
+    return TemplateCaps(
+        supports_string_content=string,
+        supports_typed_content=typed,
+        supports_system_role=True,
+        supports_tools=False,
+        supports_thinking=False,
+    )
+
+
+class ChatTemplate:
+    """One compiled chat template with its tokens and probed capabilities.
+
+    `add_bos`/`add_eos`: the vocabulary adds BOS/EOS itself when tokenizing, so `render` strips
+    the template's own leading BOS / trailing EOS text (as llama-server). `clock` gives the time
+    for `strftime_now`, `datetime` and `date_string` (local time by default).
+    """
+
+    def __init__(
+        self,
+        source: str,
+        bos_token: str,
+        eos_token: str,
+        *,
+        add_bos: bool = False,
+        add_eos: bool = False,
+        clock: Callable[[], datetime] = datetime.now,
+    ) -> None:
+        self.source = source
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.add_bos = add_bos
+        self.add_eos = add_eos
+        self._clock = clock
+        # GPT-OSS templates give "developer" its own meaning; llama-server maps it elsewhere.
+        self._maps_developer_role = "<|channel|>" not in source
+        try:
+            self._template = _new_environment().from_string(source)
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateSyntaxError(f"chat template line {e.lineno}: {e.message}") from e
+        except Exception as e:  # a template is untrusted input: any compile failure is its fault
+            raise TemplateSyntaxError(f"chat template does not compile: {e}") from e
+        self.caps = self._probe_caps()
+
+    def render(
+        self,
+        messages: object,
+        *,
+        add_generation_prompt: bool = True,
+        tools: object = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        enable_thinking: bool | None = None,
+        **extra: Any,
+    ) -> str:
+        """Validate, reshape and render `messages`; return the prompt text.
+
+        `tools`: OpenAI tools (None or empty: `tools` is none in the template).
+        `chat_template_kwargs`: merged over the context, as llama-server (they may override
+        anything but `add_generation_prompt=True`); a boolean `enable_thinking` among them sets
+        `enable_thinking`. `enable_thinking`: None means llama-server's default with reasoning
+        "auto", i.e. `caps.supports_thinking`. `extra`: more context variables, merged last.
+        Raises `InvalidMessagesError` for bad inputs and `TemplateError` when rendering fails.
+        """
+        kwargs = dict(chat_template_kwargs or {})
+        thinking = self.caps.supports_thinking if enable_thinking is None else enable_thinking
+        kwarg_thinking = kwargs.get("enable_thinking")
+        if isinstance(kwarg_thinking, bool):
+            thinking = kwarg_thinking
+        elif isinstance(kwarg_thinking, str):
+            _fail('invalid type for "enable_thinking" (expected boolean, got string)')
+        prepared = self._prepare(normalize_messages(messages), self.caps)
+        context = self._context(
+            prepared,
+            tools=normalize_tools(tools),
+            enable_thinking=thinking,
+            add_generation_prompt=add_generation_prompt,
+            overrides={**kwargs, **extra},
+        )
+        text = self._render(context)
+        if self.add_bos:
+            text, _ = strip_leading_bos(text, self.bos_token)
+        if self.add_eos:
+            text, _ = strip_trailing_eos(text, self.eos_token)
+        return text
+
+    def _prepare(self, messages: list[dict[str, Any]], caps: TemplateCaps) -> list[dict[str, Any]]:
+        only_typed = caps.supports_typed_content and not caps.supports_string_content
+        convert = _as_typed_content if only_typed else _as_string_content
+        out = []
+        for message in messages:
+            message = {**message, "content": convert(message["content"])}
+            if self._maps_developer_role and message["role"] == "developer":
+                message["role"] = "system"
+            out.append(message)
+        if not caps.supports_system_role:
+            out = _merge_system_into_next(out)
+        return out
+
+    def _context(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None,
+        enable_thinking: bool,
+        add_generation_prompt: bool,
+        overrides: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        now = self._clock()
+        context: dict[str, Any] = {
+            "strftime_now": now.strftime,
+            "messages": messages,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "enable_thinking": enable_thinking,
+            "tools": tools,
+            "datetime": now.strftime("%b %d %Y"),
+            "date_string": now.strftime("%d %b %Y"),
+        }
+        context.update(overrides)
+        if add_generation_prompt:
+            context["add_generation_prompt"] = True
+        context.setdefault("add_generation_prompt", False)
+        # llama-server's reasoning aliases (jinja/caps.cpp): set first, explicit keys win.
+        aliases: dict[str, Any] = {}
+        preserve = context.get("preserve_reasoning")
+        if isinstance(preserve, bool):
+            aliases["preserve_thinking"] = preserve
+            for key in ("clear_thinking", "truncate_history_thinking", "drop_thinking"):
+                aliases[key] = not preserve
+        effort = context.get("reasoning_effort")
+        if isinstance(effort, str) and effort:
+            aliases["reasoning_strength"] = effort
+        return {**aliases, **context}
+
+    def _render(self, context: Mapping[str, Any]) -> str:
+        try:
+            return self._template.render(context)
+        except TemplateError:
+            raise
+        except jinja2.TemplateError as e:
+            raise TemplateRenderError(f"chat template failed: {e}") from e
+        except Exception as e:  # untrusted template code: every failure is a render error
+            raise TemplateRenderError(f"chat template failed: {type(e).__name__}: {e}") from e
+
+    def _probe(
+        self,
+        messages: list[dict[str, Any]],
+        caps: TemplateCaps,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        enable_thinking: bool = False,
+    ) -> str | None:
+        """Render fixed inputs; None when the template refuses them (that is the answer)."""
+        try:
+            context = self._context(
+                self._prepare(messages, caps),
+                tools=tools,
+                enable_thinking=enable_thinking,
+                add_generation_prompt=True,
+                overrides={},
+            )
+            return self._render(context)
+        except TemplateError:
+            return None
+
+    def _probe_caps(self) -> TemplateCaps:
+        # Probes mirror llama.cpp's common/jinja/caps.cpp, judged on the output instead of on
+        # value-access statistics.
+        caps = _probe_caps(string=True, typed=False)
+        user = {"role": "user", "content": _PROBE_MARKER}
+        as_string = self._probe([user], caps)
+        string_ok = as_string is not None and _PROBE_MARKER in as_string
+        typed_ok = False
+        if not string_ok:
+            as_typed = self._probe([user], _probe_caps(string=False, typed=True))
+            typed_ok = as_typed is not None and _PROBE_MARKER in as_typed
+        caps = _probe_caps(string=string_ok or not typed_ok, typed=typed_ok)
+        hello = {"role": "user", "content": "User message"}
+        with_system = self._probe([{"role": "system", "content": _PROBE_MARKER}, hello], caps)
+        system_ok = with_system is not None and _PROBE_MARKER in with_system
+        with_tools = self._probe([hello], caps, tools=[_PROBE_TOOL])
+        tools_ok = with_tools is not None and _PROBE_MARKER in with_tools
+        thinking_on = self._probe([hello], caps, enable_thinking=True)
+        thinking_off = self._probe([hello], caps, enable_thinking=False)
+        thinking_ok = thinking_on is not None and thinking_on != thinking_off
+        return TemplateCaps(
+            supports_string_content=caps.supports_string_content,
+            supports_typed_content=typed_ok,
+            supports_system_role=system_ok,
+            supports_tools=tools_ok,
+            supports_thinking=thinking_ok,
+        )
