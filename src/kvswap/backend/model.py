@@ -55,6 +55,8 @@ class ModelInfo:
     is_hybrid: bool
     chat_template: str | None
     architecture: str
+    ftype: str  # quantization, e.g. "Q4_1"
+    vocab_type: int  # enum llama_vocab_type
 
 
 def _meta_str(model: llama_cpp.llama_model_p, key: str) -> str | None:
@@ -125,6 +127,8 @@ class Model:
             is_hybrid=bool(llama_cpp.llama_model_is_hybrid(ptr)),
             chat_template=template.decode("utf-8", "replace") if template else None,
             architecture=_meta_str(ptr, "general.architecture") or "",
+            ftype=(llama_cpp.llama_ftype_name(llama_cpp.llama_model_ftype(ptr)) or b"").decode(),
+            vocab_type=llama_cpp.llama_vocab_type(llama_cpp.llama_model_get_vocab(ptr)),
         )
         return cls(ptr, info)
 

@@ -17,18 +17,24 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kvswap.engine.types import ErrorKind, KvswapError
+from kvswap.server.guard import BodyTooLarge
 
 log = logging.getLogger("kvswap.server")
 
 
-def error_body(kind: ErrorKind, message: str, **extra: object) -> dict[str, Any]:
-    body: dict[str, Any] = {"code": kind.code, "message": message, "type": kind.value}
+def error_body(
+    kind: ErrorKind, message: str, status: int | None = None, **extra: object
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": status or kind.code, "message": message, "type": kind.value}
     body.update(extra)
     return {"error": body}
 
 
-def error_response(kind: ErrorKind, message: str, **extra: object) -> JSONResponse:
-    return JSONResponse(error_body(kind, message, **extra), status_code=kind.code)
+def error_response(
+    kind: ErrorKind, message: str, status: int | None = None, **extra: object
+) -> JSONResponse:
+    """The typed error body with the HTTP status equal to its `code`."""
+    return JSONResponse(error_body(kind, message, status, **extra), status_code=status or kind.code)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -47,7 +53,6 @@ _STATUS_KINDS = {
     400: ErrorKind.INVALID_REQUEST,
     401: ErrorKind.AUTHENTICATION,
     404: ErrorKind.NOT_FOUND,
-    405: ErrorKind.NOT_FOUND,
     413: ErrorKind.INVALID_REQUEST,
     501: ErrorKind.NOT_SUPPORTED,
     503: ErrorKind.UNAVAILABLE,
@@ -57,7 +62,9 @@ _STATUS_KINDS = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KvswapError)
     async def _kvswap(_: Request, exc: KvswapError) -> JSONResponse:
-        return error_response(exc.kind, exc.message, **exc.extra)
+        return JSONResponse(
+            error_body(exc.kind, exc.message, None, **exc.extra), status_code=exc.kind.code
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -73,11 +80,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = _STATUS_KINDS.get(exc.status_code, ErrorKind.SERVER)
-        message = "File Not Found" if exc.status_code == 404 else str(exc.detail)
-        resp = error_response(kind, message)
-        resp.status_code = exc.status_code
-        return resp
+        # llama-server answers an unknown route or method alike: 404 "File Not Found".
+        status = 404 if exc.status_code == 405 else exc.status_code
+        kind = _STATUS_KINDS.get(status, ErrorKind.SERVER)
+        message = "File Not Found" if status == 404 else str(exc.detail)
+        return error_response(kind, message, status=status)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
+        return error_response(
+            ErrorKind.INVALID_REQUEST, "request body is larger than the limit", status=413
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

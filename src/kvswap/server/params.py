@@ -141,10 +141,10 @@ def build_sampling(
         min_p=d.min_p if b.min_p is None else _clamp(b.min_p, 0.0, 1.0),
         typical_p=_pick(b.typical_p, d.typical_p),
         xtc_probability=(
-            d.xtc_probability if b.xtc_probability is None else _clamp(b.xtc_probability, 0, 1)
+            d.xtc_probability if b.xtc_probability is None else _clamp(b.xtc_probability, 0.0, 1.0)
         ),
         xtc_threshold=(
-            d.xtc_threshold if b.xtc_threshold is None else _clamp(b.xtc_threshold, 0, 1)
+            d.xtc_threshold if b.xtc_threshold is None else _clamp(b.xtc_threshold, 0.0, 1.0)
         ),
         top_n_sigma=_pick(b.top_n_sigma, d.top_n_sigma),
         repeat_last_n=_pick(b.repeat_last_n, d.repeat_last_n),

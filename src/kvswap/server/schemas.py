@@ -222,6 +222,11 @@ class OaiCompletionRequest(GenerationFields):
         return self
 
 
+# Content parts that carry media (`oaicompat_content_load_media`): valid OpenAI, refused by
+# params.chat_messages with a 501 (kvswap has no multimodal support).
+MEDIA_PART_TYPES = frozenset({"image_url", "input_audio", "input_video", "video_url"})
+
+
 class ContentPart(Body):
     """One part of a message's content: `text` here; media parts are refused by params.py."""
 
@@ -236,9 +241,6 @@ class ContentPart(Body):
         elif self.type not in MEDIA_PART_TYPES:
             raise ValueError(f"unsupported content[].type: {self.type!r}")
         return self
-
-
-MEDIA_PART_TYPES = frozenset({"image_url", "input_audio", "input_video", "video_url"})
 
 
 class ToolCallFunction(Body):

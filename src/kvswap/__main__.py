@@ -1,0 +1,7 @@
+"""`python -m kvswap` runs the console script."""
+
+import sys
+
+from kvswap.cli import main
+
+sys.exit(main())

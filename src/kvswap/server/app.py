@@ -1,0 +1,54 @@
+"""The FastAPI application: routes, typed errors, the guard, and the loader's lifespan.
+
+`create_app(config, loader)` builds the ASGI app; the loader (model + engine) starts when the
+event loop does, and the guard answers 503 until it is ready. One process, one event loop: the
+engine thread does the model work, handlers only validate, tokenize, post and shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from kvswap import __version__
+from kvswap.config.settings import ServerConfig
+from kvswap.server import routes_generate, routes_info, routes_slots
+from kvswap.server.errors import install_error_handlers
+from kvswap.server.guard import Guard
+from kvswap.server.loader import Loader
+from kvswap.server.openapi import hoist_defs
+
+
+def create_app(config: ServerConfig, loader: Loader) -> Guard:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        import asyncio
+
+        loader.start(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(
+        title="kvswap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
+    )
+    app.state.loader = loader
+    install_error_handlers(app)
+    app.include_router(routes_info.router)
+    app.include_router(routes_generate.router)
+    app.include_router(routes_slots.router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = hoist_defs(FastAPI.openapi(app))
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return Guard(
+        app,
+        api_keys=config.http.api_keys,
+        api_prefix=config.http.api_prefix,
+        max_body_bytes=config.http.max_body_bytes,
+        is_ready=loader.ready,
+    )

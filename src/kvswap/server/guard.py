@@ -1,0 +1,140 @@
+"""The ASGI guard in front of every route: API prefix, API keys, body size, loading state.
+
+A plain ASGI middleware (no per-request task or body buffering of its own):
+- `--api-prefix`: paths under the prefix are served with it stripped; others are 404.
+- `--api-key`/`--api-key-file`: every route but /health and /v1/health needs a key, in
+  `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time against every key.
+- `--max-body-bytes`: a larger body (by Content-Length, or counted as it streams in) is a 413.
+- While the model loads, every route (/health included) answers 503, as llama-server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from kvswap.engine.types import ErrorKind
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
+def _body(kind: ErrorKind, message: str, status: int | None = None) -> tuple[int, bytes]:
+    payload = {"error": {"code": status or kind.code, "message": message, "type": kind.value}}
+    return status or kind.code, json.dumps(payload).encode()
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def key_matches(given: str, keys: Sequence[str]) -> bool:
+    """Constant-time comparison against every key (no early exit on the first match)."""
+    given_b = given.encode()
+    ok = False
+    for key in keys:
+        ok |= hmac.compare_digest(given_b, key.encode())
+    return ok
+
+
+def _request_key(scope: Scope) -> str:
+    headers = {k.lower(): v for k, v in scope.get("headers", [])}
+    raw = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+    value = raw.decode("latin-1")
+    return value[len("Bearer ") :] if value.startswith("Bearer ") else value
+
+
+class BodyTooLarge(Exception):
+    """The request body went past --max-body-bytes while streaming in."""
+
+
+class Guard:
+    """Wraps the app; see the module docstring."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_keys: Sequence[str],
+        api_prefix: str,
+        max_body_bytes: int,
+        is_ready: Callable[[], bool],
+    ) -> None:
+        self.app = app
+        self.api_keys = tuple(api_keys)
+        self.api_prefix = api_prefix.rstrip("/")
+        self.max_body_bytes = max_body_bytes
+        self.is_ready = is_ready
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if self.api_prefix:
+            if path != self.api_prefix and not path.startswith(self.api_prefix + "/"):
+                await _respond(send, *_body(ErrorKind.NOT_FOUND, "File Not Found"))
+                return
+            path = path[len(self.api_prefix) :] or "/"
+            scope = {
+                **scope,
+                "path": path,
+                "root_path": scope.get("root_path", "") + self.api_prefix,
+            }
+        if not self.is_ready():
+            await _respond(send, *_body(ErrorKind.UNAVAILABLE, "Loading model"))
+            return
+        if (
+            self.api_keys
+            and path not in PUBLIC_PATHS
+            and scope.get("method") != "OPTIONS"
+            and not key_matches(_request_key(scope), self.api_keys)
+        ):
+            await _respond(send, *_body(ErrorKind.AUTHENTICATION, "Invalid API Key"))
+            return
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            await _respond(send, *_too_large(self.max_body_bytes))
+            return
+        await self.app(scope, self._counting(receive), send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        seen = 0
+        limit = self.max_body_bytes
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message.get("type") == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge()
+            return message
+
+        return counted
+
+
+def _too_large(limit: int) -> tuple[int, bytes]:
+    return _body(
+        ErrorKind.INVALID_REQUEST,
+        f"request body is larger than the limit ({limit} bytes)",
+        status=413,
+    )

@@ -1,0 +1,113 @@
+"""Loads the model and builds the engine in a thread while HTTP already answers.
+
+Owns the model, the engine and the server state from load to `close`. `ready()` tells the guard
+whether to answer 503 "Loading model"; a failure is kept in `error` and reported through
+`on_failure` (the server then exits, as llama-server does when a model fails to load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from kvswap.backend.model import Model, ModelParams
+from kvswap.config.settings import ServerConfig
+from kvswap.engine.client import EngineClient
+from kvswap.engine.engine import Engine, EngineConfig
+from kvswap.engine.geometry import resolve_geometry
+from kvswap.models import default_model_path
+from kvswap.server.state import ServerState, build_state
+
+log = logging.getLogger("kvswap.server")
+
+
+def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
+    ctx = config.context
+    geometry = resolve_geometry(
+        n_ctx=ctx.n_ctx,
+        n_parallel=ctx.n_parallel,
+        kv_unified=ctx.kv_unified_resolved,
+        kv_unified_per_slot=ctx.kv_unified_per_slot,
+        n_batch=ctx.n_batch,
+        n_ubatch=ctx.n_ubatch,
+        cache_type_k=ctx.cache_type_k,
+        cache_type_v=ctx.cache_type_v,
+        n_ctx_train=n_ctx_train,
+    )
+    return EngineConfig(
+        geometry=geometry,
+        n_threads=ctx.n_threads,
+        n_threads_batch=ctx.n_threads_batch,
+        flash_attn=ctx.flash_attn,
+        swa_full=ctx.swa_full,
+        slot_prompt_similarity=config.paging.slot_prompt_similarity,
+    )
+
+
+class Loader:
+    """Loads in the background; see the module docstring."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.state: ServerState | None = None
+        self.error: BaseException | None = None
+        self.on_failure: Callable[[], None] = lambda: None
+        self._thread: threading.Thread | None = None
+
+    def ready(self) -> bool:
+        return self.state is not None and self.state.client is not None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._thread = threading.Thread(
+            target=self._load, args=(loop,), name="kvswap-loader", daemon=True
+        )
+        self._thread.start()
+
+    def _load(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            t0 = time.perf_counter()
+            path = self.config.model.path or str(default_model_path())
+            model = Model.load(
+                path,
+                ModelParams(
+                    n_gpu_layers=self.config.model.n_gpu_layers,
+                    use_mmap=self.config.model.use_mmap,
+                    use_mlock=self.config.model.use_mlock,
+                ),
+            )
+            engine = Engine(model, engine_config(self.config, model.info.n_ctx_train))
+            state = build_state(self.config, model, engine)
+            engine.start()
+            state.client = EngineClient(engine, loop)
+            self.state = state
+            geo = engine.config.geometry
+            log.info(
+                "model loaded in %.0f ms: %s (%s); n_ctx = %d, n_parallel = %d, n_ctx_slot = %d, kv_unified = %s",
+                (time.perf_counter() - t0) * 1e3,
+                path,
+                model.info.desc,
+                engine.ctx.n_ctx,
+                geo.n_parallel,
+                engine.n_ctx_slot,
+                geo.kv_unified,
+            )
+            log.info(
+                "server is listening on http://%s:%d", self.config.http.host, self.config.http.port
+            )
+        except Exception as err:
+            log.exception("model loading failed")
+            self.error = err
+            loop.call_soon_threadsafe(self.on_failure)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        state = self.state
+        if state is not None:
+            state.engine.close()
+            state.io.shutdown(wait=True)
+            state.model.close()
+            self.state = None

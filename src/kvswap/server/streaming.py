@@ -1,0 +1,124 @@
+"""Running generation requests for a route: one or several tasks, streamed or not.
+
+Owns the glue between `EngineClient` and HTTP responses: waiting for the first event before
+answering (an early error becomes a proper 4xx/5xx, as llama-server), merging the events of
+several tasks (a batch of prompts, `n` > 1) into one stream, and cancelling every task when
+the client goes away (the async generators' `finally` posts `Cancel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from kvswap.engine.client import EngineClient
+from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest, KvswapError
+from kvswap.server.sse import DONE, sse
+
+Indexed = tuple[int, Event]
+# Turns one task's event into zero or more JSON objects to send.
+Render = Callable[[int, Event], Iterable[dict[str, object]]]
+
+
+def raise_error(event: EngineError) -> None:
+    raise KvswapError(event.kind, event.message, **event.extra)
+
+
+async def complete_all(
+    client: EngineClient, requests: Sequence[GenerationRequest], http: Request
+) -> list[Completion]:
+    """Run every task to its end; the first failure is raised (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(client.complete(r, http.is_disconnected)) for r in requests]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _merged(
+    client: EngineClient, requests: Sequence[GenerationRequest]
+) -> AsyncGenerator[Indexed, None]:
+    """Events of several tasks as they come, tagged with the task's index."""
+    if len(requests) == 1:
+        async for event in client.stream(requests[0]):
+            yield 0, event
+        return
+    queue: asyncio.Queue[Indexed | None] = asyncio.Queue()
+
+    async def pump(index: int, request: GenerationRequest) -> None:
+        async for event in client.stream(request):
+            await queue.put((index, event))
+        await queue.put(None)
+
+    pumps = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        n_open = len(pumps)
+        while n_open:
+            item = await queue.get()
+            if item is None:
+                n_open -= 1
+                continue
+            yield item
+    finally:
+        for p in pumps:
+            p.cancel()
+
+
+async def open_stream(
+    client: EngineClient,
+    requests: Sequence[GenerationRequest],
+    render: Render,
+    *,
+    done_marker: bool,
+) -> StreamingResponse:
+    """An SSE response, started only once the first event shows the request was accepted.
+
+    An error before any output is raised (typed HTTP error); after output began, it is sent as
+    `data: {"error": ...}` and the stream ends.
+    """
+    events = _merged(client, requests)
+    try:
+        first = await events.__anext__()
+    except BaseException:
+        await events.aclose()
+        raise
+    if isinstance(first[1], EngineError):
+        await events.aclose()
+        raise_error(first[1])
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            item: Indexed | None = first
+            n_done = 0
+            while item is not None:
+                index, event = item
+                if isinstance(event, EngineError):
+                    yield sse(
+                        {
+                            "error": {
+                                "code": event.kind.code,
+                                "message": event.message,
+                                "type": event.kind.value,
+                            }
+                        }
+                    )
+                    return
+                for obj in render(index, event):
+                    yield sse(obj)
+                if isinstance(event, Completion):
+                    n_done += 1
+                    if n_done == len(requests):
+                        break
+                item = await anext(events, None)
+            if done_marker:
+                yield DONE
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(
+        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
