@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -44,6 +45,13 @@ def _publisher(state: ServerState) -> Publisher:
             "This server does not support slots action (start it with --slot-save-path).",
         )
     return state.publisher
+
+
+def drop_frames(err: BaseException | None) -> None:
+    """Clear the locals of the frames an exception (and its causes) carries."""
+    while err is not None:
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
 
 
 async def _in_worker(state: ServerState, fn: Any, *args: Any) -> Any:
@@ -97,11 +105,21 @@ async def _save(
 def _publish_captured(
     publisher: Publisher, filename: str, captured: Captured, fingerprint: str
 ) -> Any:
-    """Write a captured state as `F` (worker thread); its views die before the buffer closes."""
-    with memoryview(captured.state) as view:
-        return publisher.publish(
-            filename, {"": file_parts(captured.tokens, view[: captured.n_bytes])}, fingerprint
-        )
+    """Write a captured state as `F` (worker thread).
+
+    Every view of the buffer dies here, also on failure (the frames an exception carries would
+    otherwise keep them alive), so the caller can close the buffer.
+    """
+    view = memoryview(captured.state)[: captured.n_bytes]
+    parts = file_parts(captured.tokens, view)
+    try:
+        return publisher.publish(filename, {"": parts}, fingerprint)
+    except BaseException as err:
+        drop_frames(err)
+        raise
+    finally:
+        del parts
+        view.release()
 
 
 async def _restore(

@@ -1,0 +1,50 @@
+"""Server fixtures: real `kvswap serve` subprocesses, shared per configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server.harness import ServerProcess
+
+# A small, fast default: 4 slots of 1024 tokens, one stream each, 2 threads.
+SMALL_ARGS = ("-c", "4096", "-np", "4", "-t", "2", "-tb", "2", "-ub", "128", "--metrics")
+
+
+@pytest.fixture(scope="session")
+def server_factory(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., ServerProcess]]:
+    servers: dict[tuple[str, ...], ServerProcess] = {}
+
+    def get(*args: str, save_path: bool = False, fresh: bool = False) -> ServerProcess:
+        full = list(args)
+        if save_path:
+            slots = tmp_path_factory.mktemp("slots")
+            full += ["--slot-save-path", str(slots)]
+        key = tuple(args) + (("save",) if save_path else ())
+        if fresh or key not in servers:
+            log = tmp_path_factory.mktemp("log") / "server.log"
+            server = ServerProcess(full, log)
+            if fresh:
+                servers[(*key, str(id(server)))] = server
+            else:
+                servers[key] = server
+            return server
+        return servers[key]
+
+    yield get
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def small_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    return server_factory(*SMALL_ARGS, save_path=True)
+
+
+@pytest.fixture()
+def save_dir(small_server: ServerProcess) -> Path:
+    return Path(small_server.args[small_server.args.index("--slot-save-path") + 1])
