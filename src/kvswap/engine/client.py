@@ -81,15 +81,23 @@ class EngineClient:
             await agen.aclose()
 
     async def call(
-        self, make: Callable[[int, Reply], Command], disconnected: Disconnected | None = None
+        self,
+        make: Callable[[int, Reply], Command],
+        disconnected: Disconnected | None = None,
+        on_reply: Callable[[Any], None] | None = None,
     ) -> Any:
-        """Post a command built by `make(req_id, reply)` and await its reply."""
+        """Post a command built by `make(req_id, reply)` and await its reply.
+
+        `on_reply` runs on the event loop when the engine answers, even if the caller was
+        cancelled first: buffers the command references are released there, never while the
+        engine may still read them.
+        """
         req_id = self.new_id()
         future: asyncio.Future[Any] = self.loop.create_future()
         loop = self.loop
 
         def reply(result: Any) -> None:
-            loop.call_soon_threadsafe(_resolve, future, result)
+            loop.call_soon_threadsafe(_resolve, future, result, on_reply)
 
         self.post(make(req_id, reply))
         try:
@@ -102,7 +110,11 @@ class EngineClient:
         return result
 
 
-def _resolve(future: asyncio.Future[Any], result: Any) -> None:
+def _resolve(
+    future: asyncio.Future[Any], result: Any, on_reply: Callable[[Any], None] | None = None
+) -> None:
+    if on_reply is not None:
+        on_reply(result)
     if not future.done():
         future.set_result(result)
 

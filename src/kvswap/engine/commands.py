@@ -7,13 +7,13 @@ buffers, never libllama objects.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
+from kvswap.engine.pagefmt import PageLayout
+from kvswap.engine.slotstate import SlotState
 from kvswap.engine.types import Event, GenerationRequest
 
 Reply = Callable[[Any], None]  # called once with a result or a KvswapError
@@ -47,12 +47,11 @@ class SlotCapture:
 
 @dataclass(frozen=True)
 class SlotApply:
-    """Load tokens and a state (with its 8-byte prefix) into a slot (for `restore`)."""
+    """Load a state read from a slot file into a slot (for `restore`)."""
 
     req_id: int
     slot_id: int
-    tokens: npt.NDArray[np.int32]
-    state: Any  # a buffer
+    state: SlotState
     reply: Reply
 
 
@@ -66,22 +65,41 @@ class SlotErase:
 
 
 @dataclass(frozen=True)
+class PageOut:
+    """Move a slot's whole state into the page store under `name`; the slot is freed."""
+
+    req_id: int
+    slot_id: int
+    name: str
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class PageIn:
+    """Load page `name` into a slot; on success the page leaves the store."""
+
+    req_id: int
+    slot_id: int
+    name: str
+    reply: Reply
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Finish the loop: running requests end as cancelled."""
 
 
-SlotVerb = SlotCapture | SlotApply | SlotErase
-Command = Submit | Cancel | SlotCapture | SlotApply | SlotErase | Shutdown
+SlotVerb = SlotCapture | SlotApply | SlotErase | PageOut | PageIn
+Command = Submit | Cancel | SlotCapture | SlotApply | SlotErase | PageOut | PageIn | Shutdown
 
 
 @dataclass(frozen=True)
 class Captured:
-    """The result of `SlotCapture`: a slot's tokens and its state bytes."""
+    """The result of `SlotCapture`: a slot's whole state in a buffer the caller must close."""
 
     slot_id: int
-    tokens: npt.NDArray[np.int32]
-    state: Any  # an anonymous mmap holding `n_bytes` bytes (8-byte prefix included)
-    n_bytes: int
+    buffer: mmap.mmap  # laid out by `layout`
+    layout: PageLayout
 
 
 @dataclass(frozen=True)
@@ -97,3 +115,17 @@ class Applied:
 class Erased:
     slot_id: int
     n_erased: int
+
+
+@dataclass(frozen=True)
+class PageMoved:
+    """The result of `PageOut` and `PageIn` (SPEC §3 result fields)."""
+
+    slot_id: int
+    name: str
+    n_tokens: int
+    n_bytes: int  # the target state
+    n_bytes_spec: int  # the draft state
+    n_checkpoints: int
+    t_ms: float
+    n_discarded: int = 0  # page_in: cached tokens the slot lost

@@ -11,7 +11,6 @@ slot files are read and written by workers around `SlotCapture` and `SlotApply`.
 from __future__ import annotations
 
 import logging
-import mmap
 import queue
 import threading
 import time
@@ -24,11 +23,10 @@ from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
 from kvswap.engine.commands import (
-    Applied,
     Cancel,
-    Captured,
     Command,
-    Erased,
+    PageIn,
+    PageOut,
     Shutdown,
     SlotApply,
     SlotCapture,
@@ -37,13 +35,17 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.geometry import Geometry
 from kvswap.engine.metrics import EngineMetrics
+from kvswap.engine.pagefmt import PageGeometry
+from kvswap.engine.pagestore import PageStore
 from kvswap.engine.planner import SlotWork, Span, StepPlan, plan_step
 from kvswap.engine.probs import top_probs
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.scheduler import Job, WaitQueue
 from kvswap.engine.slot import Slot
+from kvswap.engine.slotstate import StateMover
 from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
 from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError
+from kvswap.engine.verbs import SlotVerbs
 
 log = logging.getLogger("kvswap.engine")
 
@@ -77,7 +79,7 @@ class _Placed:
 class Engine:
     """Runs requests on a model's context in a thread of its own."""
 
-    def __init__(self, model: Model, config: EngineConfig) -> None:
+    def __init__(self, model: Model, config: EngineConfig, store: PageStore | None = None) -> None:
         geo = config.geometry
         self.model = model
         self.vocab = model.vocab
@@ -110,6 +112,19 @@ class Engine:
         self._n_admitted = 0
         self._last_run: dict[int, RunningRequest] = {}  # slot id -> its last request (for /slots)
         self._swa_window = 0 if config.swa_full else model.info.n_swa
+        self.store = store
+        self.page_geometry = PageGeometry(
+            model_fingerprint=model.info.fingerprint,
+            cache_type_k=geo.cache_type_k,
+            cache_type_v=geo.cache_type_v,
+            n_stream=1 if geo.kv_unified else geo.n_parallel,
+            n_ctx_slot=self.n_ctx_slot,
+        )
+        self.verbs = SlotVerbs(
+            self.ctx,
+            StateMover(self.ctx, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot),
+            store,
+        )
         self._thread: threading.Thread | None = None
         self.snapshot = self._make_snapshot()
         self._t_snapshot = 0.0
@@ -181,7 +196,7 @@ class Engine:
             self.waiting.add(Job(cmd.req_id, cmd.request.id_slot, prompt, cmd))
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
-        elif isinstance(cmd, SlotCapture | SlotApply | SlotErase):
+        elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
             if not 0 <= cmd.slot_id < len(self.slots):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
                 return
@@ -219,14 +234,11 @@ class Engine:
             if isinstance(cmd, Submit):
                 assert job.prompt is not None
                 self._admit(cmd, job.prompt, slot)
-            elif isinstance(cmd, SlotCapture):
-                cmd.reply(self._capture(slot))
-            elif isinstance(cmd, SlotApply):
-                cmd.reply(self._apply(slot, cmd))
-            elif isinstance(cmd, SlotErase):
-                n = len(slot.tokens)
-                self._truncate(slot, 0)
-                cmd.reply(Erased(slot.id, n))
+            elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
+                result = self.verbs.run(cmd, slot)
+                if not isinstance(result, KvswapError):
+                    slot.t_last_used = time.monotonic()
+                cmd.reply(result)
 
     def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
         req = cmd.request
@@ -412,6 +424,11 @@ class Engine:
     def _cancel(self, req_id: int) -> None:
         job = self.waiting.remove(req_id)
         if job is not None:
+            if isinstance(job.payload, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
+                # A verb's caller may hold buffers until the engine has answered.
+                job.payload.reply(
+                    KvswapError(ErrorKind.INVALID_REQUEST, "cancelled: the client went away")
+                )
             return
         for slot in self.slots:
             if slot.running is not None and slot.running.req_id == req_id:
@@ -427,43 +444,22 @@ class Engine:
             cmd = job.payload
             if isinstance(cmd, Submit):
                 cmd.sink(EngineError(job.req_id, kind, message))
-            elif isinstance(cmd, SlotCapture | SlotApply | SlotErase):
+            elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
                 cmd.reply(KvswapError(kind, message))
         self.waiting.jobs.clear()
 
-    # -- slot verbs -------------------------------------------------------------------------
-
-    def _capture(self, slot: Slot) -> Captured | KvswapError:
-        size = self.ctx.state_size(slot.seq_id)
-        buf = mmap.mmap(-1, max(size, 1))
-        n = self.ctx.state_get_into(slot.seq_id, memoryview(buf)[:size])
-        if n == 0 and size > 0:
-            buf.close()
-            return KvswapError(ErrorKind.SERVER, "Unable to save slot: libllama returned no state")
-        return Captured(slot.id, slot.tokens.view().copy(), buf, n)
-
-    def _apply(self, slot: Slot, cmd: SlotApply) -> Applied | KvswapError:
-        n_tokens = len(cmd.tokens)
-        if n_tokens > self.n_ctx_slot:
-            return KvswapError(
-                ErrorKind.INVALID_REQUEST,
-                f"Unable to restore slot: the state holds {n_tokens} tokens, more than the slot's "
-                f"context ({self.n_ctx_slot})",
-            )
-        if n_tokens and (int(cmd.tokens.min()) < 0 or int(cmd.tokens.max()) >= self.vocab.n_tokens):
-            return KvswapError(
-                ErrorKind.INVALID_REQUEST,
-                "Unable to restore slot: invalid tokens in slot save file",
-            )
-        slot.tokens.truncate(0)
-        if not self.ctx.state_set_from(slot.seq_id, cmd.state):
-            return KvswapError(
-                ErrorKind.INVALID_REQUEST,
-                "Unable to restore slot: No available space in KV cache or invalid slot save file",
-            )
-        slot.tokens.replace(cmd.tokens)
-        slot.t_last_used = time.monotonic()
-        return Applied(slot.id, n_tokens, len(memoryview(cmd.state)))
+    def _own_metrics(self) -> dict[str, float]:
+        counters = self.verbs.counters
+        out: dict[str, float] = {
+            "page_out_total": counters.page_out_total,
+            "page_in_total": counters.page_in_total,
+            "page_failed_total": counters.page_failed_total,
+        }
+        if self.store is not None:
+            out["page_store_bytes"] = self.store.charged_bytes
+            out["page_store_pages"] = self.store.n_pages
+            out["page_spill_held_bytes"] = self.store.held_bytes
+        return out
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -492,6 +488,6 @@ class Engine:
             slots=tuple(slots),
             geometry=self.config.geometry,
             n_ctx_slot=self.n_ctx_slot,
-            metrics=self.metrics.snapshot(n_busy, len(self.waiting)),
+            metrics=self.metrics.snapshot(n_busy, len(self.waiting), **self._own_metrics()),
             n_waiting=len(self.waiting),
         )

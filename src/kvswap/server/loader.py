@@ -18,6 +18,7 @@ from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
+from kvswap.engine.pagestore import PageStore
 from kvswap.models import default_model_path
 from kvswap.server.state import ServerState, build_state
 
@@ -78,7 +79,9 @@ class Loader:
                     use_mlock=self.config.model.use_mlock,
                 ),
             )
-            engine = Engine(model, engine_config(self.config, model.info.n_ctx_train))
+            ceiling = self.config.paging.page_ram_bytes
+            store = PageStore(ceiling) if ceiling > 0 else None
+            engine = Engine(model, engine_config(self.config, model.info.n_ctx_train), store)
             state = build_state(self.config, model, engine)
             engine.start()
             state.client = EngineClient(engine, loop)

@@ -1,41 +1,60 @@
-"""POST /slots/{id_slot}?action=save|restore|erase, as llama-server.
+"""POST /slots/{id_slot}?action=... (save, restore, erase, page_out, page_in, spill, page_drop)
+and GET /pages.
 
-The engine thread only captures or applies state (RAM bytes); the files are written and read
-by the publisher on a worker thread, so a save or restore never blocks decoding. A verb waits
-in order behind work queued on its slot; a client that disconnects while it waits cancels it.
+The engine thread only captures or applies state (RAM bytes); files are written and read by the
+publisher on a worker thread, so a save, restore or spill never blocks decoding. Slot verbs wait
+in order behind work queued on their slot; a client that disconnects while its verb waits
+cancels it. `spill` and `page_drop` act on the page store only (`{id_slot}` is validated and
+ignored), so they never wait behind a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import traceback
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kvswap.engine.commands import Applied, Captured, Erased, SlotApply, SlotCapture, SlotErase
+from kvswap.engine.commands import (
+    Applied,
+    Captured,
+    Erased,
+    PageIn,
+    PageMoved,
+    PageOut,
+    Reply,
+    SlotApply,
+    SlotCapture,
+    SlotErase,
+    SlotVerb,
+)
+from kvswap.engine.pagestore import PageStore
 from kvswap.engine.types import ErrorKind, KvswapError
-from kvswap.files import FilesError, Publisher, validate_filename
-from kvswap.files.seqfile import file_parts
+from kvswap.files import FilesError, Publisher, validate_filename, validate_page_name
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
+from kvswap.server.formats_pages import page_moved_json, pages_json, spill_json
 from kvswap.server.openapi import body_schema
-from kvswap.server.schemas import SlotFileRequest, parse_body
+from kvswap.server.schemas import SlotFileRequest, SpillRequest, parse_body
+from kvswap.server.slotfiles import files_error, publish_state, read_state
 from kvswap.server.state import ServerState, get_state
 
 router = APIRouter()
 
-_FILES_KINDS = {
-    "invalid": ErrorKind.INVALID_REQUEST,
-    "not_found": ErrorKind.NOT_FOUND,
-    "corrupt": ErrorKind.INVALID_REQUEST,
-    "io": ErrorKind.SERVER,
-}
+SLOT_ACTIONS = ("save", "restore", "erase", "page_out", "page_in", "spill", "page_drop")
 
 
-def files_error(err: FilesError, verb: str) -> KvswapError:
-    return KvswapError(_FILES_KINDS[err.kind], f"Unable to {verb} slot: {err}")
+async def _in_worker(
+    state: ServerState, fn: Callable[..., Any], *args: Any, then: Callable[[], None] | None = None
+) -> Any:
+    """Run `fn` on an I/O worker. `then` runs once the worker is done, even when this handler
+    is cancelled first (a client gone): buffers the worker reads are released only then."""
+    future = asyncio.get_running_loop().run_in_executor(state.io, fn, *args)
+    if then is not None:
+        future.add_done_callback(lambda _: then())
+    return await asyncio.shield(future)
 
 
 def _publisher(state: ServerState) -> Publisher:
@@ -47,100 +66,133 @@ def _publisher(state: ServerState) -> Publisher:
     return state.publisher
 
 
-def drop_frames(err: BaseException | None) -> None:
-    """Clear the locals of the frames an exception (and its causes) carries."""
-    while err is not None:
-        traceback.clear_frames(err.__traceback__)
-        err = err.__cause__ or err.__context__
+def _store(state: ServerState) -> PageStore:
+    if state.engine.store is None:
+        raise KvswapError(ErrorKind.NOT_SUPPORTED, "the page store is off (--page-ram-bytes 0)")
+    return state.engine.store
 
 
-async def _in_worker(state: ServerState, fn: Any, *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(state.io, fn, *args)
+def _name(validate: Callable[[str], str], name: str, verb: str) -> str:
+    try:
+        return validate(name)
+    except FilesError as err:
+        raise files_error(err, verb) from err
+
+
+async def _verb(
+    state: ServerState,
+    request: Request,
+    make: Callable[[int, Reply], SlotVerb],
+    on_reply: Callable[[Any], None] | None = None,
+) -> Any:
+    return await state.engine_client().call(make, request.is_disconnected, on_reply)
 
 
 @router.post("/slots/{id_slot}", openapi_extra=body_schema(SlotFileRequest))
-async def slot_action(id_slot: int, request: Request, action: str = "") -> JSONResponse:
+async def slot_action(
+    id_slot: int, request: Request, action: str = "", page: str = ""
+) -> JSONResponse:
     state = get_state(request)
-    client = state.engine_client()
+    if action not in SLOT_ACTIONS:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f"Invalid action: {action!r} (one of {', '.join(SLOT_ACTIONS)})",
+        )
     if action == "erase":
-        erased: Erased = await client.call(
-            lambda rid, reply: SlotErase(rid, id_slot, reply), request.is_disconnected
+        erased: Erased = await _verb(
+            state, request, lambda rid, reply: SlotErase(rid, id_slot, reply)
         )
         return JSONResponse(slot_erase_json(erased.slot_id, erased.n_erased))
-    if action not in ("save", "restore"):
-        raise KvswapError(ErrorKind.INVALID_REQUEST, f"Invalid action: {action!r}")
-    publisher = _publisher(state)
-    body = parse_body(SlotFileRequest, await request.body())
-    try:
-        filename = validate_filename(body.filename)
-    except FilesError as err:
-        raise files_error(err, action) from err
-    if action == "save":
-        return await _save(state, publisher, request, id_slot, filename)
-    return await _restore(state, publisher, request, id_slot, filename)
+    if action in ("save", "restore"):
+        publisher = _publisher(state)
+        body = parse_body(SlotFileRequest, await request.body())
+        filename = _name(validate_filename, body.filename, f"{action} slot")
+        if action == "save":
+            return await _save(state, publisher, request, id_slot, filename)
+        return await _restore(state, publisher, request, id_slot, filename)
+    store = _store(state)
+    name = _name(validate_page_name, page, action)
+    if action in ("page_out", "page_in"):
+        cmd = PageOut if action == "page_out" else PageIn
+        moved: PageMoved = await _verb(
+            state, request, lambda rid, reply: cmd(rid, id_slot, name, reply)
+        )
+        return JSONResponse(page_moved_json(moved, page_in=action == "page_in"))
+    if not 0 <= id_slot < len(state.engine.slots):
+        raise KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID")
+    if action == "page_drop":
+        store.drop(name)
+        return JSONResponse({"page": name, "dropped": True})
+    return await _spill(state, store, request, name)
 
 
 async def _save(
     state: ServerState, publisher: Publisher, request: Request, id_slot: int, filename: str
 ) -> JSONResponse:
-    client = state.engine_client()
     t0 = time.perf_counter()
-    captured: Captured = await client.call(
-        lambda rid, reply: SlotCapture(rid, id_slot, reply), request.is_disconnected
+    captured: Captured = await _verb(
+        state, request, lambda rid, reply: SlotCapture(rid, id_slot, reply)
     )
     try:
         receipt = await _in_worker(
-            state, _publish_captured, publisher, filename, captured, state.model.info.fingerprint
+            state,
+            publish_state,
+            publisher,
+            filename,
+            captured.buffer,
+            captured.layout,
+            then=captured.buffer.close,
         )
     except FilesError as err:
-        raise files_error(err, "save") from err
-    finally:
-        captured.state.close()
+        raise files_error(err, "save slot") from err
     ms = (time.perf_counter() - t0) * 1e3
     return JSONResponse(
-        slot_save_json(id_slot, filename, len(captured.tokens), receipt.n_bytes, ms)
+        slot_save_json(id_slot, filename, captured.layout.n_tokens, receipt.n_bytes, ms)
     )
-
-
-def _publish_captured(
-    publisher: Publisher, filename: str, captured: Captured, fingerprint: str
-) -> Any:
-    """Write a captured state as `F` (worker thread).
-
-    Every view of the buffer dies here, also on failure (the frames an exception carries would
-    otherwise keep them alive), so the caller can close the buffer.
-    """
-    view = memoryview(captured.state)[: captured.n_bytes]
-    parts = file_parts(captured.tokens, view)
-    try:
-        return publisher.publish(filename, {"": parts}, fingerprint)
-    except BaseException as err:
-        drop_frames(err)
-        raise
-    finally:
-        del parts
-        view.release()
 
 
 async def _restore(
     state: ServerState, publisher: Publisher, request: Request, id_slot: int, filename: str
 ) -> JSONResponse:
-    client = state.engine_client()
     t0 = time.perf_counter()
     try:
-        gen = await _in_worker(
-            state, publisher.read_generation, filename, state.model.info.fingerprint
-        )
+        read = await _in_worker(state, read_state, publisher, filename, state.engine.page_geometry)
     except FilesError as err:
-        raise files_error(err, "restore") from err
-    try:
-        applied: Applied = await client.call(
-            lambda rid, reply: SlotApply(rid, id_slot, gen.tokens, gen.state, reply),
-            request.is_disconnected,
-        )
-    finally:
-        gen.close()
+        raise files_error(err, "restore slot") from err
+    applied: Applied = await _verb(
+        state,
+        request,
+        lambda rid, reply: SlotApply(rid, id_slot, read.state, reply),
+        on_reply=lambda _: read.close(),
+    )
     ms = (time.perf_counter() - t0) * 1e3
     return JSONResponse(
-        slot_restore_json(id_slot, filename, applied.n_tokens, gen.n_bytes_read, ms)
+        slot_restore_json(id_slot, filename, applied.n_tokens, read.n_bytes_read, ms)
     )
+
+
+async def _spill(state: ServerState, store: PageStore, request: Request, name: str) -> JSONResponse:
+    publisher = _publisher(state)
+    body = parse_body(SpillRequest, await request.body())
+    filename = _name(validate_filename, body.filename, "spill")
+    t0 = time.perf_counter()
+    page = store.hold(name)  # a running spill is an owner: the page stays counted until it ends
+
+    def spill() -> tuple[int, bool]:
+        receipt = publish_state(publisher, filename, page.buffer, page.layout)
+        # `drop` frees this generation only: a page stored under the name meanwhile stays.
+        return receipt.n_bytes, body.drop and store.remove(name, page.generation)
+
+    try:
+        n_written, dropped = await _in_worker(state, spill, then=lambda: store.release(page))
+    except FilesError as err:
+        raise files_error(err, "spill") from err
+    ms = (time.perf_counter() - t0) * 1e3
+    return JSONResponse(spill_json(name, filename, page.layout.n_tokens, n_written, dropped, ms))
+
+
+@router.get("/pages")
+async def pages(request: Request) -> JSONResponse:
+    state = get_state(request)
+    store = _store(state)
+    return JSONResponse(pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes))

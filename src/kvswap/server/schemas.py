@@ -368,6 +368,13 @@ class SlotFileRequest(Body):
     filename: str
 
 
+class SpillRequest(Body):
+    """POST /slots/{id}?action=spill&page=NAME: write the page to a slot file."""
+
+    filename: str
+    drop: bool = False  # then free that generation of the page (a newer one under NAME stays)
+
+
 BodyT = TypeVar("BodyT", bound=Body)
 
 

@@ -1,0 +1,1 @@
+"""`kvswap bench`: benchmarks that print figures measured side by side in one run."""

@@ -1,0 +1,22 @@
+"""`kvswap bench <name>`: dispatch to one benchmark."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+
+def _throughput(argv: list[str]) -> int:
+    from kvswap.bench.throughput import main
+
+    return main(argv)
+
+
+BENCHES: dict[str, Callable[[list[str]], int]] = {"throughput": _throughput}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
+        print("usage: kvswap bench {" + ",".join(BENCHES) + "} [options]", file=sys.stderr)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    return BENCHES[argv[0]](argv[1:])

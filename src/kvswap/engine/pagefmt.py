@@ -1,0 +1,130 @@
+"""What a page (or a captured slot) holds, and where each part lies in its one buffer.
+
+A page is one flat buffer laid out as
+
+    [ tokens (int32 x n_tokens) | target state | draft state | checkpoint 0 | checkpoint 1 | ... ]
+
+with `PageLayout` saying where each part is. The same layout describes a slot captured for
+`save`, so page files and slot files have one writer (`pagefiles`). States carry libllama's
+8-byte RAM prefix, ready for `llama_state_seq_set_data`.
+
+Pure: offsets and sizes only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+TOKEN_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Span:
+    """A byte range of the buffer."""
+
+    offset: int
+    n_bytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.n_bytes
+
+
+@dataclass(frozen=True)
+class CheckpointSpan:
+    """A context checkpoint: the partial state at positions [pos_min, pos_max]."""
+
+    pos_min: int
+    pos_max: int
+    span: Span
+
+
+@dataclass(frozen=True)
+class PageGeometry:
+    """What a state can only be loaded into: the same model, KV types and stream layout."""
+
+    model_fingerprint: str
+    cache_type_k: str
+    cache_type_v: str
+    n_stream: int  # 1 with unified KV, else n_parallel (a state records its stream count)
+    n_ctx_slot: int  # the window it was made in (informative: a page fits any larger window)
+
+    def file_fingerprint(self) -> str:
+        """The fingerprint recorded in slot files: a mismatch is a typed 'wrong model' 400."""
+        return f"{self.model_fingerprint};k={self.cache_type_k};v={self.cache_type_v}"
+
+    def refusal(self, other: PageGeometry) -> str | None:
+        """Why a state made under `self` cannot load under `other`, or None when it can."""
+        if self.model_fingerprint != other.model_fingerprint:
+            return "the page was made with another model"
+        if (self.cache_type_k, self.cache_type_v) != (other.cache_type_k, other.cache_type_v):
+            return (
+                f"the page was made with KV types {self.cache_type_k}/{self.cache_type_v}, "
+                f"the server runs {other.cache_type_k}/{other.cache_type_v}"
+            )
+        if self.n_stream != other.n_stream:
+            return (
+                f"the page was made with {self.n_stream} KV stream(s), the server runs "
+                f"{other.n_stream} (unified KV or an equal slot count is needed)"
+            )
+        return None
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Where each part of a page lies in its buffer."""
+
+    n_tokens: int
+    tokens: Span
+    target: Span
+    geometry: PageGeometry
+    draft: Span | None = None
+    checkpoints: tuple[CheckpointSpan, ...] = field(default_factory=tuple)
+
+    @property
+    def n_bytes(self) -> int:
+        ends = [self.tokens.end, self.target.end]
+        if self.draft is not None:
+            ends.append(self.draft.end)
+        ends += [c.span.end for c in self.checkpoints]
+        return max(ends)
+
+    @property
+    def n_bytes_spec(self) -> int:
+        return self.draft.n_bytes if self.draft is not None else 0
+
+
+def plan_layout(
+    n_tokens: int,
+    target_bytes: int,
+    geometry: PageGeometry,
+    draft_bytes: int | None = None,
+    checkpoints: tuple[tuple[int, int, int], ...] = (),
+) -> PageLayout:
+    """Lay the parts out back to back; `checkpoints` are (pos_min, pos_max, n_bytes)."""
+    tokens = Span(0, n_tokens * TOKEN_BYTES)
+    target = Span(tokens.end, target_bytes)
+    end = target.end
+    draft = None
+    if draft_bytes is not None:
+        draft = Span(end, draft_bytes)
+        end = draft.end
+    spans = []
+    for pos_min, pos_max, n in checkpoints:
+        spans.append(CheckpointSpan(pos_min, pos_max, Span(end, n)))
+        end += n
+    return PageLayout(n_tokens, tokens, target, geometry, draft, tuple(spans))
+
+
+def read_tokens(buffer: memoryview, layout: PageLayout) -> npt.NDArray[np.int32]:
+    """A copy of the page's tokens (no view of the buffer survives)."""
+    span = layout.tokens
+    return np.frombuffer(buffer[span.offset : span.end], dtype=np.int32).copy()
+
+
+def write_tokens(buffer: memoryview, layout: PageLayout, tokens: npt.NDArray[np.int32]) -> None:
+    span = layout.tokens
+    buffer[span.offset : span.end] = np.ascontiguousarray(tokens, dtype=np.int32).tobytes()

@@ -1,0 +1,85 @@
+"""Moving a slot's whole state between the context and RAM buffers: one copy each way.
+
+`StateMover.measure` sizes what a slot holds (before any copy), `capture` writes it into a
+buffer laid out by `pagefmt.PageLayout` (a page's, or a save's), and `apply` loads a `SlotState`
+(views of a page or of a slot file) into a slot. Called only from the engine thread.
+On a failed load the slot is left empty, never holding half a state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvswap.backend.context import Context
+from kvswap.engine.pagefmt import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
+from kvswap.engine.slot import Slot
+from kvswap.engine.types import ErrorKind, KvswapError
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A slot's state in RAM, ready to load (views of buffers that someone else owns)."""
+
+    tokens: npt.NDArray[np.int32]
+    target: memoryview  # libllama's 8-byte prefix + payload
+    draft: memoryview | None = None
+    checkpoints: tuple[tuple[int, int, memoryview], ...] = field(default_factory=tuple)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.target.nbytes + (self.draft.nbytes if self.draft is not None else 0)
+
+
+def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
+    """Views of a page's parts (the caller keeps the page alive while they are used)."""
+    t = layout.target
+    return SlotState(tokens=read_tokens(buffer, layout), target=buffer[t.offset : t.end])
+
+
+class StateMover:
+    """Captures and loads slot states on one context."""
+
+    def __init__(self, ctx: Context, geometry: PageGeometry, n_vocab: int, n_ctx_slot: int) -> None:
+        self.ctx = ctx
+        self.geometry = geometry
+        self.n_vocab = n_vocab
+        self.n_ctx_slot = n_ctx_slot
+
+    def measure(self, slot: Slot) -> PageLayout:
+        return plan_layout(len(slot.tokens), self.ctx.state_size(slot.seq_id), self.geometry)
+
+    def capture(self, slot: Slot, buffer: memoryview, layout: PageLayout) -> None:
+        """Copy the slot's tokens and state into `buffer` (sized for `layout`)."""
+        write_tokens(buffer, layout, slot.tokens.view())
+        t = layout.target
+        n = self.ctx.state_get_into(slot.seq_id, buffer[t.offset : t.end])
+        if n != t.n_bytes:
+            raise KvswapError(
+                ErrorKind.SERVER, f"libllama copied {n} state bytes, {t.n_bytes} were measured"
+            )
+
+    def refusal(self, state: SlotState) -> str | None:
+        """Why `state` cannot be loaded into a slot here, or None."""
+        n = len(state.tokens)
+        if n > self.n_ctx_slot:
+            return f"it holds {n} tokens, more than a slot's context ({self.n_ctx_slot})"
+        if n and (int(state.tokens.min()) < 0 or int(state.tokens.max()) >= self.n_vocab):
+            return "it holds token ids outside the model's vocabulary"
+        return None
+
+    def apply(self, slot: Slot, state: SlotState) -> None:
+        """Load `state` into `slot`; on failure the slot is empty and a typed 400 is raised."""
+        reason = self.refusal(state)
+        if reason is not None:
+            raise KvswapError(ErrorKind.INVALID_REQUEST, f"cannot load the state: {reason}")
+        slot.tokens.truncate(0)
+        if not self.ctx.state_set_from(slot.seq_id, state.target):
+            raise KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                "libllama refused the state (no room in the KV pool, or a state made for "
+                "another model, KV type or stream layout)",
+            )
+        slot.tokens.replace(state.tokens)

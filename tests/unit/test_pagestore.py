@@ -1,0 +1,153 @@
+"""The page store's byte accounting: one count, last-owner release, refusals, the ceiling."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+
+from kvswap.engine.pagefmt import PageGeometry, plan_layout
+from kvswap.engine.pagestore import PageStore
+from kvswap.engine.types import ErrorKind, KvswapError
+
+MiB = 1 << 20
+GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=1024)
+
+
+def _page(store: PageStore, name: str, n_bytes: int, fill: int = 1) -> object:
+    res = store.reserve(name, n_bytes)
+    res.buffer[:n_bytes] = bytes([fill]) * n_bytes  # touch every byte, as a state copy does
+    return store.commit(res, plan_layout(0, n_bytes, GEOMETRY))
+
+
+def _kind(err: pytest.ExceptionInfo[KvswapError]) -> ErrorKind:
+    return err.value.kind
+
+
+def test_admission_equals_the_charge() -> None:
+    store = PageStore(10 * MiB)
+    res = store.reserve("a", 3 * MiB)
+    assert store.charged_bytes == 3 * MiB  # reserved before the copy
+    assert len(res.buffer) == 3 * MiB
+    page = store.commit(res, plan_layout(0, 3 * MiB, GEOMETRY))
+    assert store.charged_bytes == page.n_bytes == 3 * MiB
+    store.cancel(store.reserve("b", 1 * MiB))
+    assert store.charged_bytes == 3 * MiB
+
+
+def test_a_page_at_exactly_the_ceiling_fits_and_one_byte_more_does_not() -> None:
+    store = PageStore(4 * MiB)
+    with pytest.raises(KvswapError) as too_big:
+        store.reserve("a", 4 * MiB + 1)
+    assert _kind(too_big) is ErrorKind.INVALID_REQUEST  # larger than the whole ceiling
+    _page(store, "a", 4 * MiB)
+    assert store.charged_bytes == 4 * MiB
+    with pytest.raises(KvswapError) as full:
+        store.reserve("b", 1)
+    assert _kind(full) is ErrorKind.UNAVAILABLE  # full now
+
+
+def test_a_refusal_keeps_the_incumbent() -> None:
+    store = PageStore(4 * MiB)
+    _page(store, "other", 3 * MiB)
+    incumbent = _page(store, "mind", 1 * MiB, fill=7)
+    with pytest.raises(KvswapError):
+        store.reserve("mind", 2 * MiB)  # 3 + 2 - 1 > 4
+    assert store.get("mind") is incumbent
+    assert incumbent.buffer[0] == 7
+    assert store.charged_bytes == 4 * MiB
+
+
+def test_replacement_subtracts_the_old_page_only_when_the_store_is_its_sole_owner() -> None:
+    store = PageStore(4 * MiB)
+    _page(store, "mind", 3 * MiB)
+    new = _page(store, "mind", 4 * MiB)  # fits only once the old page is gone
+    assert store.get("mind") is new and store.charged_bytes == 4 * MiB
+    held = store.hold("mind")  # a spill holds it
+    with pytest.raises(KvswapError) as full:
+        store.reserve("mind", 1 * MiB)  # the spill keeps the 4 MiB counted
+    assert _kind(full) is ErrorKind.UNAVAILABLE
+    store.release(held)
+    _page(store, "mind", 1 * MiB)
+    assert store.charged_bytes == 1 * MiB
+
+
+@pytest.mark.parametrize("how", ["page_in", "page_drop", "replacement"])
+def test_a_page_held_by_a_spill_stays_counted_until_the_spill_ends(how: str) -> None:
+    store = PageStore(10 * MiB)
+    page = _page(store, "mind", 2 * MiB)
+    held = store.hold("mind")
+    assert held is page
+    if how == "page_in":
+        assert store.remove("mind", page.generation)
+    elif how == "page_drop":
+        store.drop("mind")
+    else:
+        _page(store, "mind", 1 * MiB)
+    assert store.charged_bytes == (2 if how != "replacement" else 3) * MiB
+    infos = {(i.name, i.in_store): i for i in store.infos()}
+    assert infos[("mind", False)].n_bytes == 2 * MiB and infos[("mind", False)].n_spills == 1
+    assert store.held_bytes == 2 * MiB
+    store.release(held)
+    assert store.held_bytes == 0
+    assert store.charged_bytes == (0 if how != "replacement" else 1) * MiB
+    assert page.buffer.closed
+
+
+def test_remove_frees_only_the_named_generation() -> None:
+    store = PageStore(10 * MiB)
+    old = _page(store, "mind", 1 * MiB)
+    new = _page(store, "mind", 1 * MiB)
+    assert not store.remove("mind", old.generation)  # a spill of `old` asked to drop: newer stays
+    assert store.get("mind") is new
+
+
+def test_unknown_pages_are_404() -> None:
+    store = PageStore(MiB)
+    for call in (lambda: store.get("x"), lambda: store.drop("x"), lambda: store.hold("x")):
+        with pytest.raises(KvswapError) as err:
+            call()
+        assert _kind(err) is ErrorKind.NOT_FOUND
+
+
+def test_the_charge_never_exceeds_the_ceiling_under_any_sequence() -> None:
+    import random
+
+    rng = random.Random(1)
+    store = PageStore(8 * MiB)
+    holds = []
+    for _ in range(400):
+        op = rng.random()
+        name = f"p{rng.randrange(6)}"
+        try:
+            if op < 0.5:
+                _page(store, name, rng.randrange(1, 4 * MiB))
+            elif op < 0.65:
+                holds.append(store.hold(name))
+            elif op < 0.8 and holds:
+                store.release(holds.pop(rng.randrange(len(holds))))
+            else:
+                store.drop(name)
+        except KvswapError:
+            pass
+        assert 0 <= store.charged_bytes <= store.ceiling_bytes
+    for h in holds:
+        store.release(h)
+    store.close()
+    assert store.charged_bytes == 0
+
+
+def test_resident_memory_follows_the_charge() -> None:
+    proc = psutil.Process(os.getpid())
+    store = PageStore(512 * MiB)
+    base = proc.memory_info().rss
+    for i in range(4):
+        _page(store, f"p{i}", 64 * MiB)
+    grown = proc.memory_info().rss - base
+    assert grown >= 200 * MiB  # the pages are really resident
+    for i in range(4):
+        store.drop(f"p{i}")
+    after = proc.memory_info().rss - base
+    assert after < 32 * MiB, (grown, after)
+    assert store.charged_bytes == 0
