@@ -10,6 +10,7 @@ from kvswap.backend.model import Model
 from kvswap.engine.commands import Submit
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
+from kvswap.engine.pagestore import PageStore
 from kvswap.engine.sampling import SamplingParams
 from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest
 
@@ -25,6 +26,7 @@ def make_engine(
     n_batch: int = 512,
     n_ubatch: int = 128,
     n_threads: int = 1,
+    store: PageStore | None = None,
 ) -> Engine:
     geo = resolve_geometry(
         n_ctx=n_ctx,
@@ -37,9 +39,8 @@ def make_engine(
         cache_type_v="f16",
         n_ctx_train=model.info.n_ctx_train,
     )
-    engine = Engine(
-        model, EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads)
-    )
+    config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads)
+    engine = Engine(model, config, store)
     engine.start()
     return engine
 

@@ -6,9 +6,11 @@ import time
 
 import pytest
 
-from kvswap.engine.commands import Cancel
-from kvswap.engine.types import Completion, EngineError, ErrorKind, StopType
+from kvswap.engine.commands import Cancel, Erased, PageIn, PageMoved, SlotErase
+from kvswap.engine.pagestore import PageStore
+from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError, StopType
 from tests.engine.harness import (
+    call,
     complete,
     complete_all,
     explain_mismatch,
@@ -143,3 +145,29 @@ def test_a_full_pool_refuses_the_newcomer_and_keeps_the_residents(smollm2) -> No
         assert again.tokens == resident.tokens
     finally:
         eng.close()
+
+
+def test_a_full_pool_pages_out_the_idle_resident_when_the_store_is_on(smollm2) -> None:  # type: ignore[no-untyped-def]
+    store = PageStore(64 << 20)
+    eng = make_engine(smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, store=store)
+    try:
+        resident_prompt = _tok(smollm2, " ".join(f"word{i}" for i in range(120)))[:300]
+        other_prompt = _tok(smollm2, " ".join(f"item{i}" for i in range(150)))[:300]
+        resident = complete(eng, request(resident_prompt, n_predict=2, id_slot=0))
+        newcomer = complete(eng, request(other_prompt, n_predict=2, id_slot=1))
+        assert newcomer.n_decoded == 2
+        (info,) = store.infos()
+        assert info.name.startswith("auto-slot0-") and info.n_tokens == 301
+        # While the newcomer holds the pool the page cannot come back, and it stays a page.
+        refused = call(eng, lambda rid, reply: PageIn(rid, 0, info.name, reply))
+        assert isinstance(refused, KvswapError) and len(store.infos()) == 1
+        # Once there is room it comes back whole: its prompt is a full cache hit.
+        assert isinstance(call(eng, lambda rid, reply: SlotErase(rid, 1, reply)), Erased)
+        moved = call(eng, lambda rid, reply: PageIn(rid, 0, info.name, reply))
+        assert isinstance(moved, PageMoved) and moved.n_tokens == 301
+        again = complete(eng, request(resident_prompt, n_predict=2, id_slot=0))
+        assert again.timings.cache_n == len(resident_prompt) - 1
+        assert again.tokens == resident.tokens
+    finally:
+        eng.close()
+        store.close()

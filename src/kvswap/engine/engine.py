@@ -394,7 +394,10 @@ class Engine:
         if not running:
             return
         if rc == 1:
-            # No room in the KV pool: the most recently admitted request gives way.
+            # No room in the KV pool: an idle resident moves to a page (the step is retried),
+            # else the most recently admitted request gives way. Nothing is destroyed.
+            if self._page_out_idle_resident():
+                return
             victim = max(running, key=lambda s: s.running.admitted if s.running else -1)
             log.warning(
                 "KV pool full: refusing request %s on slot %d",
@@ -418,6 +421,30 @@ class Engine:
                 slot,
                 EngineError(slot.running.req_id, ErrorKind.SERVER, f"llama_decode failed ({rc})"),
             )
+
+    def _page_out_idle_resident(self) -> bool:
+        """Page out the least recently used idle slot that holds tokens; True when one moved."""
+        if self.store is None:
+            return False
+        idle = [s for s in self.slots if s.running is None and len(s.tokens) > 0]
+        if not idle:
+            return False
+        slot = min(idle, key=lambda s: s.t_last_used)
+        name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
+        try:
+            moved = self.verbs.page_out(slot, name)
+        except KvswapError as err:
+            log.warning(
+                "KV pool full and idle slot %d could not be paged out: %s", slot.id, err.message
+            )
+            return False
+        log.warning(
+            "KV pool full: paged out idle slot %d (%d tokens) as page %r",
+            slot.id,
+            moved.n_tokens,
+            name,
+        )
+        return True
 
     # -- cancellation and shutdown ----------------------------------------------------------
 

@@ -64,8 +64,8 @@ class SlotVerbs:
                 self.clear(slot)
                 return Erased(slot.id, n)
             if isinstance(cmd, PageOut):
-                return self._counted(self.page_out, slot, cmd.name, out=True)
-            return self._counted(self.page_in, slot, cmd.name, out=False)
+                return self.page_out(slot, cmd.name)
+            return self.page_in(slot, cmd.name)
         except KvswapError as err:
             return err
 
@@ -84,24 +84,30 @@ class SlotVerbs:
             raise
         return Captured(slot.id, buffer, layout)
 
-    def _counted(self, verb: object, slot: Slot, name: str, *, out: bool) -> PageMoved:
-        try:
-            result: PageMoved = verb(slot, name)  # type: ignore[operator]
-        except KvswapError:
-            self.counters.page_failed_total += 1
-            raise
-        if out:
-            self.counters.page_out_total += 1
-        else:
-            self.counters.page_in_total += 1
-        return result
-
     def _store(self) -> PageStore:
         if self.store is None:
             raise KvswapError(ErrorKind.NOT_SUPPORTED, "the page store is off (--page-ram-bytes 0)")
         return self.store
 
     def page_out(self, slot: Slot, name: str) -> PageMoved:
+        try:
+            moved = self._page_out(slot, name)
+        except KvswapError:
+            self.counters.page_failed_total += 1
+            raise
+        self.counters.page_out_total += 1
+        return moved
+
+    def page_in(self, slot: Slot, name: str) -> PageMoved:
+        try:
+            moved = self._page_in(slot, name)
+        except KvswapError:
+            self.counters.page_failed_total += 1
+            raise
+        self.counters.page_in_total += 1
+        return moved
+
+    def _page_out(self, slot: Slot, name: str) -> PageMoved:
         store = self._store()
         if len(slot.tokens) == 0:
             raise KvswapError(
@@ -128,7 +134,7 @@ class SlotVerbs:
             (time.perf_counter() - t0) * 1e3,
         )
 
-    def page_in(self, slot: Slot, name: str) -> PageMoved:
+    def _page_in(self, slot: Slot, name: str) -> PageMoved:
         store = self._store()
         t0 = time.perf_counter()
         page = store.hold(name)  # typed 404; the hold keeps the bytes alive during the copy
