@@ -12,7 +12,13 @@ def _throughput(argv: list[str]) -> int:
     return main(argv)
 
 
-BENCHES: dict[str, Callable[[list[str]], int]] = {"throughput": _throughput}
+def _paging(argv: list[str]) -> int:
+    from kvswap.bench.paging import main
+
+    return main(argv)
+
+
+BENCHES: dict[str, Callable[[list[str]], int]] = {"throughput": _throughput, "paging": _paging}
 
 
 def main(argv: list[str]) -> int:
