@@ -15,6 +15,7 @@ With `--llama-server BIN`, the same HTTP load also runs against that binary.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import threading
@@ -26,6 +27,10 @@ import numpy as np
 
 from kvswap.backend.liblog import route_libllama_logs
 from kvswap.bench.server import BenchServer
+
+# Pause between two measured runs: libgomp's idle threads spin for a while after a parallel
+# region, and would steal a core from the next side on a 2-core machine.
+_SETTLE_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -211,22 +216,35 @@ def part1(load: Load, runs: int, llama_server: str | None) -> list[str]:
     try:
         work = jobs(load, loop.tokenize)
         seconds: dict[tuple[str, str], list[float]] = {}
-        for _ in range(runs):  # alternated, so drift on a shared machine hits every side alike
+        sides: dict[str, Callable[[Job], float]] = {"loop": loop.run}
+        for name, server in servers.items():
+            sides[name] = functools.partial(server_run, server)
+        order = list(sides)
+        for run in range(runs):
+            # Alternated, so drift on a shared machine hits every side alike, and rotated: the
+            # side that runs right after another meets its OpenMP threads still spinning.
+            rotated = order[run % len(order) :] + order[: run % len(order)]
             for job in work:
-                seconds.setdefault((job.name, "loop"), []).append(loop.run(job))
-                for name, server in servers.items():
-                    seconds.setdefault((job.name, name), []).append(server_run(server, job))
+                for name in rotated:
+                    time.sleep(_SETTLE_S)
+                    seconds.setdefault((job.name, name), []).append(sides[name](job))
     finally:
         loop.close()
         for server in servers.values():
             server.close()
-    lines = ["| job | side | median s | tokens/s | vs loop |", "|---|---|---|---|---|"]
+    lines = [
+        "| job | side | median s | tokens/s | vs loop (median of paired runs) | min - max |",
+        "|---|---|---|---|---|---|",
+    ]
     for job in work:
-        base = statistics.median(seconds[(job.name, "loop")])
+        base_runs = seconds[(job.name, "loop")]
         for side in ["loop", *servers]:
-            s = statistics.median(seconds[(job.name, side)])
+            runs_s = seconds[(job.name, side)]
+            paired = sorted(b / s for b, s in zip(base_runs, runs_s, strict=True))
+            s = statistics.median(runs_s)
             lines.append(
-                f"| {job.name} | {side} | {s:.3f} | {job.n_tokens / s:.1f} | {base / s:.3f} |"
+                f"| {job.name} | {side} | {s:.3f} | {job.n_tokens / s:.1f} | "
+                f"{statistics.median(paired):.3f} | {paired[0]:.3f} - {paired[-1]:.3f} |"
             )
     return lines
 
