@@ -16,7 +16,21 @@ from tests.server.harness import ServerProcess, chat_prompt
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
-ARGS = ("-c", "4096", "-np", "4", "-t", "2", "-tb", "2", "-ub", "128", "--page-ram-bytes", "32M", "--metrics")
+ARGS = (
+    "-c",
+    "4096",
+    "-np",
+    "4",
+    "-t",
+    "2",
+    "-tb",
+    "2",
+    "-ub",
+    "128",
+    "--page-ram-bytes",
+    "32M",
+    "--metrics",
+)
 N_MINDS = 8
 TURNS = ("Who are you?", "What do you like?", "Say goodbye.")
 
@@ -28,12 +42,23 @@ def _turn_prompt(mind: int, history: str, question: str) -> str:
 
 
 def _complete(server: ServerProcess, prompt: str, slot: int) -> dict:
-    resp = server.post("/completion", {"prompt": prompt, "n_predict": 12, "temperature": 0, "id_slot": slot, "return_tokens": True})
+    resp = server.post(
+        "/completion",
+        {
+            "prompt": prompt,
+            "n_predict": 12,
+            "temperature": 0,
+            "id_slot": slot,
+            "return_tokens": True,
+        },
+    )
     assert resp.status_code == 200, resp.text
     return resp.json()
 
 
-def _conversation(server: ServerProcess, mind: int, slot: int, before_turn=None, after_turn=None) -> list[list[int]]:  # type: ignore[no-untyped-def]
+def _conversation(
+    server: ServerProcess, mind: int, slot: int, before_turn=None, after_turn=None
+) -> list[list[int]]:  # type: ignore[no-untyped-def]
     history = ""
     outputs = []
     for turn, question in enumerate(TURNS):
@@ -54,12 +79,19 @@ def test_paging_minds_while_other_slots_stream(server_factory) -> None:  # type:
     stop = threading.Event()
     failures: list[str] = []
     samples: list[tuple[float, float]] = []
-    gaps: dict[int, list[float]] = {2: [], 3: []}
+    gaps: list[tuple[float, float]] = []  # (time, gap) of both streams
     verb_ms: list[float] = []
 
     def stream(slot: int) -> None:
         while not stop.is_set():
-            body = {"prompt": chat_prompt(("user", f"Tell a long story number {slot}.")), "n_predict": 120, "ignore_eos": True, "stream": True, "id_slot": slot, "cache_prompt": False}
+            body = {
+                "prompt": chat_prompt(("user", f"Tell a long story number {slot}.")),
+                "n_predict": 120,
+                "ignore_eos": True,
+                "stream": True,
+                "id_slot": slot,
+                "cache_prompt": False,
+            }
             last = None
             with server.client.stream("POST", "/completion", json=body) as resp:
                 if resp.status_code != 200:
@@ -69,7 +101,7 @@ def test_paging_minds_while_other_slots_stream(server_factory) -> None:  # type:
                     if line.startswith("data: "):
                         now = time.monotonic()
                         if last is not None:
-                            gaps[slot].append(now - last)
+                            gaps.append((now, now - last))
                         last = now
                         if stop.is_set():
                             break
@@ -96,26 +128,31 @@ def test_paging_minds_while_other_slots_stream(server_factory) -> None:  # type:
             for mind in minds:
                 slot = worker % 2
                 lock = slot_locks[slot]
-                held = {"paged": False}
 
-                def before(turn: int, mind: int = mind, slot: int = slot, lock: threading.Lock = lock) -> None:
+                def before(
+                    turn: int, mind: int = mind, slot: int = slot, lock: threading.Lock = lock
+                ) -> None:
                     lock.acquire()
                     if turn > 0:
                         verb(slot, "page_in", mind)
 
-                def after(turn: int, mind: int = mind, slot: int = slot, lock: threading.Lock = lock) -> None:
+                def after(
+                    turn: int, mind: int = mind, slot: int = slot, lock: threading.Lock = lock
+                ) -> None:
                     verb(slot, "page_out", mind)
-                    held["paged"] = True
                     lock.release()
 
                 results[mind] = _conversation(server, mind, slot, before, after)
         except Exception as err:  # reported below
             failures.append(f"worker {worker}: {err!r}")
 
-    background = [threading.Thread(target=stream, args=(s,)) for s in (2, 3)] + [threading.Thread(target=sample)]
+    background = [threading.Thread(target=stream, args=(s,)) for s in (2, 3)] + [
+        threading.Thread(target=sample)
+    ]
     for t in background:
         t.start()
-    time.sleep(1.0)
+    time.sleep(5.0)  # a baseline: the streams alone
+    t_paging = time.monotonic()
     workers = [threading.Thread(target=client, args=(w,)) for w in range(4)]
     for t in workers:
         t.start()
@@ -127,14 +164,26 @@ def test_paging_minds_while_other_slots_stream(server_factory) -> None:  # type:
 
     assert not failures, failures
     for mind in range(N_MINDS):
-        assert results[mind] == references[mind], f"mind {mind} differs from its never-paged reference"
+        assert results[mind] == references[mind], (
+            f"mind {mind} differs from its never-paged reference"
+        )
     pages = server.client.get("/pages").json()
     assert sorted(p["name"] for p in pages["pages"]) == sorted(f"mind{m}" for m in range(N_MINDS))
     ceiling = pages["ceiling_bytes"]
     assert samples and max(b for b, _ in samples) <= ceiling
-    all_gaps = gaps[2] + gaps[3]
-    median = statistics.median(all_gaps)
-    worst = max(all_gaps)
-    print(f"\nstream gaps: median {median * 1e3:.1f} ms, worst {worst * 1e3:.1f} ms; page verbs: max {max(verb_ms):.1f} ms; store peak {max(b for b, _ in samples)} of {ceiling} bytes")
-    # A verb runs between two steps: a stream waits at most a step or two plus the copies there.
-    assert worst <= 3 * median + 2 * max(verb_ms) / 1e3 + 0.25, (worst, median, max(verb_ms))
+    alone = [g for t, g in gaps if t < t_paging]
+    paging = [g for t, g in gaps if t >= t_paging]
+    worst_alone, worst_paging = max(alone), max(paging)
+    print(
+        f"\nstream gaps: alone median {statistics.median(alone) * 1e3:.1f} ms worst {worst_alone * 1e3:.1f} ms; "
+        f"while paging median {statistics.median(paging) * 1e3:.1f} ms worst {worst_paging * 1e3:.1f} ms; "
+        f"page verbs max {max(verb_ms):.1f} ms; store peak {max(b for b, _ in samples):.0f} of {ceiling} bytes"
+    )
+    # A verb runs between two steps: paging adds at most the copies of one loop turn (a page_in
+    # and a page_out per paging slot) to the worst gap the streams see anyway, give or take
+    # scheduling noise on a shared 2-core machine.
+    assert worst_paging <= worst_alone + 4 * max(verb_ms) / 1e3 + 0.15, (
+        worst_paging,
+        worst_alone,
+        max(verb_ms),
+    )
