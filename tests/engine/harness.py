@@ -10,7 +10,6 @@ from kvswap.backend.model import Model
 from kvswap.engine.commands import Submit
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
-from kvswap.engine.pagestore import PageStore
 from kvswap.engine.sampling import SamplingParams
 from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest
 
@@ -26,7 +25,7 @@ def make_engine(
     n_batch: int = 512,
     n_ubatch: int = 128,
     n_threads: int = 1,
-    store: PageStore | None = None,
+    page_ram_bytes: int = 0,
 ) -> Engine:
     geo = resolve_geometry(
         n_ctx=n_ctx,
@@ -40,7 +39,7 @@ def make_engine(
         n_ctx_train=model.info.n_ctx_train,
     )
     config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads)
-    engine = Engine(model, config, store)
+    engine = Engine(model, config, page_ram_bytes)
     engine.start()
     return engine
 

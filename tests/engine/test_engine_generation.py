@@ -7,7 +7,6 @@ import time
 import pytest
 
 from kvswap.engine.commands import Cancel, Erased, PageIn, PageMoved, SlotErase
-from kvswap.engine.pagestore import PageStore
 from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError, StopType
 from tests.engine.harness import (
     call,
@@ -148,8 +147,9 @@ def test_a_full_pool_refuses_the_newcomer_and_keeps_the_residents(smollm2) -> No
 
 
 def test_a_full_pool_pages_out_the_idle_resident_when_the_store_is_on(smollm2) -> None:  # type: ignore[no-untyped-def]
-    store = PageStore(64 << 20)
-    eng = make_engine(smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, store=store)
+    eng = make_engine(smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, page_ram_bytes=64 << 20)
+    store = eng.store
+    assert store is not None
     try:
         resident_prompt = _tok(smollm2, " ".join(f"word{i}" for i in range(120)))[:300]
         other_prompt = _tok(smollm2, " ".join(f"item{i}" for i in range(150)))[:300]
@@ -170,4 +170,3 @@ def test_a_full_pool_pages_out_the_idle_resident_when_the_store_is_on(smollm2) -
         assert again.tokens == resident.tokens
     finally:
         eng.close()
-        store.close()

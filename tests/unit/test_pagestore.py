@@ -7,18 +7,20 @@ import os
 import psutil
 import pytest
 
+from kvswap.engine.buffers import new_buffer
 from kvswap.engine.pagefmt import PageGeometry, plan_layout
-from kvswap.engine.pagestore import PageStore
+from kvswap.engine.pagestore import Page, PageStore
 from kvswap.engine.types import ErrorKind, KvswapError
 
 MiB = 1 << 20
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=1024)
 
 
-def _page(store: PageStore, name: str, n_bytes: int, fill: int = 1) -> object:
+def _page(store: PageStore, name: str, n_bytes: int, fill: int = 1) -> Page:
     res = store.reserve(name, n_bytes)
-    res.buffer[:n_bytes] = bytes([fill]) * n_bytes  # touch every byte, as a state copy does
-    return store.commit(res, plan_layout(0, n_bytes, GEOMETRY))
+    buffer = new_buffer(n_bytes)
+    buffer[:n_bytes] = bytes([fill]) * n_bytes  # touch every byte, as a state copy does
+    return store.commit(res, buffer, plan_layout(0, n_bytes, GEOMETRY))
 
 
 def _kind(err: pytest.ExceptionInfo[KvswapError]) -> ErrorKind:
@@ -29,8 +31,7 @@ def test_admission_equals_the_charge() -> None:
     store = PageStore(10 * MiB)
     res = store.reserve("a", 3 * MiB)
     assert store.charged_bytes == 3 * MiB  # reserved before the copy
-    assert len(res.buffer) == 3 * MiB
-    page = store.commit(res, plan_layout(0, 3 * MiB, GEOMETRY))
+    page = store.commit(res, new_buffer(3 * MiB), plan_layout(0, 3 * MiB, GEOMETRY))
     assert store.charged_bytes == page.n_bytes == 3 * MiB
     store.cancel(store.reserve("b", 1 * MiB))
     assert store.charged_bytes == 3 * MiB

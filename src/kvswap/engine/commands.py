@@ -127,5 +127,6 @@ class PageMoved:
     n_bytes: int  # the target state
     n_bytes_spec: int  # the draft state
     n_checkpoints: int
-    t_ms: float
+    t_ms: float  # the whole verb, from its start on the slot
     n_discarded: int = 0  # page_in: cached tokens the slot lost
+    copy_ms: float = 0.0  # page_out: the copy on the engine thread (its only stall)

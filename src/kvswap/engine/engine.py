@@ -10,6 +10,7 @@ slot files are read and written by workers around `SlotCapture` and `SlotApply`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -22,15 +23,18 @@ from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
+from kvswap.engine.buffers import BufferReady, BufferWorker, new_buffer
 from kvswap.engine.commands import (
     Cancel,
     Command,
     PageIn,
+    PageMoved,
     PageOut,
     Shutdown,
     SlotApply,
     SlotCapture,
     SlotErase,
+    SlotVerb,
     Submit,
 )
 from kvswap.engine.geometry import Geometry
@@ -45,9 +49,14 @@ from kvswap.engine.slot import Slot
 from kvswap.engine.slotstate import StateMover
 from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
 from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError
-from kvswap.engine.verbs import SlotVerbs
+from kvswap.engine.verbs import PendingCapture, SlotVerbs
 
 log = logging.getLogger("kvswap.engine")
+
+
+def _no_reply(_: object) -> None:
+    """The reply of a verb the engine runs for itself."""
+
 
 # While slots are busy, the snapshot read by /slots and /metrics is refreshed at most this often.
 _SNAPSHOT_EVERY_S = 0.05
@@ -79,7 +88,7 @@ class _Placed:
 class Engine:
     """Runs requests on a model's context in a thread of its own."""
 
-    def __init__(self, model: Model, config: EngineConfig, store: PageStore | None = None) -> None:
+    def __init__(self, model: Model, config: EngineConfig, page_ram_bytes: int = 0) -> None:
         geo = config.geometry
         self.model = model
         self.vocab = model.vocab
@@ -108,11 +117,14 @@ class Engine:
         self.slots = [Slot(i, self.n_ctx_slot) for i in range(geo.n_parallel)]
         self.waiting = WaitQueue(config.slot_prompt_similarity)
         self.metrics = EngineMetrics()
-        self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._n_admitted = 0
         self._last_run: dict[int, RunningRequest] = {}  # slot id -> its last request (for /slots)
         self._swa_window = 0 if config.swa_full else model.info.n_swa
-        self.store = store
+        self.inbox: queue.SimpleQueue[Command | BufferReady] = queue.SimpleQueue()
+        self.buffers = BufferWorker(self.inbox.put)
+        self.store = PageStore(page_ram_bytes, self.buffers.dispose) if page_ram_bytes > 0 else None
+        self._pending: dict[int, PendingCapture] = {}  # captures waiting for their buffer
+        self._tags = itertools.count(1)
         self.page_geometry = PageGeometry(
             model_fingerprint=model.info.fingerprint,
             cache_type_k=geo.cache_type_k,
@@ -123,7 +135,7 @@ class Engine:
         self.verbs = SlotVerbs(
             self.ctx,
             StateMover(self.ctx, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot),
-            store,
+            self.store,
         )
         self._thread: threading.Thread | None = None
         self.snapshot = self._make_snapshot()
@@ -135,7 +147,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="kvswap-engine", daemon=True)
         self._thread.start()
 
-    def post(self, cmd: Command) -> None:
+    def post(self, cmd: Command | BufferReady) -> None:
         self.inbox.put(cmd)
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -146,6 +158,9 @@ class Engine:
 
     def close(self) -> None:
         self.stop()
+        if self.store is not None:
+            self.store.close()
+        self.buffers.close()
         self.batch.close()
         self.ctx.close()
 
@@ -186,7 +201,7 @@ class Engine:
             except queue.Empty:
                 return True
 
-    def _handle(self, cmd: Command) -> None:
+    def _handle(self, cmd: Command | BufferReady) -> None:
         if isinstance(cmd, Submit):
             err = self._check_submit(cmd)
             if err is not None:
@@ -196,6 +211,8 @@ class Engine:
             self.waiting.add(Job(cmd.req_id, cmd.request.id_slot, prompt, cmd))
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
+        elif isinstance(cmd, BufferReady):
+            self._buffer_ready(cmd)
         elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
             if not 0 <= cmd.slot_id < len(self.slots):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
@@ -235,10 +252,44 @@ class Engine:
                 assert job.prompt is not None
                 self._admit(cmd, job.prompt, slot)
             elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
-                result = self.verbs.run(cmd, slot)
-                if not isinstance(result, KvswapError):
-                    slot.t_last_used = time.monotonic()
-                cmd.reply(result)
+                self._run_verb(cmd, slot)
+
+    def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:
+        try:
+            if isinstance(cmd, PageOut | SlotCapture):
+                pending = self.verbs.begin_capture(cmd, slot)
+                tag = next(self._tags)
+                self._pending[tag] = pending
+                slot.locked = True
+                self.buffers.allocate(pending.layout.n_bytes, tag)
+                return
+            result: object
+            if isinstance(cmd, SlotApply):
+                result = self.verbs.apply(cmd, slot)
+            elif isinstance(cmd, SlotErase):
+                result = self.verbs.erase(cmd, slot)
+            else:
+                result = self.verbs.page_in(slot, cmd.name)
+            slot.t_last_used = time.monotonic()
+        except KvswapError as err:
+            result = err
+        cmd.reply(result)
+
+    def _buffer_ready(self, ready: BufferReady) -> None:
+        """The second half of a capture: copy into the buffer that just arrived."""
+        pending = self._pending.pop(ready.tag)
+        pending.slot.locked = False
+        result: object
+        if ready.buffer is None:
+            self.verbs.abandon(pending)
+            result = KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the copy: {ready.error}")
+        else:
+            try:
+                result = self.verbs.finish_capture(pending, ready.buffer)
+                pending.slot.t_last_used = time.monotonic()
+            except KvswapError as err:
+                result = err
+        pending.cmd.reply(result)
 
     def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
         req = cmd.request
@@ -432,7 +483,10 @@ class Engine:
         slot = min(idle, key=lambda s: s.t_last_used)
         name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
         try:
-            moved = self.verbs.page_out(slot, name)
+            # An emergency: map the buffer here rather than wait a step for the worker.
+            pending = self.verbs.begin_capture(PageOut(-1, slot.id, name, _no_reply), slot)
+            moved = self.verbs.finish_capture(pending, new_buffer(pending.layout.n_bytes))
+            assert isinstance(moved, PageMoved)
         except KvswapError as err:
             log.warning(
                 "KV pool full and idle slot %d could not be paged out: %s", slot.id, err.message
@@ -464,6 +518,11 @@ class Engine:
                 return
 
     def _fail_everything(self, kind: ErrorKind, message: str) -> None:
+        for pending in self._pending.values():
+            self.verbs.abandon(pending)
+            pending.slot.locked = False
+            pending.cmd.reply(KvswapError(kind, message))
+        self._pending.clear()
         for slot in self.slots:
             if slot.running is not None:
                 self._release(slot, EngineError(slot.running.req_id, kind, message))

@@ -5,18 +5,23 @@ the one byte count that the ceiling is enforced on. Pure Python: no libllama, no
 
 Rules (SPEC §3):
 - One count. `reserve(name, n_bytes)` admits a page with the bytes measured before any copy and
-  charges exactly that; the buffer it hands out has exactly that size, so no estimate can let a
+  charges exactly that; `commit` stores a buffer of exactly that size, so no estimate can let a
   page past the ceiling.
 - Admission subtracts the page being replaced only when the store is its sole owner. A refusal
   (503 full now, 400 larger than the whole ceiling) never displaces the stored page.
 - The charge is released when the last owner drops a page: a spill holding a page keeps it
   counted after page_in, page_drop or replacement (`held` pages).
-- At every moment the charge (pages + reservations) is at most the ceiling. When a replacement
-  only fits once the old page is gone, the old page is freed before the new bytes are allocated
-  (the copy then runs without a fallback); otherwise the old page lives until the new one is in.
+- At every moment the charge (pages + reservations + buffers being closed) is at most the
+  ceiling: a page's bytes stay charged until its buffer is really unmapped. When a replacement
+  only fits once the old page is gone, the old page is released before the new bytes are
+  reserved (the copy then runs without a fallback); otherwise the old page lives until the new
+  one is in.
+
+Closing a buffer (munmap) costs milliseconds per hundred MB, so it goes through `dispose`, which
+the engine points at a worker thread; the charge is released when the close is done.
 
 Thread-safe: the engine thread reserves, commits and takes; HTTP handlers drop and list; spill
-workers release their holds.
+workers release their holds; the disposer releases charges.
 """
 
 from __future__ import annotations
@@ -25,10 +30,19 @@ import itertools
 import mmap
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvswap.engine.pagefmt import PageLayout
 from kvswap.engine.types import ErrorKind, KvswapError
+
+# Closes a buffer, then calls `done` (possibly on another thread).
+Disposer = Callable[[mmap.mmap, Callable[[], None]], None]
+
+
+def close_now(buffer: mmap.mmap, done: Callable[[], None]) -> None:
+    buffer.close()  # raises if a view still exists: a bug, never silently ignored
+    done()
 
 
 @dataclass
@@ -38,7 +52,7 @@ class Page:
     name: str
     generation: int  # unique per page object: a spill's `drop` frees only its own generation
     buffer: mmap.mmap  # everything the page holds, laid out by `layout`
-    n_bytes: int  # the charge
+    n_bytes: int  # the charge (the buffer's size)
     layout: PageLayout  # what lies where in `buffer`
     created_unix_s: float = field(default_factory=time.time)
     owners: int = 1  # the store (while it lists the page) plus running spills
@@ -53,7 +67,6 @@ class Reservation:
 
     name: str
     n_bytes: int
-    buffer: mmap.mmap
 
 
 @dataclass(frozen=True)
@@ -72,12 +85,14 @@ class PageInfo:
 class PageStore:
     """Named pages under a byte ceiling; see the module docstring."""
 
-    def __init__(self, ceiling_bytes: int) -> None:
+    def __init__(self, ceiling_bytes: int, dispose: Disposer = close_now) -> None:
         self.ceiling_bytes = ceiling_bytes
-        self._lock = threading.Lock()
+        self._dispose = dispose
+        # Re-entrant: a synchronous disposer gives the charge back from inside a release.
+        self._lock = threading.RLock()
         self._pages: dict[str, Page] = {}
         self._held: dict[int, Page] = {}  # generation -> page no longer listed, held by spills
-        self._charged = 0  # pages (listed and held) + open reservations
+        self._charged = 0  # pages (listed and held) + open reservations + closing buffers
         self._ids = itertools.count(1)
 
     # -- reading ----------------------------------------------------------------------------
@@ -130,7 +145,8 @@ class PageStore:
     # -- admission --------------------------------------------------------------------------
 
     def reserve(self, name: str, n_bytes: int) -> Reservation:
-        """Admit `n_bytes` for a page named `name` and allocate its buffer.
+        """Admit and charge `n_bytes` for a page named `name` (the caller then allocates a
+        buffer of that size, copies, and commits; or cancels).
 
         Raises a typed 400 when the page is larger than the whole ceiling, a typed 503 when the
         store cannot take it now; the page stored under `name` is untouched by a refusal.
@@ -151,27 +167,24 @@ class PageStore:
                     f"held, the page needs {n_bytes}",
                 )
             if old is not None and self._charged + n_bytes > self.ceiling_bytes:
-                # It only fits without the old page: free that first (see the module docstring).
+                # It only fits without the old page: close it here and now (synchronously, so
+                # its bytes are really gone before they are counted for the new page).
                 del self._pages[name]
-                self._release_locked(old)
+                old.owners -= 1
+                old.buffer.close()
+                self._charged -= old.n_bytes
             self._charged += n_bytes
-        try:
-            buffer = mmap.mmap(-1, max(1, n_bytes))
-        except BaseException:
-            with self._lock:
-                self._charged -= n_bytes
-            raise
-        return Reservation(name, n_bytes, buffer)
+        return Reservation(name, n_bytes)
 
     def cancel(self, res: Reservation) -> None:
-        """The copy failed: give the reserved bytes back."""
-        res.buffer.close()
+        """The copy failed (or was abandoned): give the reserved bytes back."""
         with self._lock:
             self._charged -= res.n_bytes
 
-    def commit(self, res: Reservation, layout: PageLayout) -> Page:
+    def commit(self, res: Reservation, buffer: mmap.mmap, layout: PageLayout) -> Page:
         """Store the copied page under its name; a page it replaces loses the store's hold."""
-        page = Page(res.name, next(self._ids), res.buffer, res.n_bytes, layout)
+        assert len(buffer) >= res.n_bytes
+        page = Page(res.name, next(self._ids), buffer, res.n_bytes, layout)
         with self._lock:
             old = self._pages.pop(res.name, None)
             self._pages[res.name] = page
@@ -197,7 +210,7 @@ class PageStore:
             raise KvswapError(ErrorKind.NOT_FOUND, f"no page named {name!r}")
 
     def hold(self, name: str) -> Page:
-        """A spill takes a hold on the page: it stays counted until `release`."""
+        """A spill (or a page_in) takes a hold: the page stays alive and counted until `release`."""
         with self._lock:
             page = self._get(name)
             page.owners += 1
@@ -215,8 +228,12 @@ class PageStore:
                 self._held[page.generation] = page
             return
         self._held.pop(page.generation, None)
-        self._charged -= page.n_bytes
-        page.buffer.close()  # raises if a view still exists: a bug, never silently ignored
+        n_bytes = page.n_bytes
+        self._dispose(page.buffer, lambda: self._uncharge(n_bytes))
+
+    def _uncharge(self, n_bytes: int) -> None:
+        with self._lock:
+            self._charged -= n_bytes
 
     def close(self) -> None:
         with self._lock:

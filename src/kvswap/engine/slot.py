@@ -70,7 +70,7 @@ class Slot:
     tokens: TokenBuffer = field(default_factory=TokenBuffer)
     running: RunningRequest | None = None
     t_last_used: float = 0.0
-    n_reserved: int = 0  # jobs queued or running that name this slot
+    locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
 
     @property
     def seq_id(self) -> int:
@@ -78,4 +78,4 @@ class Slot:
 
     @property
     def is_idle(self) -> bool:
-        return self.running is None
+        return self.running is None and not self.locked

@@ -4,11 +4,15 @@ Run by the engine thread when the scheduler hands it a verb's slot (after every 
 that slot). Each verb either succeeds whole or changes nothing it promised to keep: a failed
 page_out leaves the slot intact, a failed page_in leaves the page in the store, a refused page
 never displaces the page stored under its name. File I/O is never done here.
+
+A capture (page_out, save) has two halves: `begin_capture` measures the slot and admits the
+bytes, the buffer worker maps a pre-faulted buffer meanwhile (the slot stays locked, the engine
+keeps decoding other slots), and `finish_capture` copies the state in: one memcpy on the engine
+thread.
 """
 
 from __future__ import annotations
 
-import logging
 import mmap
 import time
 from dataclasses import dataclass
@@ -23,14 +27,12 @@ from kvswap.engine.commands import (
     SlotApply,
     SlotCapture,
     SlotErase,
-    SlotVerb,
 )
-from kvswap.engine.pagestore import PageStore
+from kvswap.engine.pagefmt import PageLayout
+from kvswap.engine.pagestore import PageStore, Reservation
 from kvswap.engine.slot import Slot
 from kvswap.engine.slotstate import StateMover, state_of_page
 from kvswap.engine.types import ErrorKind, KvswapError
-
-log = logging.getLogger("kvswap.engine")
 
 
 @dataclass
@@ -42,6 +44,17 @@ class PageCounters:
     page_failed_total: int = 0
 
 
+@dataclass
+class PendingCapture:
+    """A capture waiting for its buffer; its slot is locked meanwhile."""
+
+    cmd: PageOut | SlotCapture
+    slot: Slot
+    layout: PageLayout
+    reservation: Reservation | None  # page_out: the admitted bytes
+    t_start: float
+
+
 class SlotVerbs:
     """Executes slot verbs against one context, one mover and the page store (if any)."""
 
@@ -51,52 +64,20 @@ class SlotVerbs:
         self.store = store
         self.counters = PageCounters()
 
-    def run(self, cmd: SlotVerb, slot: Slot) -> object:
-        """The verb's result, or the KvswapError to reply with."""
-        try:
-            if isinstance(cmd, SlotCapture):
-                return self.capture(slot)
-            if isinstance(cmd, SlotApply):
-                self.mover.apply(slot, cmd.state)
-                return Applied(slot.id, len(cmd.state.tokens), cmd.state.n_bytes)
-            if isinstance(cmd, SlotErase):
-                n = len(slot.tokens)
-                self.clear(slot)
-                return Erased(slot.id, n)
-            if isinstance(cmd, PageOut):
-                return self.page_out(slot, cmd.name)
-            return self.page_in(slot, cmd.name)
-        except KvswapError as err:
-            return err
-
     def clear(self, slot: Slot) -> None:
         self.ctx.seq_clear(slot.seq_id)
         slot.tokens.truncate(0)
 
-    def capture(self, slot: Slot) -> Captured:
-        layout = self.mover.measure(slot)
-        buffer = mmap.mmap(-1, max(1, layout.n_bytes))
-        try:
-            with memoryview(buffer) as view:
-                self.mover.capture(slot, view, layout)
-        except BaseException:
-            buffer.close()
-            raise
-        return Captured(slot.id, buffer, layout)
+    # -- verbs done in one go ---------------------------------------------------------------
 
-    def _store(self) -> PageStore:
-        if self.store is None:
-            raise KvswapError(ErrorKind.NOT_SUPPORTED, "the page store is off (--page-ram-bytes 0)")
-        return self.store
+    def apply(self, cmd: SlotApply, slot: Slot) -> Applied:
+        self.mover.apply(slot, cmd.state)
+        return Applied(slot.id, len(cmd.state.tokens), cmd.state.n_bytes)
 
-    def page_out(self, slot: Slot, name: str) -> PageMoved:
-        try:
-            moved = self._page_out(slot, name)
-        except KvswapError:
-            self.counters.page_failed_total += 1
-            raise
-        self.counters.page_out_total += 1
-        return moved
+    def erase(self, cmd: SlotErase, slot: Slot) -> Erased:
+        n = len(slot.tokens)
+        self.clear(slot)
+        return Erased(slot.id, n)
 
     def page_in(self, slot: Slot, name: str) -> PageMoved:
         try:
@@ -107,32 +88,10 @@ class SlotVerbs:
         self.counters.page_in_total += 1
         return moved
 
-    def _page_out(self, slot: Slot, name: str) -> PageMoved:
-        store = self._store()
-        if len(slot.tokens) == 0:
-            raise KvswapError(
-                ErrorKind.INVALID_REQUEST, f"slot {slot.id} is empty: nothing to page out"
-            )
-        t0 = time.perf_counter()
-        layout = self.mover.measure(slot)
-        res = store.reserve(name, layout.n_bytes)  # typed 503 / 400; the stored page stays
-        try:
-            with memoryview(res.buffer) as view:
-                self.mover.capture(slot, view, layout)
-        except BaseException:
-            store.cancel(res)
-            raise
-        store.commit(res, layout)
-        self.clear(slot)
-        return PageMoved(
-            slot.id,
-            name,
-            layout.n_tokens,
-            layout.target.n_bytes,
-            layout.n_bytes_spec,
-            len(layout.checkpoints),
-            (time.perf_counter() - t0) * 1e3,
-        )
+    def _store(self) -> PageStore:
+        if self.store is None:
+            raise KvswapError(ErrorKind.NOT_SUPPORTED, "the page store is off (--page-ram-bytes 0)")
+        return self.store
 
     def _page_in(self, slot: Slot, name: str) -> PageMoved:
         store = self._store()
@@ -154,12 +113,57 @@ class SlotVerbs:
         finally:
             store.release(page)
         return PageMoved(
-            slot.id,
-            name,
-            layout.n_tokens,
-            layout.target.n_bytes,
-            layout.n_bytes_spec,
-            len(layout.checkpoints),
-            (time.perf_counter() - t0) * 1e3,
-            n_discarded,
-        )
+            slot.id, name, layout.n_tokens, layout.target.n_bytes, layout.n_bytes_spec,
+            len(layout.checkpoints), (time.perf_counter() - t0) * 1e3, n_discarded,
+        )  # fmt: skip
+
+    # -- captures: two halves around a buffer allocation -------------------------------------
+
+    def begin_capture(self, cmd: PageOut | SlotCapture, slot: Slot) -> PendingCapture:
+        """Measure the slot and, for page_out, admit its bytes (typed 503/400 on refusal)."""
+        t0 = time.perf_counter()
+        reservation = None
+        if isinstance(cmd, PageOut):
+            store = self._store()
+            if len(slot.tokens) == 0:
+                self.counters.page_failed_total += 1
+                raise KvswapError(
+                    ErrorKind.INVALID_REQUEST, f"slot {slot.id} is empty: nothing to page out"
+                )
+        layout = self.mover.measure(slot)
+        if isinstance(cmd, PageOut):
+            try:
+                reservation = store.reserve(cmd.name, layout.n_bytes)
+            except KvswapError:
+                self.counters.page_failed_total += 1
+                raise
+        return PendingCapture(cmd, slot, layout, reservation, t0)
+
+    def abandon(self, pending: PendingCapture) -> None:
+        if pending.reservation is not None and self.store is not None:
+            self.store.cancel(pending.reservation)
+            self.counters.page_failed_total += 1
+
+    def finish_capture(self, pending: PendingCapture, buffer: mmap.mmap) -> Captured | PageMoved:
+        """Copy the slot's state into its buffer; a page_out then commits it and frees the slot."""
+        layout, slot = pending.layout, pending.slot
+        t_copy = time.perf_counter()
+        try:
+            with memoryview(buffer) as view:
+                self.mover.capture(slot, view, layout)
+        except BaseException:
+            buffer.close()
+            self.abandon(pending)
+            raise
+        copy_ms = (time.perf_counter() - t_copy) * 1e3
+        if pending.reservation is None:
+            return Captured(slot.id, buffer, layout)
+        assert self.store is not None
+        self.store.commit(pending.reservation, buffer, layout)
+        self.clear(slot)
+        self.counters.page_out_total += 1
+        return PageMoved(
+            slot.id, pending.reservation.name, layout.n_tokens, layout.target.n_bytes,
+            layout.n_bytes_spec, len(layout.checkpoints), (time.perf_counter() - pending.t_start) * 1e3,
+            copy_ms=copy_ms,
+        )  # fmt: skip

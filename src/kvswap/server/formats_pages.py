@@ -23,6 +23,8 @@ def page_moved_json(m: PageMoved, *, page_in: bool) -> dict[str, Any]:
         "n_checkpoints": m.n_checkpoints,
         "timings": {("page_in_ms" if page_in else "page_out_ms"): m.t_ms},
     }
+    if not page_in:
+        out["timings"]["copy_ms"] = m.copy_ms
     if page_in:
         out["n_discarded"] = m.n_discarded
     return out

@@ -18,7 +18,6 @@ from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
-from kvswap.engine.pagestore import PageStore
 from kvswap.models import default_model_path
 from kvswap.server.state import ServerState, build_state
 
@@ -79,9 +78,11 @@ class Loader:
                     use_mlock=self.config.model.use_mlock,
                 ),
             )
-            ceiling = self.config.paging.page_ram_bytes
-            store = PageStore(ceiling) if ceiling > 0 else None
-            engine = Engine(model, engine_config(self.config, model.info.n_ctx_train), store)
+            engine = Engine(
+                model,
+                engine_config(self.config, model.info.n_ctx_train),
+                page_ram_bytes=self.config.paging.page_ram_bytes,
+            )
             state = build_state(self.config, model, engine)
             engine.start()
             state.client = EngineClient(engine, loop)
