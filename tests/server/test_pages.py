@@ -45,7 +45,14 @@ def _n_tokens(server: ServerProcess, text: str) -> int:
     return len(server.post("/tokenize", {"content": text, "add_special": True}).json()["tokens"])
 
 
+def _erase(server: ServerProcess, *slots: int) -> None:
+    # Bit-exact needs the same batches: every compared run starts from an empty slot.
+    for slot in slots:
+        assert server.post(f"/slots/{slot}?action=erase").status_code == 200
+
+
 def test_page_out_reuse_page_in_is_bit_exact(small_server: ServerProcess) -> None:
+    _erase(small_server, 1, 2)
     # Reference: a slot that never pages, fed the same requests.
     ref_first = _run(small_server, FIRST, slot=2)
     ref_next = _run(small_server, _follow_up(ref_first), slot=2)
@@ -78,6 +85,7 @@ def test_page_out_reuse_page_in_is_bit_exact(small_server: ServerProcess) -> Non
 def test_spill_then_restore_in_a_fresh_server_is_bit_exact(
     small_server: ServerProcess, save_dir: Path, server_factory
 ) -> None:  # type: ignore[no-untyped-def]
+    _erase(small_server, 1, 3)
     ref_first = _run(small_server, FIRST, slot=3)
     ref_next = _run(small_server, _follow_up(ref_first), slot=3)
     first = _run(small_server, FIRST, slot=1)
