@@ -16,26 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvswap.config.machine import MachineInfo
+from kvswap.engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, DEFAULT_SAMPLERS
 
-LLAMA_DEFAULT_SEED = 0xFFFFFFFF  # libllama's "pick a random seed"; kvswap writes it as -1
 N_PARALLEL_AUTO_SLOTS = 4  # llama-server: -np auto (-1) means 4 slots with unified KV
 N_GPU_LAYERS_AUTO = -1  # -ngl auto
 N_GPU_LAYERS_ALL = -2  # -ngl all
 VERBOSITY_ALL = (1 << 31) - 1  # -v: llama-server sets the threshold to INT_MAX
-
-# llama-server's default sampler chain (common_params_sampling::samplers).
-DEFAULT_SAMPLERS: tuple[str, ...] = (
-    "penalties",
-    "dry",
-    "top_n_sigma",
-    "top_k",
-    "typ_p",
-    "top_p",
-    "min_p",
-    "xtc",
-    "temperature",
-)
-DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
 # -lm/--load-mode value -> (use_mmap, use_mlock) as libllama reads them.
 _LOAD_MODE_MMAP_MLOCK: dict[str, tuple[bool, bool]] = {

@@ -24,6 +24,8 @@ DEFAULT_SAMPLERS: tuple[str, ...] = (
     "temperature",
 )
 
+DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+
 # Names (and llama-server's aliases and one-letter codes) accepted in `samplers`.
 SAMPLER_ALIASES: dict[str, str] = {
     "penalties": "penalties",
@@ -84,7 +86,7 @@ class SamplingParams:
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = 64  # -1: the whole context
-    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
     adaptive_target: float = -1.0
     adaptive_decay: float = 0.9
     mirostat: int = 0
