@@ -9,12 +9,13 @@ answer as llama-server does (formats).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from kvswap.engine.client import EngineClient
 from kvswap.engine.types import (
     Completion,
     ErrorKind,
@@ -102,6 +103,18 @@ def _oai_meta(state: ServerState) -> OaiMeta:
     )
 
 
+async def _finals(
+    client: EngineClient,
+    reqs: list[GenerationRequest],
+    request: Request,
+    shape: Callable[..., dict[str, Any]],
+    meta: OaiMeta,
+) -> list[dict[str, Any]]:
+    """Run every task to its end and shape each final result (OpenAI routes)."""
+    results = await complete_all(client, reqs, request)
+    return [shape(c, r, meta, index=i) for i, (c, r) in enumerate(zip(results, reqs, strict=True))]
+
+
 # ------------------------------------------------------------------------- native /completion
 
 
@@ -155,12 +168,9 @@ async def oai_completion(request: Request) -> Response:
     client = state.engine_client()
     meta = _oai_meta(state)
     if not body.stream:
-        results = await complete_all(client, reqs, request)
-        objs = [
-            completion_final(c, r, meta, index=i)
-            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
-        ]
-        return JSONResponse(merge_choices(objs))
+        return JSONResponse(
+            merge_choices(await _finals(client, reqs, request, completion_final, meta))
+        )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
@@ -207,12 +217,7 @@ async def chat_completion(request: Request) -> Response:
     client = state.engine_client()
     meta = _oai_meta(state)
     if not body.stream:
-        results = await complete_all(client, reqs, request)
-        objs = [
-            chat_final(c, r, meta, index=i)
-            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
-        ]
-        return JSONResponse(merge_choices(objs))
+        return JSONResponse(merge_choices(await _finals(client, reqs, request, chat_final, meta)))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     started: set[int] = set()
 
