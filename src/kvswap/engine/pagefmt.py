@@ -4,7 +4,8 @@ A page is one flat buffer laid out as
 
     [ tokens (int32 x n_tokens) | target state | draft state | checkpoint 0 | checkpoint 1 | ... ]
 
-with `PageLayout` saying where each part is. The same layout describes a slot captured for
+with `PageLayout` saying where each part is, plus what has no bytes: the geometry (model
+fingerprint, KV types, stream count) and the LoRA set the state was computed under. The same layout describes a slot captured for
 `save`, so page files and slot files have one writer (`pagefiles`). States carry libllama's
 8-byte RAM prefix, ready for `llama_state_seq_set_data`.
 
@@ -40,6 +41,15 @@ class CheckpointSpan:
     pos_min: int
     pos_max: int
     span: Span
+
+
+@dataclass(frozen=True)
+class LoraRef:
+    """An adapter the state was computed under, named by content, not by load order."""
+
+    sha256: str  # of the adapter file
+    path: str  # where it was loaded from (informative)
+    scale: float
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class PageLayout:
     geometry: PageGeometry
     draft: Span | None = None
     checkpoints: tuple[CheckpointSpan, ...] = field(default_factory=tuple)
+    lora: tuple[LoraRef, ...] = ()  # the adapter set the KV was computed under (empty: none)
 
     @property
     def n_bytes(self) -> int:
