@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import llama_cpp
 
+from kvswap.backend.context import Context
 from kvswap.backend.vocab import Vocab
 from kvswap.engine.sampling import SamplingParams
 
@@ -106,7 +107,12 @@ class SamplerChain:
         else:
             yield llama_cpp.llama_sampler_init_dist(seed)
 
+    def sample(self, ctx: Context, i: int) -> int:
+        """Sample batch output `i` of `ctx` (the token is accepted into the chain)."""
+        return ctx.sample(self.ptr, i)
+
     def accept(self, token: int) -> None:
+        """Feed a token the chain did not sample (prompt history)."""
         llama_cpp.llama_sampler_accept(self.ptr, token)
 
     def close(self) -> None:

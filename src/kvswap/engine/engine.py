@@ -384,7 +384,7 @@ class Engine:
                 run.sink(run.progress())
 
     def _sample(self, slot: Slot, run: RunningRequest) -> None:
-        token = self.ctx.sample(run.sampler.ptr, run.out_index)
+        token = run.sampler.sample(self.ctx, run.out_index)
         probs = None
         if run.request.n_probs > 0:
             probs = top_probs(
