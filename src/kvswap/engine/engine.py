@@ -24,6 +24,7 @@ from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
 from kvswap.engine.buffers import BufferReady, BufferWorker, new_buffer
+from kvswap.engine.checkpoints import CheckpointBudget
 from kvswap.engine.commands import (
     Cancel,
     Command,
@@ -38,6 +39,7 @@ from kvswap.engine.commands import (
     Submit,
 )
 from kvswap.engine.geometry import Geometry
+from kvswap.engine.memory import SlotMemory
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.pagefmt import PageGeometry
 from kvswap.engine.pagestore import PageStore
@@ -73,6 +75,9 @@ class EngineConfig:
     swa_full: bool = False
     slot_prompt_similarity: float = 0.1
     step_tokens: int = 0  # per-step token budget; 0 = n_ubatch
+    ctx_checkpoints: int = 32  # per slot (--ctx-checkpoints)
+    checkpoint_min_step: int = 8192  # tokens between spaced checkpoints; 0 = only near the end
+    ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
 
 
 @dataclass
@@ -132,9 +137,20 @@ class Engine:
             n_stream=1 if geo.kv_unified else geo.n_parallel,
             n_ctx_slot=self.n_ctx_slot,
         )
+        info = model.info
+        self.memory = SlotMemory(
+            self.ctx,
+            needs_checkpoints=info.is_recurrent or info.is_hybrid or self._swa_window > 0,
+            swa_window=self._swa_window,
+            budget=CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes),
+            n_ubatch=geo.n_ubatch,
+            min_step=config.checkpoint_min_step,
+        )
         self.verbs = SlotVerbs(
             self.ctx,
-            StateMover(self.ctx, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot),
+            StateMover(
+                self.ctx, self.memory, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot
+            ),
             self.store,
         )
         self._thread: threading.Thread | None = None
@@ -303,23 +319,14 @@ class Engine:
         slot.running = RunningRequest(
             cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted
         )
+        slot.running.checkpoint_at = self.memory.plan(len(prompt), n_keep)
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 
     def _truncate(self, slot: Slot, n: int) -> int:
-        """Cut a slot's KV and tokens to the first `n`; returns what is kept (0 when the memory
-        cannot be cut there, e.g. recurrent state or a slid window)."""
-        if n >= len(slot.tokens):
-            return len(slot.tokens)
-        ok = n > 0 and self.ctx.seq_rm(slot.seq_id, n, -1)
-        if ok and self._swa_window > 0:
-            # Attention from position n needs the window before it: it must still be there.
-            ok = self.ctx.seq_pos_min(slot.seq_id) <= max(0, n - self._swa_window)
-        if not ok:
-            self.ctx.seq_clear(slot.seq_id)
-            n = 0
-        slot.tokens.truncate(n)
-        return n
+        """Cut a slot's KV and tokens to at most the first `n` (a checkpoint, or 0, when the
+        memory cannot be cut there); returns what is kept."""
+        return self.memory.cut(slot, n)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -330,6 +337,7 @@ class Engine:
                 n_decode=1 if s.running.pending is not None else 0,
                 n_prompt_left=s.running.n_prompt_left,
                 admitted=s.running.admitted,
+                chunk_limit=s.running.chunk_limit(),
             )
             for s in self.slots
             if s.running is not None
@@ -353,6 +361,8 @@ class Engine:
                 run.out_index = batch.add_span(toks, pos0, slot.seq_id, True)
             else:
                 token = -1
+                if run.checkpoint_due(pos0):
+                    self.memory.capture(slot)  # the slot as it stands before this chunk
                 toks = run.prompt[run.n_done : run.n_done + span.n_tokens]
                 idx = batch.add_span(toks, pos0, slot.seq_id, span.ends_prompt)
                 run.out_index = idx if span.ends_prompt else -1
@@ -536,10 +546,14 @@ class Engine:
 
     def _own_metrics(self) -> dict[str, float]:
         counters = self.verbs.counters
+        budget = self.memory.budget.counters
         out: dict[str, float] = {
             "page_out_total": counters.page_out_total,
             "page_in_total": counters.page_in_total,
             "page_failed_total": counters.page_failed_total,
+            "ctx_checkpoint_bytes": self.memory.total_bytes,
+            "ctx_checkpoints_evicted_budget_total": budget.evicted_budget_total,
+            "ctx_checkpoints_skipped_budget_total": budget.skipped_budget_total,
         }
         if self.store is not None:
             out["page_store_bytes"] = self.store.charged_bytes

@@ -36,8 +36,9 @@ class Span:
 
 @dataclass(frozen=True)
 class CheckpointSpan:
-    """A context checkpoint: the partial state at positions [pos_min, pos_max]."""
+    """A context checkpoint: the partial state after `n_tokens` tokens."""
 
+    n_tokens: int
     pos_min: int
     pos_max: int
     span: Span
@@ -113,9 +114,9 @@ def plan_layout(
     target_bytes: int,
     geometry: PageGeometry,
     draft_bytes: int | None = None,
-    checkpoints: tuple[tuple[int, int, int], ...] = (),
+    checkpoints: tuple[tuple[int, int, int, int], ...] = (),
 ) -> PageLayout:
-    """Lay the parts out back to back; `checkpoints` are (pos_min, pos_max, n_bytes)."""
+    """Lay the parts out back to back; `checkpoints` are (n_tokens, pos_min, pos_max, n_bytes)."""
     tokens = Span(0, n_tokens * TOKEN_BYTES)
     target = Span(tokens.end, target_bytes)
     end = target.end
@@ -124,8 +125,8 @@ def plan_layout(
         draft = Span(end, draft_bytes)
         end = draft.end
     spans = []
-    for pos_min, pos_max, n in checkpoints:
-        spans.append(CheckpointSpan(pos_min, pos_max, Span(end, n)))
+    for n_tokens, pos_min, pos_max, n in checkpoints:
+        spans.append(CheckpointSpan(n_tokens, pos_min, pos_max, Span(end, n)))
         end += n
     return PageLayout(n_tokens, tokens, target, geometry, draft, tuple(spans))
 

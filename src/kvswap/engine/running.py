@@ -55,6 +55,7 @@ class RunningRequest:
         self.n_cache = n_cache  # prompt tokens reused from the slot's cache (cache_n)
         self.n_done = n_cache  # prompt tokens in the KV
         self.pending: int | None = None  # sampled, not yet decoded
+        self.checkpoint_at: list[int] = []  # token counts at which to checkpoint the slot
         self.out_index = -1  # this step's logits row in the batch
         self.generated: list[int] = []
         self.probs: list[TokenProbs] = []
@@ -71,6 +72,19 @@ class RunningRequest:
     @property
     def n_prompt_left(self) -> int:
         return len(self.prompt) - self.n_done
+
+    def chunk_limit(self) -> int:
+        """The next prompt chunk must end at the next checkpoint (0: no limit)."""
+        return self.checkpoint_at[0] - self.n_done if self.checkpoint_at else 0
+
+    def checkpoint_due(self, n_tokens: int) -> bool:
+        """Is a checkpoint due with the slot holding `n_tokens` (consumed when it is)?"""
+        while self.checkpoint_at and self.checkpoint_at[0] < n_tokens:
+            self.checkpoint_at.pop(0)
+        if self.checkpoint_at and self.checkpoint_at[0] == n_tokens:
+            self.checkpoint_at.pop(0)
+            return True
+        return False
 
     def progress(self) -> PromptProgress:
         return PromptProgress(

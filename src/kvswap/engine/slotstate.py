@@ -14,9 +14,21 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.backend.context import Context
+from kvswap.engine.checkpoints import Checkpoint
+from kvswap.engine.memory import SlotMemory
 from kvswap.engine.pagefmt import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A checkpoint in someone else's buffer (a page, a slot file)."""
+
+    n_tokens: int
+    pos_min: int
+    pos_max: int
+    data: memoryview
 
 
 @dataclass(frozen=True)
@@ -26,33 +38,64 @@ class SlotState:
     tokens: npt.NDArray[np.int32]
     target: memoryview  # libllama's 8-byte prefix + payload
     draft: memoryview | None = None
-    checkpoints: tuple[tuple[int, int, memoryview], ...] = field(default_factory=tuple)
+    checkpoints: tuple[CheckpointView, ...] = field(default_factory=tuple)
 
     @property
     def n_bytes(self) -> int:
         return self.target.nbytes + (self.draft.nbytes if self.draft is not None else 0)
 
+    def release(self) -> None:
+        """Release every view (before the buffers they view are closed)."""
+        self.target.release()
+        if self.draft is not None:
+            self.draft.release()
+        for c in self.checkpoints:
+            c.data.release()
+
 
 def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
     """Views of a page's parts (the caller keeps the page alive while they are used)."""
     t = layout.target
-    return SlotState(tokens=read_tokens(buffer, layout), target=buffer[t.offset : t.end])
+    return SlotState(
+        tokens=read_tokens(buffer, layout),
+        target=buffer[t.offset : t.end],
+        checkpoints=tuple(
+            CheckpointView(c.n_tokens, c.pos_min, c.pos_max, buffer[c.span.offset : c.span.end])
+            for c in layout.checkpoints
+        ),
+    )
 
 
 class StateMover:
     """Captures and loads slot states on one context."""
 
-    def __init__(self, ctx: Context, geometry: PageGeometry, n_vocab: int, n_ctx_slot: int) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        memory: SlotMemory,
+        geometry: PageGeometry,
+        n_vocab: int,
+        n_ctx_slot: int,
+    ) -> None:
         self.ctx = ctx
+        self.memory = memory
         self.geometry = geometry
         self.n_vocab = n_vocab
         self.n_ctx_slot = n_ctx_slot
 
     def measure(self, slot: Slot) -> PageLayout:
-        return plan_layout(len(slot.tokens), self.ctx.state_size(slot.seq_id), self.geometry)
+        checkpoints = tuple(
+            (c.n_tokens, c.pos_min, c.pos_max, c.n_bytes) for c in self.memory.of(slot)
+        )
+        return plan_layout(
+            len(slot.tokens),
+            self.ctx.state_size(slot.seq_id),
+            self.geometry,
+            checkpoints=checkpoints,
+        )
 
     def capture(self, slot: Slot, buffer: memoryview, layout: PageLayout) -> None:
-        """Copy the slot's tokens and state into `buffer` (sized for `layout`)."""
+        """Copy the slot's tokens, state and checkpoints into `buffer` (sized for `layout`)."""
         write_tokens(buffer, layout, slot.tokens.view())
         t = layout.target
         n = self.ctx.state_get_into(slot.seq_id, buffer[t.offset : t.end])
@@ -60,6 +103,8 @@ class StateMover:
             raise KvswapError(
                 ErrorKind.SERVER, f"libllama copied {n} state bytes, {t.n_bytes} were measured"
             )
+        for span, ckpt in zip(layout.checkpoints, self.memory.of(slot), strict=True):
+            buffer[span.span.offset : span.span.end] = ckpt.data
 
     def refusal(self, state: SlotState) -> str | None:
         """Why `state` cannot be loaded into a slot here, or None."""
@@ -76,6 +121,7 @@ class StateMover:
         if reason is not None:
             raise KvswapError(ErrorKind.INVALID_REQUEST, f"cannot load the state: {reason}")
         slot.tokens.truncate(0)
+        self.memory.clear(slot)
         if not self.ctx.state_set_from(slot.seq_id, state.target):
             raise KvswapError(
                 ErrorKind.INVALID_REQUEST,
@@ -83,3 +129,9 @@ class StateMover:
                 "another model, KV type or stream layout)",
             )
         slot.tokens.replace(state.tokens)
+        incoming = [
+            Checkpoint(c.n_tokens, c.pos_min, c.pos_max, bytearray(c.data), c.data.nbytes)
+            for c in state.checkpoints
+            if c.n_tokens <= len(state.tokens)
+        ]
+        self.memory.replace(slot, incoming)

@@ -67,6 +67,7 @@ class SlotVerbs:
     def clear(self, slot: Slot) -> None:
         self.ctx.seq_clear(slot.seq_id)
         slot.tokens.truncate(0)
+        self.mover.memory.clear(slot)
 
     # -- verbs done in one go ---------------------------------------------------------------
 
@@ -108,7 +109,7 @@ class SlotVerbs:
                 try:
                     self.mover.apply(slot, state)
                 finally:
-                    state.target.release()
+                    state.release()
             store.remove(name, page.generation)
         finally:
             store.release(page)

@@ -44,6 +44,9 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         flash_attn=ctx.flash_attn,
         swa_full=ctx.swa_full,
         slot_prompt_similarity=config.paging.slot_prompt_similarity,
+        ctx_checkpoints=ctx.ctx_checkpoints,
+        checkpoint_min_step=ctx.checkpoint_min_step,
+        ctx_checkpoints_bytes=ctx.ctx_checkpoints_bytes,
     )
 
 

@@ -12,15 +12,18 @@ caller can close them.
 
 from __future__ import annotations
 
+import logging
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from kvswap.engine.pagefmt import PageGeometry, PageLayout, read_tokens
-from kvswap.engine.slotstate import SlotState
+from kvswap.engine.slotstate import CheckpointView, SlotState
 from kvswap.engine.types import ErrorKind, KvswapError
-from kvswap.files import FilesError, Generation, Publisher, PublishReceipt
+from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
 from kvswap.files.seqfile import file_parts
+
+log = logging.getLogger("kvswap.files")
 
 Buffer = Any  # an mmap or anything else with the buffer protocol
 
@@ -44,15 +47,35 @@ def drop_frames(err: BaseException | None) -> None:
         err = err.__cause__ or err.__context__
 
 
+CKPT_FORMAT = (
+    1  # the .ckpt sidecar's header: {"format", "checkpoints": [{n_tokens, pos_min, pos_max}]}
+)
+
+
+def _files(view: memoryview, layout: PageLayout) -> dict[str, Any]:
+    """`F` and the sidecars of one generation, as buffers over `view` (no copy)."""
+    t = layout.target
+    files: dict[str, Any] = {"": file_parts(read_tokens(view, layout), view[t.offset : t.end])}
+    if layout.checkpoints:
+        header = {
+            "format": CKPT_FORMAT,
+            "checkpoints": [
+                {"n_tokens": c.n_tokens, "pos_min": c.pos_min, "pos_max": c.pos_max}
+                for c in layout.checkpoints
+            ],
+        }
+        sections = [view[c.span.offset : c.span.end] for c in layout.checkpoints]
+        files[".ckpt"] = sidecar.encode(".ckpt", header, sections)
+    return files
+
+
 def publish_state(
     publisher: Publisher, filename: str, buffer: Buffer, layout: PageLayout
 ) -> PublishReceipt:
     """Write one generation of `filename` from a captured slot or a page (`buffer` laid out by
     `layout`); no view of `buffer` outlives the call."""
     view = memoryview(buffer)[: layout.n_bytes]
-    tokens = read_tokens(view, layout)
-    t = layout.target
-    files = {"": file_parts(tokens, view[t.offset : t.end])}
+    files = _files(view, layout)
     try:
         return publisher.publish(filename, files, layout.geometry.file_fingerprint())
     except BaseException as err:
@@ -72,12 +95,42 @@ class ReadState:
     n_bytes_read: int
 
     def close(self) -> None:
-        self.state.target.release()
+        self.state.release()
         self.generation.close()
 
 
 def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> ReadState:
-    """Read and verify one generation of `filename` (a foreign file has no fingerprint)."""
+    """Read and verify one generation of `filename` (a foreign file has no fingerprint).
+
+    A missing, torn or malformed sidecar restores that part cold, with a warning.
+    """
     gen = publisher.read_generation(filename, geometry.file_fingerprint())
-    state = SlotState(tokens=gen.tokens.copy(), target=gen.state[:])
+    checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
+    state = SlotState(tokens=gen.tokens.copy(), target=gen.state[:], checkpoints=checkpoints)
     return ReadState(state, gen, gen.n_bytes_read)
+
+
+def _checkpoints(filename: str, read: SidecarRead | None) -> tuple[CheckpointView, ...]:
+    if read is None or read.status == "absent":
+        return ()
+    if read.status != "ok" or read.sidecar is None:
+        log.warning(
+            "%s.ckpt %s (%s): restoring without context checkpoints",
+            filename,
+            read.status,
+            read.reason,
+        )
+        return ()
+    header, sections = read.sidecar.header, read.sidecar.sections
+    try:
+        if header.get("format") != CKPT_FORMAT or len(header["checkpoints"]) != len(sections):
+            raise ValueError("header does not match its sections")
+        return tuple(
+            CheckpointView(int(c["n_tokens"]), int(c["pos_min"]), int(c["pos_max"]), data)
+            for c, data in zip(header["checkpoints"], sections, strict=True)
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        log.warning(
+            "%s.ckpt is malformed (%s): restoring without context checkpoints", filename, err
+        )
+        return ()
