@@ -18,7 +18,17 @@ def _paging(argv: list[str]) -> int:
     return main(argv)
 
 
-BENCHES: dict[str, Callable[[list[str]], int]] = {"throughput": _throughput, "paging": _paging}
+def _checkpoints(argv: list[str]) -> int:
+    from kvswap.bench.checkpoints import main
+
+    return main(argv)
+
+
+BENCHES: dict[str, Callable[[list[str]], int]] = {
+    "throughput": _throughput,
+    "paging": _paging,
+    "checkpoints": _checkpoints,
+}
 
 
 def main(argv: list[str]) -> int:
