@@ -19,7 +19,9 @@ def server_factory(
 ) -> Iterator[Callable[..., ServerProcess]]:
     servers: dict[tuple[str, ...], ServerProcess] = {}
 
-    def get(*args: str, save_path: bool = False, fresh: bool = False) -> ServerProcess:
+    def get(
+        *args: str, save_path: bool = False, fresh: bool = False, env: dict[str, str] | None = None
+    ) -> ServerProcess:
         full = list(args)
         if save_path:
             slots = tmp_path_factory.mktemp("slots")
@@ -27,7 +29,7 @@ def server_factory(
         key = tuple(args) + (("save",) if save_path else ())
         if fresh or key not in servers:
             log = tmp_path_factory.mktemp("log") / "server.log"
-            server = ServerProcess(full, log)
+            server = ServerProcess(full, log, env)
             if fresh:
                 servers[(*key, str(id(server)))] = server
             else:

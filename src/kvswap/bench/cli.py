@@ -24,7 +24,14 @@ def _checkpoints(argv: list[str]) -> int:
     return main(argv)
 
 
+def _reconfigure(argv: list[str]) -> int:
+    from kvswap.bench.reconfigure import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
+    "reconfigure": _reconfigure,
     "throughput": _throughput,
     "paging": _paging,
     "checkpoints": _checkpoints,

@@ -85,12 +85,45 @@ class PageIn:
 
 
 @dataclass(frozen=True)
+class ReconfigureSpec:
+    """The body of POST /reconfigure; None keeps the current value."""
+
+    n_ctx: int | None = None
+    n_parallel: int | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    force: bool = False  # allow a KV type change (residents and pages become token-only)
+    drain_timeout_s: float = 30.0  # how long requests past the new n_parallel may drain
+
+
+@dataclass(frozen=True)
+class Reconfigure:
+    """The engine command."""
+
+    req_id: int
+    spec: ReconfigureSpec
+    reply: Reply
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Finish the loop: running requests end as cancelled."""
 
 
 SlotVerb = SlotCapture | SlotApply | SlotErase | PageOut | PageIn
-Command = Submit | Cancel | SlotCapture | SlotApply | SlotErase | PageOut | PageIn | Shutdown
+Command = (
+    Submit
+    | Cancel
+    | SlotCapture
+    | SlotApply
+    | SlotErase
+    | PageOut
+    | PageIn
+    | Reconfigure
+    | Shutdown
+)
 
 
 @dataclass(frozen=True)

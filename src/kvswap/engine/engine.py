@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -31,6 +32,7 @@ from kvswap.engine.commands import (
     PageIn,
     PageMoved,
     PageOut,
+    Reconfigure,
     Shutdown,
     SlotApply,
     SlotCapture,
@@ -41,17 +43,25 @@ from kvswap.engine.commands import (
 from kvswap.engine.geometry import Geometry
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.metrics import EngineMetrics
-from kvswap.engine.pagefmt import PageGeometry
+from kvswap.engine.pagefmt import PageGeometry, read_tokens
 from kvswap.engine.pagestore import PageStore
 from kvswap.engine.planner import SlotWork, Span, StepPlan, plan_step
 from kvswap.engine.probs import top_probs
+from kvswap.engine.reconfigure import Reconfigurer
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.scheduler import Job, WaitQueue
 from kvswap.engine.slot import Slot
 from kvswap.engine.slotstate import StateMover
 from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
-from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError
-from kvswap.engine.verbs import PendingCapture, SlotVerbs
+from kvswap.engine.types import (
+    Completion,
+    EngineError,
+    ErrorKind,
+    Event,
+    GenerationRequest,
+    KvswapError,
+)
+from kvswap.engine.verbs import PageCounters, PendingCapture, SlotVerbs
 
 log = logging.getLogger("kvswap.engine")
 
@@ -94,12 +104,40 @@ class Engine:
     """Runs requests on a model's context in a thread of its own."""
 
     def __init__(self, model: Model, config: EngineConfig, page_ram_bytes: int = 0) -> None:
-        geo = config.geometry
         self.model = model
         self.vocab = model.vocab
         self.config = config
-        self.ctx = Context(
-            model,
+        self.waiting = WaitQueue(config.slot_prompt_similarity)
+        self.metrics = EngineMetrics()
+        self._n_admitted = 0
+        self._last_run: dict[int, RunningRequest] = {}  # slot id -> its last request (for /slots)
+        self._swa_window = 0 if config.swa_full else model.info.n_swa
+        self.inbox: queue.SimpleQueue[Command | BufferReady] = queue.SimpleQueue()
+        self.buffers = BufferWorker(self.inbox.put)
+        self.store = PageStore(page_ram_bytes, self.buffers.dispose) if page_ram_bytes > 0 else None
+        self._pending: dict[int, PendingCapture] = {}  # captures waiting for their buffer
+        self._tags = itertools.count(1)
+        self.budget = CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes)
+        self.page_counters = PageCounters()
+        self.geometry = config.geometry
+        # Tests inject a context-build failure into a reconfigure (the rollback path).
+        self.fault_on_install = os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1"
+        self.reconfigurer = Reconfigurer(self)
+        self.crashed: str | None = None  # set when the loop died: every command then fails
+
+        self._install(self.geometry)
+        self.slots = [Slot(i, self.n_ctx_slot) for i in range(self.geometry.n_parallel)]
+        self._thread: threading.Thread | None = None
+        self.snapshot = self._make_snapshot()
+        self._t_snapshot = 0.0
+
+    def _install(self, geo: Geometry) -> None:
+        """Build the context and everything bound to it for `geo` (weights stay loaded).
+
+        Raises ContextInitError when libllama cannot build it; nothing is changed then."""
+        config, info = self.config, self.model.info
+        ctx = Context(
+            self.model,
             ContextParams(
                 n_ctx=geo.n_ctx,
                 n_seq_max=geo.n_parallel,
@@ -114,48 +152,36 @@ class Engine:
                 swa_full=config.swa_full,
             ),
         )
-        self.n_ctx_slot = min(self.ctx.n_ctx_seq, model.info.n_ctx_train)
+        self.ctx = ctx
+        self.n_ctx_slot = min(ctx.n_ctx_seq, info.n_ctx_train)
         if geo.kv_unified_per_slot > 0:
             self.n_ctx_slot = min(self.n_ctx_slot, geo.kv_unified_per_slot)
         self.step_budget = max(1, min(config.step_tokens or geo.n_ubatch, geo.n_batch))
         self.batch = Batch(max(self.step_budget, geo.n_parallel))
-        self.slots = [Slot(i, self.n_ctx_slot) for i in range(geo.n_parallel)]
-        self.waiting = WaitQueue(config.slot_prompt_similarity)
-        self.metrics = EngineMetrics()
-        self._n_admitted = 0
-        self._last_run: dict[int, RunningRequest] = {}  # slot id -> its last request (for /slots)
-        self._swa_window = 0 if config.swa_full else model.info.n_swa
-        self.inbox: queue.SimpleQueue[Command | BufferReady] = queue.SimpleQueue()
-        self.buffers = BufferWorker(self.inbox.put)
-        self.store = PageStore(page_ram_bytes, self.buffers.dispose) if page_ram_bytes > 0 else None
-        self._pending: dict[int, PendingCapture] = {}  # captures waiting for their buffer
-        self._tags = itertools.count(1)
         self.page_geometry = PageGeometry(
-            model_fingerprint=model.info.fingerprint,
+            model_fingerprint=info.fingerprint,
             cache_type_k=geo.cache_type_k,
             cache_type_v=geo.cache_type_v,
             n_stream=1 if geo.kv_unified else geo.n_parallel,
             n_ctx_slot=self.n_ctx_slot,
         )
-        info = model.info
         self.memory = SlotMemory(
-            self.ctx,
+            ctx,
             needs_checkpoints=info.is_recurrent or info.is_hybrid or self._swa_window > 0,
             swa_window=self._swa_window,
-            budget=CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes),
+            budget=self.budget,
             n_ubatch=geo.n_ubatch,
             min_step=config.checkpoint_min_step,
         )
-        self.verbs = SlotVerbs(
-            self.ctx,
-            StateMover(
-                self.ctx, self.memory, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot
-            ),
-            self.store,
+        mover = StateMover(
+            ctx, self.memory, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot
         )
-        self._thread: threading.Thread | None = None
-        self.snapshot = self._make_snapshot()
-        self._t_snapshot = 0.0
+        self.verbs = SlotVerbs(ctx, mover, self.store, self.page_counters)
+
+    def _uninstall(self) -> None:
+        """Free the context and what is bound to it (the weights stay)."""
+        self.batch.close()
+        self.ctx.close()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -177,8 +203,7 @@ class Engine:
         if self.store is not None:
             self.store.close()
         self.buffers.close()
-        self.batch.close()
-        self.ctx.close()
+        self._uninstall()
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -189,18 +214,38 @@ class Engine:
                 plan = self._plan()
                 if plan.spans:
                     self._step(plan)
+                self.reconfigurer.tick()
                 now = time.monotonic()
                 if not self._busy() or now - self._t_snapshot >= _SNAPSHOT_EVERY_S:
                     self.snapshot = self._make_snapshot()
                     self._t_snapshot = now
-        except Exception:
+        except Exception as err:
             log.exception("engine loop crashed")
-            self._fail_everything(ErrorKind.SERVER, "the engine stopped after an internal error")
-            raise
+            self.crashed = f"the engine stopped after an internal error ({type(err).__name__})"
+            self._fail_everything(ErrorKind.SERVER, self.crashed)
+            self.snapshot = self._make_snapshot()
+            self._refuse_forever(self.crashed)
+            return
         self._fail_everything(ErrorKind.UNAVAILABLE, "the server is shutting down")
 
+    def _refuse_forever(self, message: str) -> None:
+        """After a crash: answer every command with a typed 500 until shutdown (no hang)."""
+        while True:
+            cmd = self.inbox.get()
+            if isinstance(cmd, Shutdown):
+                return
+            if isinstance(cmd, Submit):
+                cmd.sink(EngineError(cmd.req_id, ErrorKind.SERVER, message))
+            elif isinstance(cmd, BufferReady):
+                if cmd.buffer is not None:
+                    cmd.buffer.close()
+            elif not isinstance(cmd, Cancel):
+                cmd.reply(KvswapError(ErrorKind.SERVER, message))
+
     def _busy(self) -> bool:
-        return any(s.running is not None for s in self.slots)
+        return (
+            any(s.running is not None for s in self.slots) or not self.reconfigurer.admission_open
+        )
 
     def _drain(self, block: bool) -> bool:
         """Handle queued commands; False once asked to shut down."""
@@ -229,6 +274,8 @@ class Engine:
             self._cancel(cmd.req_id)
         elif isinstance(cmd, BufferReady):
             self._buffer_ready(cmd)
+        elif isinstance(cmd, Reconfigure):
+            self.reconfigurer.submit(cmd)
         elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
             if not 0 <= cmd.slot_id < len(self.slots):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
@@ -262,6 +309,8 @@ class Engine:
     # -- admission --------------------------------------------------------------------------
 
     def _start_waiting(self) -> None:
+        if not self.reconfigurer.admission_open:
+            return  # a reconfigure waits for seats: arriving work queues
         for job, slot in self.waiting.startable(self.slots):
             cmd = job.payload
             if isinstance(cmd, Submit):
@@ -284,12 +333,63 @@ class Engine:
                 result = self.verbs.apply(cmd, slot)
             elif isinstance(cmd, SlotErase):
                 result = self.verbs.erase(cmd, slot)
+            elif self._token_only(cmd.name):
+                self._reprefill_page(cmd, slot)
+                return
             else:
                 result = self.verbs.page_in(slot, cmd.name)
+
             slot.t_last_used = time.monotonic()
         except KvswapError as err:
             result = err
         cmd.reply(result)
+
+    def _token_only(self, name: str) -> bool:
+        if self.store is None:
+            return False
+        try:
+            return self.store.get(name).layout.token_only
+        except KvswapError:
+            return False  # page_in answers the typed 404
+
+    def _reprefill_page(self, cmd: PageIn, slot: Slot) -> None:
+        """page_in of a page that holds tokens only (a KV type change dropped its state): the
+        slot prefills them; the page leaves the store once they are in."""
+        assert self.store is not None
+        page = self.store.hold(cmd.name)
+        with page.view() as view:
+            tokens = read_tokens(view, page.layout)
+        if len(tokens) >= self.n_ctx_slot:
+            store_ = self.store
+            store_.release(page)
+            cmd.reply(
+                KvswapError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"page {cmd.name!r} holds {len(tokens)} tokens, more than a slot's window ({self.n_ctx_slot})",
+                )
+            )
+            return
+        t0 = time.perf_counter()
+
+        n_discarded = len(slot.tokens)
+        store = self.store
+
+        def done(event: Event) -> None:
+            if isinstance(event, Completion | EngineError):
+                if isinstance(event, Completion):
+                    store.remove(cmd.name, page.generation)
+                    self.page_counters.page_in_total += 1
+                    ms = (time.perf_counter() - t0) * 1e3
+                    cmd.reply(PageMoved(slot.id, cmd.name, len(tokens), 0, 0, 0, ms, n_discarded))
+                else:
+                    self.page_counters.page_failed_total += 1
+                    cmd.reply(KvswapError(event.kind, event.message))
+                store.release(page)
+
+        request = GenerationRequest(
+            prompt_tokens=tuple(int(t) for t in tokens), n_predict=0, id_slot=slot.id
+        )
+        self._admit(Submit(cmd.req_id, request, done), np.asarray(tokens, dtype=np.int32), slot)
 
     def _buffer_ready(self, ready: BufferReady) -> None:
         """The second half of a capture: copy into the buffer that just arrived."""
@@ -306,6 +406,22 @@ class Engine:
             except KvswapError as err:
                 result = err
         pending.cmd.reply(result)
+
+    def _revalidate_waiting(self) -> None:
+        """After a reconfigure: queued work that no longer fits the geometry fails, typed."""
+        for job in list(self.waiting.jobs):
+            cmd = job.payload
+            if isinstance(cmd, Submit):
+                err = self._check_submit(cmd)
+                if err is not None:
+                    self.waiting.remove(job.req_id)
+                    cmd.sink(err)
+            elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn) and not (
+                0 <= cmd.slot_id < len(self.slots)
+            ):
+                self.waiting.remove(job.req_id)
+                message = "Invalid slot ID (the geometry changed)"
+                cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, message))
 
     def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
         req = cmd.request
@@ -512,7 +628,13 @@ class Engine:
 
     # -- cancellation and shutdown ----------------------------------------------------------
 
+    def _fail_orphan(self, run: RunningRequest, message: str) -> None:
+        """End a request that lost its slot (its state could not come back)."""
+        run.close()
+        run.sink(EngineError(run.req_id, ErrorKind.SERVER, message))
+
     def _cancel(self, req_id: int) -> None:
+
         job = self.waiting.remove(req_id)
         if job is not None:
             if isinstance(job.payload, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
@@ -554,6 +676,8 @@ class Engine:
             "ctx_checkpoint_bytes": self.memory.total_bytes,
             "ctx_checkpoints_evicted_budget_total": budget.evicted_budget_total,
             "ctx_checkpoints_skipped_budget_total": budget.skipped_budget_total,
+            "reconfigure_total": self.reconfigurer.total,
+            "reconfigure_failed_total": self.reconfigurer.failed_total,
         }
         if self.store is not None:
             out["page_store_bytes"] = self.store.charged_bytes
@@ -586,8 +710,10 @@ class Engine:
         n_busy = sum(1 for s in self.slots if s.running is not None)
         return EngineSnapshot(
             slots=tuple(slots),
-            geometry=self.config.geometry,
+            geometry=self.geometry,
+            n_ctx=self.ctx.n_ctx,
             n_ctx_slot=self.n_ctx_slot,
             metrics=self.metrics.snapshot(n_busy, len(self.waiting), **self._own_metrics()),
             n_waiting=len(self.waiting),
+            crashed=self.crashed,
         )

@@ -76,11 +76,7 @@ class PageGeometry:
                 f"the page was made with KV types {self.cache_type_k}/{self.cache_type_v}, "
                 f"the server runs {other.cache_type_k}/{other.cache_type_v}"
             )
-        if self.n_stream != other.n_stream:
-            return (
-                f"the page was made with {self.n_stream} KV stream(s), the server runs "
-                f"{other.n_stream} (unified KV or an equal slot count is needed)"
-            )
+        # A different stream count is the loader's business: it rewrites plain KV states.
         return None
 
 
@@ -95,6 +91,8 @@ class PageLayout:
     draft: Span | None = None
     checkpoints: tuple[CheckpointSpan, ...] = field(default_factory=tuple)
     lora: tuple[LoraRef, ...] = ()  # the adapter set the KV was computed under (empty: none)
+    stream: int = 0  # the KV stream the state was taken from (its slot without unified KV)
+    token_only: bool = False  # no state (a KV type change dropped it): re-prefilled on page_in
 
     @property
     def n_bytes(self) -> int:
@@ -115,6 +113,7 @@ def plan_layout(
     geometry: PageGeometry,
     draft_bytes: int | None = None,
     checkpoints: tuple[tuple[int, int, int, int], ...] = (),
+    stream: int = 0,
 ) -> PageLayout:
     """Lay the parts out back to back; `checkpoints` are (n_tokens, pos_min, pos_max, n_bytes)."""
     tokens = Span(0, n_tokens * TOKEN_BYTES)
@@ -128,7 +127,7 @@ def plan_layout(
     for n_tokens, pos_min, pos_max, n in checkpoints:
         spans.append(CheckpointSpan(n_tokens, pos_min, pos_max, Span(end, n)))
         end += n
-    return PageLayout(n_tokens, tokens, target, geometry, draft, tuple(spans))
+    return PageLayout(n_tokens, tokens, target, geometry, draft, tuple(spans), stream=stream)
 
 
 def read_tokens(buffer: memoryview, layout: PageLayout) -> npt.NDArray[np.int32]:

@@ -17,6 +17,7 @@ from kvswap.backend.context import Context
 from kvswap.engine.checkpoints import Checkpoint
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.pagefmt import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
+from kvswap.engine.restream import RestreamError, find_stream, restream, stream_count
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
 
@@ -39,6 +40,8 @@ class SlotState:
     target: memoryview  # libllama's 8-byte prefix + payload
     draft: memoryview | None = None
     checkpoints: tuple[CheckpointView, ...] = field(default_factory=tuple)
+    stream: int | None = None  # the KV stream it was taken from; None: find it in the state
+    n_stream: int | None = None  # the stream count of the cache it was taken from, if known
 
     @property
     def n_bytes(self) -> int:
@@ -59,6 +62,8 @@ def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
     return SlotState(
         tokens=read_tokens(buffer, layout),
         target=buffer[t.offset : t.end],
+        stream=layout.stream,
+        n_stream=layout.geometry.n_stream,
         checkpoints=tuple(
             CheckpointView(c.n_tokens, c.pos_min, c.pos_max, buffer[c.span.offset : c.span.end])
             for c in layout.checkpoints
@@ -80,6 +85,8 @@ class StateMover:
         self.ctx = ctx
         self.memory = memory
         self.geometry = geometry
+        # A plain KV cache: its states' stream headers can be rewritten (`restream`).
+        self.plain_kv = not memory.needs_checkpoints
         self.n_vocab = n_vocab
         self.n_ctx_slot = n_ctx_slot
 
@@ -92,13 +99,17 @@ class StateMover:
             self.ctx.state_size(slot.seq_id),
             self.geometry,
             checkpoints=checkpoints,
+            stream=0 if self.geometry.n_stream == 1 else slot.seq_id,
         )
 
     def capture(self, slot: Slot, buffer: memoryview, layout: PageLayout) -> None:
         """Copy the slot's tokens, state and checkpoints into `buffer` (sized for `layout`)."""
         write_tokens(buffer, layout, slot.tokens.view())
+        if layout.token_only:
+            return
         t = layout.target
         n = self.ctx.state_get_into(slot.seq_id, buffer[t.offset : t.end])
+
         if n != t.n_bytes:
             raise KvswapError(
                 ErrorKind.SERVER, f"libllama copied {n} state bytes, {t.n_bytes} were measured"
@@ -115,6 +126,26 @@ class StateMover:
             return "it holds token ids outside the model's vocabulary"
         return None
 
+    def _for_this_cache(self, state: SlotState) -> memoryview | bytearray:
+        """The state itself, or a copy with its stream header rewritten for this cache."""
+        n_have = self.geometry.n_stream
+        try:
+            if not self.plain_kv:
+                # Their states are several sections: only a page says its stream count.
+                if state.n_stream is not None and state.n_stream != n_have:
+                    raise RestreamError(
+                        f"it was made with {state.n_stream} KV stream(s) and this server runs "
+                        f"{n_have}; recurrent, hybrid and sliding-window states cannot be rewritten"
+                    )
+                return state.target
+            n_from = stream_count(state.target)
+            if n_from == n_have:
+                return state.target
+            stream = state.stream if state.stream is not None else find_stream(state.target, n_from)
+            return restream(state.target, n_from, stream, n_have)
+        except RestreamError as err:
+            raise KvswapError(ErrorKind.INVALID_REQUEST, f"cannot load the state: {err}") from err
+
     def apply(self, slot: Slot, state: SlotState) -> None:
         """Load `state` into `slot`; on failure the slot is empty and a typed 400 is raised."""
         reason = self.refusal(state)
@@ -122,7 +153,7 @@ class StateMover:
             raise KvswapError(ErrorKind.INVALID_REQUEST, f"cannot load the state: {reason}")
         slot.tokens.truncate(0)
         self.memory.clear(slot)
-        if not self.ctx.state_set_from(slot.seq_id, state.target):
+        if not self.ctx.state_set_from(slot.seq_id, self._for_this_cache(state)):
             raise KvswapError(
                 ErrorKind.INVALID_REQUEST,
                 "libllama refused the state (no room in the KV pool, or a state made for "

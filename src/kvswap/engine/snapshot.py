@@ -38,10 +38,12 @@ class EngineSnapshot:
 
     slots: tuple[SlotSnapshot, ...]
     geometry: Geometry
+    n_ctx: int  # the pool libllama built (it pads per-stream sizes)
     n_ctx_slot: int
     metrics: MetricsSnapshot
     n_waiting: int
     is_sleeping: bool = False
+    crashed: str | None = None  # the engine loop died: /health answers 500
 
     @property
     def n_idle_slots(self) -> int:

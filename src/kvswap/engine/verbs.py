@@ -58,11 +58,13 @@ class PendingCapture:
 class SlotVerbs:
     """Executes slot verbs against one context, one mover and the page store (if any)."""
 
-    def __init__(self, ctx: Context, mover: StateMover, store: PageStore | None) -> None:
+    def __init__(
+        self, ctx: Context, mover: StateMover, store: PageStore | None, counters: PageCounters
+    ) -> None:
         self.ctx = ctx
         self.mover = mover
         self.store = store
-        self.counters = PageCounters()
+        self.counters = counters
 
     def clear(self, slot: Slot) -> None:
         self.ctx.seq_clear(slot.seq_id)
@@ -120,8 +122,12 @@ class SlotVerbs:
 
     # -- captures: two halves around a buffer allocation -------------------------------------
 
-    def begin_capture(self, cmd: PageOut | SlotCapture, slot: Slot) -> PendingCapture:
-        """Measure the slot and, for page_out, admit its bytes (typed 503/400 on refusal)."""
+    def begin_capture(
+        self, cmd: PageOut | SlotCapture, slot: Slot, layout: PageLayout | None = None
+    ) -> PendingCapture:
+        """Measure the slot (or take `layout`, e.g. a token-only one) and, for page_out, admit
+        its bytes (typed 503/400 on refusal)."""
+
         t0 = time.perf_counter()
         reservation = None
         if isinstance(cmd, PageOut):
@@ -131,7 +137,7 @@ class SlotVerbs:
                 raise KvswapError(
                     ErrorKind.INVALID_REQUEST, f"slot {slot.id} is empty: nothing to page out"
                 )
-        layout = self.mover.measure(slot)
+        layout = layout or self.mover.measure(slot)
         if isinstance(cmd, PageOut):
             try:
                 reservation = store.reserve(cmd.name, layout.n_bytes)

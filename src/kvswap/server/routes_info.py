@@ -37,7 +37,10 @@ BUILD_INFO = f"kvswap {__version__} (libllama from llama-cpp-python 0.3.36)"
 
 @router.get("/health")
 @router.get("/v1/health")
-async def health() -> JSONResponse:
+async def health(request: Request) -> JSONResponse:
+    crashed = get_state(request).engine.snapshot.crashed
+    if crashed:
+        raise KvswapError(ErrorKind.SERVER, crashed)
     return JSONResponse(health_json())
 
 
@@ -45,7 +48,7 @@ def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:
     geo = snap.geometry
     return ContextGeometry(
         target=KvGeometry(
-            n_ctx=state.engine.ctx.n_ctx,
+            n_ctx=snap.n_ctx,
             n_ctx_slot=snap.n_ctx_slot,
             n_parallel=geo.n_parallel,
             n_batch=geo.n_batch,
@@ -90,7 +93,7 @@ async def models(request: Request) -> JSONResponse:
     view = ModelView(
         name=state.model_name,
         n_vocab=info.n_vocab,
-        n_ctx_slot=state.engine.n_ctx_slot,
+        n_ctx_slot=state.engine.snapshot.n_ctx_slot,
         n_ctx_train=info.n_ctx_train,
         n_embd=info.n_embd,
         n_params=info.n_params,

@@ -118,7 +118,7 @@ async def slot_action(
             state, request, lambda rid, reply: cmd(rid, id_slot, name, reply)
         )
         return JSONResponse(page_moved_json(moved, page_in=action == "page_in"))
-    if not 0 <= id_slot < len(state.engine.slots):
+    if not 0 <= id_slot < len(state.engine.snapshot.slots):
         raise KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID")
     if action == "page_drop":
         store.drop(name)
