@@ -22,6 +22,7 @@ import numpy as np
 
 from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
+from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
 from kvswap.engine.buffers import BufferReady, BufferWorker, new_buffer
@@ -41,6 +42,7 @@ from kvswap.engine.commands import (
     Submit,
 )
 from kvswap.engine.geometry import Geometry
+from kvswap.engine.lora import LoraSet, next_group, resolve
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.pagefmt import PageGeometry, read_tokens
@@ -103,8 +105,17 @@ class _Placed:
 class Engine:
     """Runs requests on a model's context in a thread of its own."""
 
-    def __init__(self, model: Model, config: EngineConfig, page_ram_bytes: int = 0) -> None:
+    def __init__(
+        self,
+        model: Model,
+        config: EngineConfig,
+        page_ram_bytes: int = 0,
+        adapters: Adapters | None = None,
+    ) -> None:
         self.model = model
+        # LoRA adapters (owned by the loader): a step batches only slots of one set.
+        self.adapters = adapters if adapters is not None else Adapters()
+        self._lora_last: LoraSet | None = None  # the set of the last step (round-robin)
         self.vocab = model.vocab
         self.config = config
         self.waiting = WaitQueue(config.slot_prompt_similarity)
@@ -153,6 +164,7 @@ class Engine:
             ),
         )
         self.ctx = ctx
+        self._lora_applied: LoraSet | None = None  # a new context starts without adapters
         self.n_ctx_slot = min(ctx.n_ctx_seq, info.n_ctx_train)
         if geo.kv_unified_per_slot > 0:
             self.n_ctx_slot = min(self.n_ctx_slot, geo.kv_unified_per_slot)
@@ -174,7 +186,12 @@ class Engine:
             min_step=config.checkpoint_min_step,
         )
         mover = StateMover(
-            ctx, self.memory, self.page_geometry, self.vocab.n_tokens, self.n_ctx_slot
+            ctx,
+            self.memory,
+            self.page_geometry,
+            self.vocab.n_tokens,
+            self.n_ctx_slot,
+            self.adapters.infos,
         )
         self.verbs = SlotVerbs(ctx, mover, self.store, self.page_counters)
 
@@ -269,7 +286,9 @@ class Engine:
                 cmd.sink(err)
                 return
             prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
-            self.waiting.add(Job(cmd.req_id, cmd.request.id_slot, prompt, cmd))
+            self.waiting.add(
+                Job(cmd.req_id, cmd.request.id_slot, prompt, cmd, lora=cmd.request.lora)
+            )
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
         elif isinstance(cmd, BufferReady):
@@ -299,6 +318,8 @@ class Engine:
                 "tokens), try increasing it",
                 {"n_prompt_tokens": n, "n_ctx": self.n_ctx_slot},
             )
+        if any(not 0 <= i < len(self.adapters) for i, _ in req.lora):
+            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, "unknown LoRA adapter id")
         bad = [t for t in req.prompt_tokens if not self.vocab.valid(t)]
         if bad:
             return EngineError(
@@ -359,6 +380,12 @@ class Engine:
         page = self.store.hold(cmd.name)
         with page.view() as view:
             tokens = read_tokens(view, page.layout)
+        try:
+            lora = resolve(page.layout.lora, self.adapters.infos, f"page {cmd.name!r}")
+        except KvswapError as err:
+            self.store.release(page)
+            cmd.reply(err)
+            return
         if len(tokens) >= self.n_ctx_slot:
             store_ = self.store
             store_.release(page)
@@ -387,7 +414,7 @@ class Engine:
                 store.release(page)
 
         request = GenerationRequest(
-            prompt_tokens=tuple(int(t) for t in tokens), n_predict=0, id_slot=slot.id
+            prompt_tokens=tuple(int(t) for t in tokens), n_predict=0, id_slot=slot.id, lora=lora
         )
         self._admit(Submit(cmd.req_id, request, done), np.asarray(tokens, dtype=np.int32), slot)
 
@@ -425,9 +452,12 @@ class Engine:
 
     def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
         req = cmd.request
-        n_keep = slot.tokens.common_prefix(prompt) if req.cache_prompt else 0
+        # KV computed under one LoRA set never serves a request under another.
+        same_lora = slot.lora == req.lora
+        n_keep = slot.tokens.common_prefix(prompt) if req.cache_prompt and same_lora else 0
         n_keep = min(n_keep, len(prompt) - 1)  # at least one token is evaluated
         n_keep = self._truncate(slot, n_keep)
+        slot.lora = req.lora
         sampler = SamplerChain(self.vocab, req.sampling, self.n_ctx_slot)
         for tok in prompt[max(0, len(prompt) - req.sampling.history_needed(self.n_ctx_slot)) :]:
             sampler.accept(int(tok))
@@ -447,16 +477,20 @@ class Engine:
     # -- one step ---------------------------------------------------------------------------
 
     def _plan(self) -> StepPlan:
+        busy = [(s, s.running) for s in self.slots if s.running is not None]
+        if busy:
+            # libllama applies adapters per context: one LoRA set per step, sets take turns.
+            self._lora_last = next_group((s.lora for s, _ in busy), self._lora_last)
         work = [
             SlotWork(
                 slot_id=s.id,
-                n_decode=1 if s.running.pending is not None else 0,
-                n_prompt_left=s.running.n_prompt_left,
-                admitted=s.running.admitted,
-                chunk_limit=s.running.chunk_limit(),
+                n_decode=1 if run.pending is not None else 0,
+                n_prompt_left=run.n_prompt_left,
+                admitted=run.admitted,
+                chunk_limit=run.chunk_limit(),
             )
-            for s in self.slots
-            if s.running is not None
+            for s, run in busy
+            if s.lora == self._lora_last
         ]
         return plan_step(work, self.step_budget)
 
@@ -485,6 +519,10 @@ class Engine:
                 run.n_done += span.n_tokens
             slot.tokens.append(toks)
             placed.append(_Placed(slot, span, pos0, token))
+        if self._lora_last != self._lora_applied:
+            assert self._lora_last is not None
+            self.adapters.apply(self.ctx, self._lora_last)
+            self._lora_applied = self._lora_last
         t0 = time.perf_counter()
         rc = self.ctx.decode(batch)
         dt = time.perf_counter() - t0

@@ -368,7 +368,8 @@ class Reconfigurer:
         layout = self.engine.verbs.mover.measure(slot)
         if not token_only:
             return layout
-        return replace(plan_layout(layout.n_tokens, 0, layout.geometry), token_only=True)
+        tokens = plan_layout(layout.n_tokens, 0, layout.geometry)
+        return replace(tokens, token_only=True, lora=layout.lora)  # re-prefilled under its set
 
     def _page_in_all(
         self,

@@ -29,12 +29,18 @@ class Job:
     prompt: npt.NDArray[np.int32] | None = None  # for slot choice; None for slot verbs
     payload: object = None  # the command that created the job
     cancelled: bool = False
+    lora: tuple[tuple[int, float], ...] = ()  # a request's LoRA set: only its slots' prefixes count
 
 
 def choose_slot(
-    slots: Sequence[Slot], prompt: npt.NDArray[np.int32], similarity: float, taken: set[int]
+    slots: Sequence[Slot],
+    prompt: npt.NDArray[np.int32],
+    similarity: float,
+    taken: set[int],
+    lora: tuple[tuple[int, float], ...] = (),
 ) -> Slot | None:
-    """The idle slot an unpinned request should take, or None when none is idle."""
+    """The idle slot an unpinned request should take, or None when none is idle. A slot's
+    cached prefix counts only when it was computed under the request's LoRA set."""
     idle = [s for s in slots if s.is_idle and s.id not in taken]
     if not idle:
         return None
@@ -42,7 +48,7 @@ def choose_slot(
         best: Slot | None = None
         best_sim = 0.0
         for slot in idle:
-            if len(slot.tokens) == 0:
+            if len(slot.tokens) == 0 or slot.lora != lora:
                 continue
             sim = slot.tokens.common_prefix(prompt) / len(prompt)
             if sim > best_sim and sim > similarity:
@@ -96,7 +102,11 @@ class WaitQueue:
                     continue
                 assert job.prompt is not None
                 slot = choose_slot(
-                    [s for s in slots if s.id not in waiting_on], job.prompt, self.similarity, taken
+                    [s for s in slots if s.id not in waiting_on],
+                    job.prompt,
+                    self.similarity,
+                    taken,
+                    job.lora,
                 )
                 if slot is None:
                     unpinned_blocked = True

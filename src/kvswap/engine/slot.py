@@ -71,6 +71,8 @@ class Slot:
     running: RunningRequest | None = None
     t_last_used: float = 0.0
     locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
+    # The LoRA set its KV was computed under (engine.lora.LoraSet); only equal sets share it.
+    lora: tuple[tuple[int, float], ...] = ()
 
     @property
     def seq_id(self) -> int:

@@ -3,20 +3,32 @@
 `StateMover.measure` sizes what a slot holds (before any copy), `capture` writes it into a
 buffer laid out by `pagefmt.PageLayout` (a page's, or a save's), and `apply` loads a `SlotState`
 (views of a page or of a slot file) into a slot. Called only from the engine thread.
-On a failed load the slot is left empty, never holding half a state.
+On a failed load the slot is left empty, never holding half a state. A state carries the LoRA
+set it was computed under (by adapter hash); `apply` refuses one whose adapters are not loaded
+before touching the slot, and otherwise the slot takes that set.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from kvswap.backend.context import Context
+from kvswap.backend.lora import AdapterInfo
 from kvswap.engine.checkpoints import Checkpoint
+from kvswap.engine.lora import refs_of, resolve
 from kvswap.engine.memory import SlotMemory
-from kvswap.engine.pagefmt import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
+from kvswap.engine.pagefmt import (
+    LoraRef,
+    PageGeometry,
+    PageLayout,
+    plan_layout,
+    read_tokens,
+    write_tokens,
+)
 from kvswap.engine.restream import RestreamError, find_stream, restream, stream_count
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
@@ -42,6 +54,7 @@ class SlotState:
     checkpoints: tuple[CheckpointView, ...] = field(default_factory=tuple)
     stream: int | None = None  # the KV stream it was taken from; None: find it in the state
     n_stream: int | None = None  # the stream count of the cache it was taken from, if known
+    lora: tuple[LoraRef, ...] = ()  # the LoRA set it was computed under (empty: none)
 
     @property
     def n_bytes(self) -> int:
@@ -64,6 +77,7 @@ def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
         target=buffer[t.offset : t.end],
         stream=layout.stream,
         n_stream=layout.geometry.n_stream,
+        lora=layout.lora,
         checkpoints=tuple(
             CheckpointView(c.n_tokens, c.pos_min, c.pos_max, buffer[c.span.offset : c.span.end])
             for c in layout.checkpoints
@@ -81,6 +95,7 @@ class StateMover:
         geometry: PageGeometry,
         n_vocab: int,
         n_ctx_slot: int,
+        adapters: Sequence[AdapterInfo] = (),
     ) -> None:
         self.ctx = ctx
         self.memory = memory
@@ -89,18 +104,20 @@ class StateMover:
         self.plain_kv = not memory.needs_checkpoints
         self.n_vocab = n_vocab
         self.n_ctx_slot = n_ctx_slot
+        self.adapters = tuple(adapters)
 
     def measure(self, slot: Slot) -> PageLayout:
         checkpoints = tuple(
             (c.n_tokens, c.pos_min, c.pos_max, c.n_bytes) for c in self.memory.of(slot)
         )
-        return plan_layout(
+        layout = plan_layout(
             len(slot.tokens),
             self.ctx.state_size(slot.seq_id),
             self.geometry,
             checkpoints=checkpoints,
             stream=0 if self.geometry.n_stream == 1 else slot.seq_id,
         )
+        return replace(layout, lora=refs_of(slot.lora, self.adapters))
 
     def capture(self, slot: Slot, buffer: memoryview, layout: PageLayout) -> None:
         """Copy the slot's tokens, state and checkpoints into `buffer` (sized for `layout`)."""
@@ -151,7 +168,9 @@ class StateMover:
         reason = self.refusal(state)
         if reason is not None:
             raise KvswapError(ErrorKind.INVALID_REQUEST, f"cannot load the state: {reason}")
+        lora = resolve(state.lora, self.adapters, "the state")  # typed 400, slot untouched
         slot.tokens.truncate(0)
+        slot.lora = ()
         self.memory.clear(slot)
         if not self.ctx.state_set_from(slot.seq_id, self._for_this_cache(state)):
             raise KvswapError(
@@ -160,6 +179,7 @@ class StateMover:
                 "another model, KV type or stream layout)",
             )
         slot.tokens.replace(state.tokens)
+        slot.lora = lora
         incoming = [
             Checkpoint(c.n_tokens, c.pos_min, c.pos_max, bytearray(c.data), c.data.nbytes)
             for c in state.checkpoints

@@ -75,6 +75,10 @@ class GenerationRequest:
     timings_per_token: bool = False
     stream: bool = False
     t_max_predict_ms: int = 0  # 0: no time limit on generation
+    # The LoRA set it runs under (engine.lora.LoraSet: (adapter id, scale), sorted, no zeros),
+    # and the request's own `lora` field as sent (reported in /slots and generation_settings).
+    lora: tuple[tuple[int, float], ...] = ()
+    lora_request: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

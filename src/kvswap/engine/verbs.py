@@ -28,6 +28,7 @@ from kvswap.engine.commands import (
     SlotCapture,
     SlotErase,
 )
+from kvswap.engine.lora import resolve
 from kvswap.engine.pagefmt import PageLayout
 from kvswap.engine.pagestore import PageStore, Reservation
 from kvswap.engine.slot import Slot
@@ -69,6 +70,7 @@ class SlotVerbs:
     def clear(self, slot: Slot) -> None:
         self.ctx.seq_clear(slot.seq_id)
         slot.tokens.truncate(0)
+        slot.lora = ()
         self.mover.memory.clear(slot)
 
     # -- verbs done in one go ---------------------------------------------------------------
@@ -105,6 +107,7 @@ class SlotVerbs:
             reason = layout.geometry.refusal(self.mover.geometry)
             if reason is not None:
                 raise KvswapError(ErrorKind.INVALID_REQUEST, f"cannot page in {name!r}: {reason}")
+            resolve(layout.lora, self.mover.adapters, f"page {name!r}")  # typed 400: page stays
             n_discarded = len(slot.tokens)
             with page.view() as view:
                 state = state_of_page(view, layout)

@@ -131,7 +131,6 @@ class TaskExtras:
     generation_prompt: str = ""
     speculative_types: str = "none"
     backend_sampling: bool = False
-    lora: tuple[tuple[int, float], ...] = ()  # (adapter id, scale)
 
 
 def generation_settings_json(
@@ -202,7 +201,7 @@ def generation_settings_json(
             "timings_per_token": req.timings_per_token,
             "post_sampling_probs": req.post_sampling_probs,
             "backend_sampling": x.backend_sampling,
-            "lora": [{"id": i, "scale": scale} for i, scale in x.lora],
+            "lora": [{"id": i, "scale": scale} for i, scale in req.lora_request],
         }
     )
     return out

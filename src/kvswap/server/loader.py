@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model, ModelParams
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
@@ -59,6 +60,7 @@ class Loader:
         self.error: BaseException | None = None
         self.on_failure: Callable[[], None] = lambda: None
         self._thread: threading.Thread | None = None
+        self.adapters: Adapters | None = None  # freed after the engine, before the model
 
     def ready(self) -> bool:
         return self.state is not None and self.state.client is not None
@@ -81,10 +83,17 @@ class Loader:
                     use_mlock=self.config.model.use_mlock,
                 ),
             )
+            lora = self.config.model.lora
+            self.adapters = Adapters.load(
+                model,
+                [(spec.path, spec.scale) for spec in lora],
+                apply=not self.config.model.lora_init_without_apply,
+            )
             engine = Engine(
                 model,
                 engine_config(self.config, model.info.n_ctx_train),
                 page_ram_bytes=self.config.paging.page_ram_bytes,
+                adapters=self.adapters,
             )
             state = build_state(self.config, model, engine)
             engine.start()
@@ -116,5 +125,7 @@ class Loader:
         if state is not None:
             state.engine.close()
             state.io.shutdown(wait=True)
+            if self.adapters is not None:
+                self.adapters.close()
             state.model.close()
             self.state = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -90,7 +91,8 @@ def _requests(
             n_vocab=state.vocab.n_tokens,
             tokenize=_tokenizer(state),
         )
-        out.extend([req] * n_cmpl)
+        lora, asked = state.lora.for_request(body.lora)
+        out.extend([replace(req, lora=lora, lora_request=asked)] * n_cmpl)
     return out
 
 

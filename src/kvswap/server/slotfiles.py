@@ -3,7 +3,10 @@
 A captured slot and a page share one layout (`pagefmt.PageLayout`), so `save` and `spill`
 write through `publish_state` and `restore` reads through `read_state`: `F` in libllama's
 sequence-file format straight from the RAM bytes (no copy), sidecars for the parts libllama's
-file has no room for, and the commit record with the model and KV-type fingerprint.
+file has no room for (`.ckpt` checkpoints, `.lora` the LoRA set), and the commit record with the
+model and KV-type fingerprint. A `.ckpt` that cannot be read restores cold; a `.lora` that cannot
+be read refuses the restore (typed 400): the KV must never be served under a set it was not
+computed under. No `.lora` (a file saved without adapters, or by llama-server) means no adapters.
 
 Never called on the engine thread or the event loop: callers run these in the I/O executor.
 Buffers given to `publish_state` are not referenced once it returns, even when it raises, so the
@@ -17,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from kvswap.engine.pagefmt import PageGeometry, PageLayout, read_tokens
+from kvswap.engine.pagefmt import LoraRef, PageGeometry, PageLayout, read_tokens
 from kvswap.engine.slotstate import CheckpointView, SlotState
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
@@ -52,6 +55,9 @@ CKPT_FORMAT = (
 )
 
 
+LORA_FORMAT = 1  # the .lora sidecar's header: {"format", "adapters": [{sha256, path, scale}]}
+
+
 def _files(view: memoryview, layout: PageLayout) -> dict[str, Any]:
     """`F` and the sidecars of one generation, as buffers over `view` (no copy)."""
     t = layout.target
@@ -66,6 +72,9 @@ def _files(view: memoryview, layout: PageLayout) -> dict[str, Any]:
         }
         sections = [view[c.span.offset : c.span.end] for c in layout.checkpoints]
         files[".ckpt"] = sidecar.encode(".ckpt", header, sections)
+    if layout.lora:
+        adapters = [{"sha256": r.sha256, "path": r.path, "scale": r.scale} for r in layout.lora]
+        files[".lora"] = sidecar.encode(".lora", {"format": LORA_FORMAT, "adapters": adapters}, [])
     return files
 
 
@@ -105,9 +114,36 @@ def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> R
     A missing, torn or malformed sidecar restores that part cold, with a warning.
     """
     gen = publisher.read_generation(filename, geometry.file_fingerprint())
+    try:
+        lora = _lora(filename, gen.sidecars.get(".lora"))
+    except KvswapError:
+        gen.close()
+        raise
     checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
-    state = SlotState(tokens=gen.tokens.copy(), target=gen.state[:], checkpoints=checkpoints)
+    state = SlotState(
+        tokens=gen.tokens.copy(), target=gen.state[:], checkpoints=checkpoints, lora=lora
+    )
     return ReadState(state, gen, gen.n_bytes_read)
+
+
+def _lora(filename: str, read: SidecarRead | None) -> tuple[LoraRef, ...]:
+    if read is None or read.status == "absent":
+        return ()
+    try:
+        if read.status != "ok" or read.sidecar is None:
+            raise ValueError(f"{read.status}: {read.reason}")
+        header = read.sidecar.header
+        if header.get("format") != LORA_FORMAT:
+            raise ValueError(f"format {header.get('format')!r}")
+        return tuple(
+            LoraRef(str(a["sha256"]), str(a["path"]), float(a["scale"])) for a in header["adapters"]
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f"Unable to restore slot: {filename}.lora, the LoRA set its KV was computed under, "
+            f"cannot be read ({err})",
+        ) from err
 
 
 def _checkpoints(filename: str, read: SidecarRead | None) -> tuple[CheckpointView, ...]:

@@ -22,6 +22,7 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.engine import Engine
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.files import Publisher
+from kvswap.server.lora import LoraScales
 from kvswap.server.prometheus import MetricsRenderer
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 
@@ -40,6 +41,7 @@ class ServerState:
     save_dir: Path | None
     io: ThreadPoolExecutor  # file I/O off the engine thread and off the event loop
     publisher: Publisher | None  # slot files under --slot-save-path; None: save/restore off
+    lora: LoraScales  # the loaded LoRA adapters and their global scales
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     client: EngineClient | None = None  # set when the event loop starts
     t_start: float = field(default_factory=time.time)
@@ -98,4 +100,5 @@ def build_state(config: ServerConfig, model: Model, engine: Engine) -> ServerSta
         save_dir=save_dir,
         io=ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io"),
         publisher=Publisher(save_dir) if save_dir is not None else None,
+        lora=LoraScales(engine.adapters.infos),
     )

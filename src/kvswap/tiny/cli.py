@@ -2,9 +2,8 @@
 
 Owns the argument parser and `main(argv) -> int` (argv without the program and subcommand
 names); the `kvswap` console script dispatches here. Only argument handling and printing: the
-model itself comes from writer.py. Modes: the default writes a base model; a later
-`--lora --base PATH` mode (LoRA adapters for a tiny base) will get its own `_make_*` function
-next to `_make_model`.
+model itself comes from writer.py. Modes: the default writes a base model (`--arch`);
+`--lora --base PATH` writes a random LoRA adapter for that base (lora.py).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 from kvswap.tiny.archs import ARCHS
+from kvswap.tiny.lora import write_tiny_lora
 from kvswap.tiny.params import DTYPES, VOCABS, TinyModelError, TinyParams
 from kvswap.tiny.presets import KV_PRESETS, realistic_kv_params
 from kvswap.tiny.writer import WrittenModel, write_tiny_gguf
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kvswap make-tiny-model",
         description="Write a tiny random-weight GGUF model for tests, drafts and benchmarks.",
     )
-    p.add_argument("--arch", required=True, choices=sorted(ARCHS))
+    p.add_argument("--arch", choices=sorted(ARCHS), help="architecture (required for a model)")
     p.add_argument("--out", required=True, type=Path, help="GGUF file to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--n-embd", type=int, help="embedding width (default 64)")
@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="llama only: match this model's KV bytes per token with tiny weights "
         "(explicit geometry flags still win)",
     )
+    p.add_argument(
+        "--lora",
+        action="store_true",
+        help="write a LoRA adapter GGUF for the model given by --base instead of a model",
+    )
+    p.add_argument("--base", type=Path, help="--lora: the base model GGUF")
+    p.add_argument("--lora-rank", type=int, default=4, help="--lora: the adapter's rank")
     return p
 
 
@@ -98,12 +105,30 @@ def _make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_lora(args: argparse.Namespace) -> int:
+    if args.base is None:
+        raise TinyModelError("--lora: give the base model with --base PATH")
+    if args.arch is not None:
+        raise TinyModelError("--lora: the architecture is the base's (drop --arch)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    w = write_tiny_lora(args.base, args.out, seed=args.seed, rank=args.lora_rank)
+    print(
+        f"wrote {w.path}: LoRA adapter for {w.arch} ({args.base}), {w.n_bytes:,} bytes, "
+        f"{w.n_adapted} adapted weights, rank {w.rank}, alpha {w.alpha:g}, seed {args.seed}"
+    )
+    return 0
+
+
 def main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse has already printed
         return exc.code if isinstance(exc.code, int) else 2
     try:
+        if args.lora:
+            return _make_lora(args)
+        if args.arch is None:
+            raise TinyModelError("--arch is required (or --lora --base PATH)")
         return _make_model(args)
     except TinyModelError as exc:
         print(f"kvswap make-tiny-model: error: {exc}", file=sys.stderr)

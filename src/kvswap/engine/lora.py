@@ -1,0 +1,64 @@
+"""LoRA sets: what a slot's KV was computed under, which set a step runs, and how a page names it.
+
+A `LoraSet` is the canonical form of "which adapters at which scales": (adapter id, scale)
+pairs sorted by id, zero scales dropped (libllama ignores them, so they change nothing). Two
+requests share KV, and a batch, only when their sets are equal. Inside the process adapters are
+named by id (load order); pages and slot files name them by content (`pagefmt.LoraRef`: SHA-256
+and path), and `resolve` maps those back onto whatever ids the running server gave the same
+files.
+
+`next_group` picks the set one step runs: libllama applies adapters per context, so a step
+batches only slots of one set, and the sets take turns (round-robin), so no set starves.
+
+Pure: no libllama, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from kvswap.backend.lora import AdapterInfo
+from kvswap.engine.pagefmt import LoraRef
+from kvswap.engine.types import ErrorKind, KvswapError
+
+LoraSet = tuple[tuple[int, float], ...]
+NO_LORA: LoraSet = ()
+
+
+def lora_set(entries: Iterable[tuple[int, float]]) -> LoraSet:
+    """The canonical set of (id, scale) pairs (a later entry for an id wins)."""
+    scales = dict(entries)
+    return tuple((i, float(scales[i])) for i in sorted(scales) if scales[i] != 0.0)
+
+
+def refs_of(lora: LoraSet, adapters: Sequence[AdapterInfo]) -> tuple[LoraRef, ...]:
+    """How a page or slot file records `lora`: each adapter by hash and path."""
+    return tuple(LoraRef(adapters[i].sha256, adapters[i].path, scale) for i, scale in lora)
+
+
+def resolve(refs: Sequence[LoraRef], adapters: Sequence[AdapterInfo], what: str) -> LoraSet:
+    """The set `refs` name, in this server's ids; a typed 400 when an adapter is not loaded."""
+    by_hash: dict[str, int] = {}
+    for info in reversed(adapters):  # the same file loaded twice: the first id wins
+        by_hash[info.sha256] = info.id
+    missing = [r for r in refs if r.sha256 not in by_hash]
+    if missing:
+        names = ", ".join(f"{r.path} (sha256 {r.sha256[:12]})" for r in missing)
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f"cannot load {what}: it was computed under LoRA adapter(s) this server has not "
+            f"loaded: {names}; start the server with them (--lora)",
+        )
+    return lora_set((by_hash[r.sha256], r.scale) for r in refs)
+
+
+def next_group(groups: Iterable[LoraSet], last: LoraSet | None) -> LoraSet:
+    """The set the next step runs: the first one after `last` in sorted order, wrapping."""
+    ordered = sorted(set(groups))
+    assert ordered, "no group to run"
+    if last is None:
+        return ordered[0]
+    for group in ordered:
+        if group > last:
+            return group
+    return ordered[0]
