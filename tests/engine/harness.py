@@ -6,6 +6,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.engine.commands import Submit
 from kvswap.engine.engine import Engine, EngineConfig
@@ -26,6 +27,7 @@ def make_engine(
     n_ubatch: int = 128,
     n_threads: int = 1,
     page_ram_bytes: int = 0,
+    adapters: Adapters | None = None,
 ) -> Engine:
     geo = resolve_geometry(
         n_ctx=n_ctx,
@@ -39,7 +41,7 @@ def make_engine(
         n_ctx_train=model.info.n_ctx_train,
     )
     config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads)
-    engine = Engine(model, config, page_ram_bytes)
+    engine = Engine(model, config, page_ram_bytes, adapters)
     engine.start()
     return engine
 

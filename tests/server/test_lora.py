@@ -265,3 +265,29 @@ def test_slots_and_props_show_lora_as_llama_server(server: ServerProcess) -> Non
     assert slot0["params"]["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]
     props = server.client.get("/props").json()
     assert props["default_generation_settings"]["params"]["lora"] == []
+
+
+def test_a_slot_file_whose_lora_record_is_corrupt_is_refused(server: ServerProcess) -> None:
+    _spill_under_adapter_b(server, "mind-torn.bin")
+    sidecar = _save_dir(server) / "mind-torn.bin.lora"
+    data = bytearray(sidecar.read_bytes())
+    data[-12] ^= 0xFF
+    sidecar.write_bytes(bytes(data))
+    resp = server.post("/slots/1?action=restore", {"filename": "mind-torn.bin"})
+    assert resp.status_code == 400, resp.text
+    assert ".lora" in resp.json()["error"]["message"]
+
+
+def test_a_reconfigure_keeps_each_slot_under_its_set(server_factory: Factory) -> None:
+    a, b = _adapters()
+    server = _server(server_factory, "--lora", f"{a},{b}", "--lora-init-without-apply", fresh=True)
+    try:
+        first = _run(server, PROMPT, 1, L1_HALF)
+        ref_next = _solo(server, PROMPT + first["tokens"] + MORE, L1_HALF, slot=0)
+        resp = server.post("/reconfigure", {"n_ctx": 4096})
+        assert resp.status_code == 200, resp.text
+        nxt = _run(server, PROMPT + first["tokens"] + MORE, 1, L1_HALF)
+        assert nxt["timings"]["cache_n"] == len(PROMPT) + len(first["tokens"]) - 1
+        assert nxt["tokens"] == ref_next["tokens"]
+    finally:
+        server.stop()
