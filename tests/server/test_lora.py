@@ -6,6 +6,7 @@ Every compared run starts from an empty slot, so runs see the same batches."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +47,10 @@ def server(server_factory: Factory) -> ServerProcess:
     """Both adapters loaded, every global scale 0: a request without `lora` runs the base."""
     a, b = _adapters()
     return _server(server_factory, "--lora", f"{a},{b}", "--lora-init-without-apply")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _save_dir(server: ServerProcess) -> Path:
@@ -188,6 +193,9 @@ def test_a_page_restores_with_its_adapter_and_continues_as_a_never_paged_slot(
     first = _run(server, PROMPT, 0, L1_HALF)
     assert first["tokens"] == ref_first["tokens"]
     assert _verb(server, 0, "page_out", "mind").status_code == 200
+    listed = {p["name"]: p for p in server.client.get("/pages").json()["pages"]}
+    _, b = _adapters()
+    assert listed["mind"]["lora"] == [{"sha256": _sha256(b), "path": str(b), "scale": 0.5}]
     _erase(server, 1)
     resp = _verb(server, 1, "page_in", "mind")
     assert resp.status_code == 200, resp.text

@@ -1,11 +1,15 @@
-"""LoRA sets (engine.lora) and the HTTP view of adapters (server.lora): pure, no model."""
+"""LoRA sets (engine.lora), slot choice by set, and the HTTP view of adapters (server.lora):
+pure, no model."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvswap.backend.lora import AdapterInfo
 from kvswap.engine.lora import lora_set, next_group, refs_of, resolve
+from kvswap.engine.scheduler import choose_slot
+from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.server.lora import LoraScales, parse_entries
 from kvswap.server.schemas import LoraEntry
@@ -86,3 +90,16 @@ def test_unknown_ids_and_bodies_that_are_not_arrays_are_typed_400s() -> None:
         with pytest.raises(KvswapError):
             parse_entries(raw)
     assert parse_entries(b'[{"id": 0, "scale": 2}]') == [LoraEntry(id=0, scale=2.0)]
+
+
+def test_slot_choice_counts_a_cached_prefix_only_under_the_requests_set() -> None:
+    prompt = np.arange(3, 43, dtype=np.int32)
+    under_a, plain = Slot(0, 1024, lora=((0, 1.0),)), Slot(1, 1024)
+    under_a.tokens.append(prompt[:30])
+    plain.tokens.append(prompt[:10])
+    under_a.t_last_used, plain.t_last_used = 2.0, 1.0
+    assert choose_slot([under_a, plain], prompt, 0.1, set(), ((0, 1.0),)) is under_a
+    # Without the adapter the longer prefix is KV of another set: the matching slot wins.
+    assert choose_slot([under_a, plain], prompt, 0.1, set(), ()) is plain
+    # No slot of the set holds a useful prefix: the least recently used idle slot.
+    assert choose_slot([under_a, plain], prompt, 0.1, set(), ((1, 1.0),)) is plain

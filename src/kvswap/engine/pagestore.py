@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvswap.engine.pagefmt import PageLayout
+from kvswap.engine.pagefmt import LoraRef, PageLayout
 from kvswap.engine.types import ErrorKind, KvswapError
 
 # Closes a buffer, then calls `done` (possibly on another thread).
@@ -80,6 +80,7 @@ class PageInfo:
     age_s: float
     in_store: bool  # False: dropped or replaced, still held by a running spill
     n_spills: int
+    lora: tuple[LoraRef, ...] = ()  # the LoRA set its KV was computed under
 
 
 class PageStore:
@@ -137,6 +138,7 @@ class PageStore:
                 age_s=now - p.created_unix_s,
                 in_store=in_store,
                 n_spills=p.owners - (1 if in_store else 0),
+                lora=p.layout.lora,
             )
             for pages, in_store in ((listed, True), (held, False))
             for p in pages

@@ -51,6 +51,7 @@ def _page_json(p: PageInfo) -> dict[str, Any]:
         "n_tokens": p.n_tokens,
         "age_s": round(p.age_s, 3),
         "n_spills": p.n_spills,
+        "lora": [{"sha256": r.sha256, "path": r.path, "scale": r.scale} for r in p.lora],
     }
 
 
