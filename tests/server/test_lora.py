@@ -153,15 +153,17 @@ def test_a_cached_prefix_is_reused_only_under_the_same_set(server: ServerProcess
 def test_two_slots_under_different_sets_stream_together_and_match_solo(
     server: ServerProcess,
 ) -> None:
-    solo_a = _solo(server, PROMPT, L0, slot=0)["tokens"]
-    solo_b = _solo(server, PROMPT, L1_HALF, slot=1)["tokens"]
+    n = 160  # long enough that the second request arrives while the first still runs
+    _erase(server, 0, 1)
+    solo_a = _run(server, PROMPT, 0, L0, n)["tokens"]
+    solo_b = _run(server, PROMPT, 1, L1_HALF, n)["tokens"]
     assert solo_a != solo_b
     _erase(server, 0, 1)
     streamed: dict[int, list[int]] = {0: [], 1: []}
     interleaved: list[int] = []
 
     def stream(slot: int, lora: list[dict]) -> None:
-        body = {**_body(PROMPT, slot, lora, N), "stream": True}
+        body = {**_body(PROMPT, slot, lora, n), "stream": True}
         for chunk in server.stream("/completion", body):
             streamed[slot] += chunk.get("tokens", [])
             if chunk.get("tokens"):

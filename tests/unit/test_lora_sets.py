@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvswap.backend.lora import AdapterInfo
-from kvswap.engine.lora import lora_set, next_group, refs_of, resolve
+from kvswap.engine.lora import SetTurns, lora_set, next_group, refs_of, resolve
 from kvswap.engine.scheduler import choose_slot
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
@@ -56,6 +56,17 @@ def test_sets_take_turns_in_sorted_order() -> None:
     assert next_group(groups, two) == base
     # The last group has no work now: the next one after it in order runs.
     assert next_group([base, two], one) == two
+
+
+def test_a_set_keeps_the_context_for_a_turn_of_steps_while_it_has_work() -> None:
+    base, one = (), ((0, 1.0),)
+    turns = SetTurns(steps_per_turn=3)
+    assert [turns.pick([base, one]) for _ in range(7)] == [base] * 3 + [one] * 3 + [base]
+    # Alone, a set keeps the context past its turn; a set with no work loses it at once.
+    turns = SetTurns(steps_per_turn=2)
+    assert [turns.pick([one]) for _ in range(3)] == [one] * 3
+    assert turns.pick([base]) == base
+    assert [turns.pick([base, one]) for _ in range(3)] == [base, one, one]
 
 
 def test_requests_without_lora_take_the_global_scales_as_they_are() -> None:

@@ -42,7 +42,7 @@ from kvswap.engine.commands import (
     Submit,
 )
 from kvswap.engine.geometry import Geometry
-from kvswap.engine.lora import LoraSet, next_group, resolve
+from kvswap.engine.lora import LoraSet, SetTurns, resolve
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.pagefmt import PageGeometry, read_tokens
@@ -115,7 +115,8 @@ class Engine:
         self.model = model
         # LoRA adapters (owned by the loader): a step batches only slots of one set.
         self.adapters = adapters if adapters is not None else Adapters()
-        self._lora_last: LoraSet | None = None  # the set of the last step (round-robin)
+        self._turns = SetTurns()  # which set each step runs
+        self._lora_step: LoraSet = ()  # the set of the step being planned
         self.vocab = model.vocab
         self.config = config
         self.waiting = WaitQueue(config.slot_prompt_similarity)
@@ -480,7 +481,7 @@ class Engine:
         busy = [(s, s.running) for s in self.slots if s.running is not None]
         if busy:
             # libllama applies adapters per context: one LoRA set per step, sets take turns.
-            self._lora_last = next_group((s.lora for s, _ in busy), self._lora_last)
+            self._lora_step = self._turns.pick(s.lora for s, _ in busy)
         work = [
             SlotWork(
                 slot_id=s.id,
@@ -490,7 +491,7 @@ class Engine:
                 chunk_limit=run.chunk_limit(),
             )
             for s, run in busy
-            if s.lora == self._lora_last
+            if s.lora == self._lora_step
         ]
         return plan_step(work, self.step_budget)
 
@@ -519,10 +520,9 @@ class Engine:
                 run.n_done += span.n_tokens
             slot.tokens.append(toks)
             placed.append(_Placed(slot, span, pos0, token))
-        if self._lora_last != self._lora_applied:
-            assert self._lora_last is not None
-            self.adapters.apply(self.ctx, self._lora_last)
-            self._lora_applied = self._lora_last
+        if self._lora_step != self._lora_applied:
+            self.adapters.apply(self.ctx, self._lora_step)
+            self._lora_applied = self._lora_step
         t0 = time.perf_counter()
         rc = self.ctx.decode(batch)
         dt = time.perf_counter() - t0
