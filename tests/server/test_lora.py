@@ -301,3 +301,54 @@ def test_a_reconfigure_keeps_each_slot_under_its_set(server_factory: Factory) ->
         assert nxt["tokens"] == ref_next["tokens"]
     finally:
         server.stop()
+
+
+def test_a_kv_type_change_keeps_a_token_only_page_under_its_set(server_factory: Factory) -> None:
+    a, b = _adapters()
+    server = _server(
+        server_factory, "--lora", f"{a},{b}", "--lora-init-without-apply", "-fa", "on", fresh=True
+    )
+    try:
+        first = _run(server, PROMPT, 1, L1_HALF)
+        body = {"cache_type_k": "f32", "cache_type_v": "f32", "force": True}
+        resp = server.post("/reconfigure", body)
+        assert resp.status_code == 200, resp.text
+        fate = resp.json()["slots"][0]
+        assert fate["fate"] == "token_only"
+        listed = server.client.get("/pages").json()["pages"]
+        assert [p["lora"][0]["scale"] for p in listed] == [0.5]
+        # page_in re-prefills the tokens under the page's set: the next turn under it reuses them.
+        moved = server.post(f"/slots/0?action=page_in&page={fate['page']}")
+        assert moved.status_code == 200, moved.text
+        follow = PROMPT + first["tokens"] + MORE
+        nxt = _run(server, follow, 0, L1_HALF)
+        assert nxt["timings"]["cache_n"] == len(PROMPT) + len(first["tokens"]) - 1
+    finally:
+        server.stop()
+
+
+def test_an_adapter_for_another_model_stops_the_server_at_start(
+    server_factory: Factory, tmp_path: Path
+) -> None:
+    wider = tiny_model_path("llama", seed=7, n_embd=128)
+    with pytest.raises(RuntimeError, match="failed to load lora adapter"):
+        _server(server_factory, "--lora", str(tiny_lora_path(wider)), fresh=True)
+
+
+def test_chat_completions_take_a_lora_field(server: ServerProcess) -> None:
+    def chat(lora: list[dict] | None) -> str:
+        _erase(server, 0)
+        body: dict[str, Any] = {
+            "messages": [{"role": "user", "content": "hello there"}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "id_slot": 0,
+        }
+        if lora is not None:
+            body["lora"] = lora
+        resp = server.post("/v1/chat/completions", body)
+        assert resp.status_code == 200, resp.text
+        return str(resp.json()["choices"][0]["message"]["content"])
+
+    assert chat(L0) != chat(None)
+    assert chat(L0) == chat(L0)

@@ -87,7 +87,13 @@ class Adapters:
             raise AdapterLoadError(
                 f"failed to load lora adapter '{path}' (not a LoRA GGUF for this model)"
             )
-        self._ptrs.append(ptr)
+        self._ptrs.append(ptr)  # freed by close(), also when refused below
+        if llama_cpp.llama_adapter_get_alora_n_invocation_tokens(ptr) > 0:
+            # An activated LoRA applies from its invocation tokens on; kvswap applies a set to
+            # whole sequences, so it would compute the wrong KV.
+            raise AdapterLoadError(
+                f"lora adapter '{path}' is an activated LoRA (alora): not supported by kvswap"
+            )
         info = AdapterInfo(
             id=len(self.infos),
             path=path,
