@@ -352,3 +352,26 @@ def test_chat_completions_take_a_lora_field(server: ServerProcess) -> None:
 
     assert chat(L0) != chat(None)
     assert chat(L0) == chat(L0)
+
+
+def test_saving_without_adapters_over_a_file_made_under_one_retires_its_lora_record(
+    server: ServerProcess,
+) -> None:
+    _spill_under_adapter_b(server, "mind-resaved.bin")
+    saved = _save_dir(server)
+    assert (saved / "mind-resaved.bin.lora").is_file()
+    _erase(server, 0)
+    base = _run(server, PROMPT, 0, None)
+    resp = server.post("/slots/0?action=save", {"filename": "mind-resaved.bin"})
+    assert resp.status_code == 200, resp.text
+    assert not (saved / "mind-resaved.bin.lora").exists()
+    assert (
+        server.post("/slots/1?action=restore", {"filename": "mind-resaved.bin"}).status_code == 200
+    )
+    # Restored without adapters: a base-model follow-up reuses it, one under an adapter does not.
+    follow = PROMPT + base["tokens"] + MORE
+    assert _run(server, follow, 1, None, n=2)["timings"]["cache_n"] == len(follow) - len(MORE) - 1
+    assert (
+        server.post("/slots/1?action=restore", {"filename": "mind-resaved.bin"}).status_code == 200
+    )
+    assert _run(server, follow, 1, L1_HALF, n=2)["timings"]["cache_n"] == 0
