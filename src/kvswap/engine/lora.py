@@ -25,7 +25,6 @@ from kvswap.engine.pagefmt import LoraRef
 from kvswap.engine.types import ErrorKind, KvswapError
 
 LoraSet = tuple[tuple[int, float], ...]
-NO_LORA: LoraSet = ()
 STEPS_PER_TURN = 8
 
 
