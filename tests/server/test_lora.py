@@ -150,19 +150,22 @@ def test_a_cached_prefix_is_reused_only_under_the_same_set(server: ServerProcess
     assert same["timings"]["cache_n"] == len(PROMPT) + len(first["tokens"]) - 1
 
 
+@pytest.mark.parametrize(
+    ("lora_a", "lora_b"), [(L0, None), (L0, L1_HALF)], ids=["adapter-vs-none", "two-adapters"]
+)
 def test_two_slots_under_different_sets_stream_together_and_match_solo(
-    server: ServerProcess,
+    server: ServerProcess, lora_a: list[dict], lora_b: list[dict] | None
 ) -> None:
     n = 160  # long enough that the second request arrives while the first still runs
     _erase(server, 0, 1)
-    solo_a = _run(server, PROMPT, 0, L0, n)["tokens"]
-    solo_b = _run(server, PROMPT, 1, L1_HALF, n)["tokens"]
+    solo_a = _run(server, PROMPT, 0, lora_a, n)["tokens"]
+    solo_b = _run(server, PROMPT, 1, lora_b, n)["tokens"]
     assert solo_a != solo_b
     _erase(server, 0, 1)
     streamed: dict[int, list[int]] = {0: [], 1: []}
     interleaved: list[int] = []
 
-    def stream(slot: int, lora: list[dict]) -> None:
+    def stream(slot: int, lora: list[dict] | None) -> None:
         body = {**_body(PROMPT, slot, lora, n), "stream": True}
         for chunk in server.stream("/completion", body):
             streamed[slot] += chunk.get("tokens", [])
@@ -170,8 +173,8 @@ def test_two_slots_under_different_sets_stream_together_and_match_solo(
                 interleaved.append(slot)
 
     threads = [
-        threading.Thread(target=stream, args=(0, L0)),
-        threading.Thread(target=stream, args=(1, L1_HALF)),
+        threading.Thread(target=stream, args=(0, lora_a)),
+        threading.Thread(target=stream, args=(1, lora_b)),
     ]
     for t in threads:
         t.start()
