@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,8 +275,12 @@ def test_a_state_whose_adapter_is_not_loaded_is_refused_and_kept(
 def test_slots_and_props_show_lora_as_llama_server(server: ServerProcess) -> None:
     _erase(server, 0)
     _run(server, PROMPT, 0, [{"id": 1, "scale": 0.5}, {"id": 0, "scale": 0.0}], n=2)
-    slot0 = server.client.get("/slots").json()[0]
-    assert slot0["params"]["lora"] == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]
+    expected = [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.5}]
+    # /slots reads the engine's snapshot, published just after the reply was sent.
+    deadline = time.monotonic() + 10
+    while (lora := server.client.get("/slots").json()[0]["params"]["lora"]) != expected:
+        assert time.monotonic() < deadline, lora
+        time.sleep(0.02)
     props = server.client.get("/props").json()
     assert props["default_generation_settings"]["params"]["lora"] == []
 
