@@ -39,6 +39,8 @@ def keyed_server(server_factory, tmp_path_factory: pytest.TempPathFactory) -> Se
         ("GET", "/v1/models"),
         ("POST", "/completion"),
         ("POST", "/tokenize"),
+        ("GET", "/lora-adapters"),
+        ("POST", "/lora-adapters"),
     ],
 )
 def test_every_route_but_health_needs_a_key(
