@@ -172,12 +172,20 @@ def test_shrinking_below_an_in_flight_request_is_refused_and_nothing_changes(
         server.stop()
 
 
-def test_a_failed_rebuild_rolls_back_with_every_state(server_factory) -> None:  # type: ignore[no-untyped-def]
-    server: ServerProcess = server_factory(*ARGS, fresh=True, env={"KVSWAP_FAULT_RECONFIGURE": "1"})
+@pytest.mark.parametrize(
+    "change",
+    [{"n_ctx": 4096}, {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "force": True}],
+    ids=["n_ctx", "kv_types"],
+)
+def test_a_failed_rebuild_rolls_back_with_every_state(server_factory, change) -> None:  # type: ignore[no-untyped-def]
+    server: ServerProcess = server_factory(
+        *ARGS, "-fa", "on", fresh=True, env={"KVSWAP_FAULT_RECONFIGURE": "1"}
+    )
     try:
         mind = _complete(server, MIND, slot=1)
         before = _geometry(server)
-        status, body = _reconfigure(server, n_ctx=4096)
+        status, body = _reconfigure(server, **change)
+
         assert status == 400 and "rolled back" in body["error"]["message"]
         assert body["error"]["receipt"]["rolled_back"] is True
         after = _geometry(server)
@@ -185,7 +193,10 @@ def test_a_failed_rebuild_rolls_back_with_every_state(server_factory) -> None:  
             k: v for k, v in before.items() if k != "generation"
         }
         again = _complete(server, MIND, slot=1)
-        assert again["timings"]["cache_n"] == len(mind["tokens"]) * 0 + mind["tokens_evaluated"] - 1
+        # The whole state came back (also when the KV types were to change): only the last
+        # prompt token is evaluated again.
+        assert again["timings"]["cache_n"] == mind["tokens_evaluated"] - 1
+
         assert again["tokens"] == mind["tokens"]
         assert server.metrics()["llamacpp:reconfigure_failed_total"] == 1
     finally:

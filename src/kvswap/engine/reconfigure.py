@@ -28,7 +28,7 @@ from kvswap.backend.model import ModelInfo
 from kvswap.engine.buffers import new_buffer
 from kvswap.engine.commands import PageOut, Reconfigure, ReconfigureSpec
 from kvswap.engine.geometry import Geometry
-from kvswap.engine.pagefmt import PageLayout, plan_layout
+from kvswap.engine.pagefmt import plan_layout, read_tokens, write_tokens
 from kvswap.engine.pagestore import Page
 from kvswap.engine.slot import Slot
 from kvswap.engine.slotstate import state_of_page
@@ -294,7 +294,9 @@ class Reconfigurer:
         receipt = ReconfigureReceipt(old=old, new=target, n_ctx_slot=new_slot_ctx)
         timings = receipt.timings_ms
         timings["drain_ms"] = (t_drained - p.t_start) * 1e3
-        pages = self._page_out_all(occupants, old.generation, token_only=kv_change)
+        # Whole states even when the KV types change: a rollback must find every state intact.
+        pages = self._page_out_all(occupants, old.generation)
+
         t1 = time.monotonic()
         timings["page_out_ms"] = (t1 - t_drained) * 1e3
         receipt.n_bytes_moved = sum(page.n_bytes for page in pages.values())
@@ -318,8 +320,11 @@ class Reconfigurer:
             plan = SeatPlan(seats, {})
         t3 = time.monotonic()
         timings["init_ms"] = (t3 - t2) * 1e3
+        if kv_change:
+            self._drop_states(pages)
         eng.geometry = geometry
         eng.slots = [Slot(i, eng.n_ctx_slot) for i in range(geometry.n_parallel)]
+
         receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change)
         t4 = time.monotonic()
         timings["page_in_ms"] = (t4 - t3) * 1e3
@@ -330,9 +335,7 @@ class Reconfigurer:
         log.info("reconfigure: %s -> %s in %.1f ms", old, geometry, timings["total_ms"])
         return receipt
 
-    def _page_out_all(
-        self, occupants: list[Occupant], generation: int, *, token_only: bool
-    ) -> dict[int, Page]:
+    def _page_out_all(self, occupants: list[Occupant], generation: int) -> dict[int, Page]:
         """Every occupied slot becomes a page; pre-checked against the ceiling first."""
         eng = self.engine
         store = eng.store
@@ -343,7 +346,8 @@ class Reconfigurer:
                 ErrorKind.INVALID_REQUEST,
                 "occupied slots need the page store to move (--page-ram-bytes > 0)",
             )
-        layouts = {o.slot_id: self._measure(eng.slots[o.slot_id], token_only) for o in occupants}
+        layouts = {o.slot_id: eng.verbs.mover.measure(eng.slots[o.slot_id]) for o in occupants}
+
         needed = sum(lay.n_bytes for lay in layouts.values())
         room = store.ceiling_bytes - store.charged_bytes
         if needed > room:
@@ -364,12 +368,26 @@ class Reconfigurer:
             pages[slot.id] = store.get(name)
         return pages
 
-    def _measure(self, slot: Slot, token_only: bool) -> PageLayout:
-        layout = self.engine.verbs.mover.measure(slot)
-        if not token_only:
-            return layout
-        tokens = plan_layout(layout.n_tokens, 0, layout.geometry)
-        return replace(tokens, token_only=True, lora=layout.lora)  # re-prefilled under its set
+    def _drop_states(self, pages: dict[int, Page]) -> None:
+        """The new contexts are built with other KV types: each page keeps its tokens (and LoRA
+        set) only, and re-prefills on page_in. Runs after the install, so a rollback never meets
+        a page without its state."""
+        store = self.engine.store
+        assert store is not None
+        for slot_id, page in pages.items():
+            with page.view() as view:
+                tokens = read_tokens(view, page.layout)
+            layout = replace(
+                plan_layout(len(tokens), 0, page.layout.geometry),
+                token_only=True,
+                lora=page.layout.lora,
+            )
+            store.remove(page.name, page.generation)
+            reservation = store.reserve(page.name, layout.n_bytes)
+            buffer = new_buffer(layout.n_bytes)
+            with memoryview(buffer) as view:
+                write_tokens(view, layout, tokens)
+            pages[slot_id] = store.commit(reservation, buffer, layout)
 
     def _page_in_all(
         self,
