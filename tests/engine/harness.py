@@ -11,6 +11,7 @@ from kvswap.engine.commands import Submit
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
 from kvswap.engine.sampling import SamplingParams
+from kvswap.engine.speculate import SpecConfig
 from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -26,6 +27,8 @@ def make_engine(
     n_ubatch: int = 128,
     n_threads: int = 1,
     page_ram_bytes: int = 0,
+    spec: SpecConfig | None = None,
+    draft_model: Model | None = None,
 ) -> Engine:
     geo = resolve_geometry(
         n_ctx=n_ctx,
@@ -38,8 +41,8 @@ def make_engine(
         cache_type_v="f16",
         n_ctx_train=model.info.n_ctx_train,
     )
-    config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads)
-    engine = Engine(model, config, page_ram_bytes)
+    config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads, spec=spec)
+    engine = Engine(model, config, page_ram_bytes, draft_model)
     engine.start()
     return engine
 

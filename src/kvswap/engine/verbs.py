@@ -70,6 +70,7 @@ class SlotVerbs:
         self.ctx.seq_clear(slot.seq_id)
         slot.tokens.truncate(0)
         self.mover.memory.clear(slot)
+        self.mover.clear_draft(slot)
 
     # -- verbs done in one go ---------------------------------------------------------------
 
