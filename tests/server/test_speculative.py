@@ -119,3 +119,21 @@ def test_ngram_simple_drafts_from_a_prompt_that_quotes_itself(server_factory) ->
     out = _run(ngram, quoting, slot=0, n=12)
     assert out["tokens"] == ref["tokens"]
     assert out["timings"]["draft_n_accepted"] > 0
+
+
+def test_a_reconfigure_keeps_each_resident_draft_warm(server_factory) -> None:  # type: ignore[no-untyped-def]
+    # One KV stream per slot: going from 2 to 3 slots rewrites the target's and the draft's
+    # stream headers; the resident mind then drafts without re-prefilling its draft.
+    server: ServerProcess = server_factory(*BASE_ARGS, *_draft_args(), fresh=True)
+    try:
+        first = _run(server, FIRST, slot=0)
+        resp = server.post("/reconfigure", {"n_parallel": 3})
+        assert resp.status_code == 200, resp.text
+        assert "cold draft" not in server.log()
+        nxt = _run(server, _follow_up(first), slot=0)
+        t = nxt["timings"]
+        assert t["draft_prompt_n"] <= t["prompt_n"] + 1 and t["draft_n"] > 0
+        refused = server.post("/reconfigure", {"cache_type_k_draft": "q8_0"})
+        assert refused.status_code == 400 and "draft" in refused.json()["error"]["message"]
+    finally:
+        server.stop()

@@ -239,7 +239,7 @@ class DraftContext:
         return self.ctx.state_get_into(slot_id, buf)
 
     def load(
-        self, slot_id: int, data: memoryview | None, n_tokens: int, tokens: TokenArray
+        self, slot_id: int, data: memoryview | bytearray | None, n_tokens: int, tokens: TokenArray
     ) -> bool:
         """Load a draft state holding the first `n_tokens` of `tokens`; False: the draft is cold."""
         self.clear(slot_id)

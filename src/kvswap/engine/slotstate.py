@@ -199,11 +199,24 @@ class StateMover:
     def _apply_draft(self, slot: Slot, state: SlotState) -> None:
         if self.draft is None:
             return
-        if self.draft.load(slot.id, state.draft, state.draft_n_tokens, state.tokens) or not len(
+        data: memoryview | bytearray | None = state.draft
+        why = "it carries no draft state"
+        if state.draft is not None and self.draft.can_cut:
+            # A plain KV draft: its stream header is rewritten as the target's is.
+            src = state.draft
+            try:
+                n_from, n_have = stream_count(src), self.geometry.n_stream
+                if n_from != n_have:
+                    stream = state.stream if state.stream is not None else find_stream(src, n_from)
+                    data = restream(src, n_from, stream, n_have)
+            except RestreamError as err:
+                data, why = None, f"its stream layout cannot be rewritten: {err}"
+        if self.draft.load(slot.id, data, state.draft_n_tokens, state.tokens) or not len(
             state.tokens
         ):
             return
-        why = "it carries no draft state" if state.draft is None else "the draft state did not load"
+        if data is not None:
+            why = "libllama refused the draft state"
         log.warning(
             "slot %d: cold draft (%s): the draft model re-prefills %d tokens on the next request",
             slot.id,
