@@ -80,15 +80,13 @@ class DraftContext:
         info = model.info
         self.can_cut = not (info.is_recurrent or info.is_hybrid or info.n_swa > 0)
         self._snapshots: dict[int, _Snapshot] = {}
+        self.rows: dict[int, int] = {}  # slot -> logits row of its last token, after `_feed`
 
     def close(self) -> None:
         self.batch.close()
         self.ctx.close()
 
     # -- keeping the mirror ------------------------------------------------------------------
-
-    def n_tokens(self, slot_id: int) -> int:
-        return len(self.mirrors[slot_id])
 
     def clear(self, slot_id: int) -> None:
         self.ctx.seq_clear(slot_id)
@@ -152,7 +150,7 @@ class DraftContext:
     def _feed(self, spans: list[tuple[int, TokenArray, int]], want_last: bool) -> bool:
         """Decode spans (slot, tokens, pos0) in batch-sized chunks. With `want_last`, the last
         token of every span gets logits, all in the final decode (its row: `self.rows`)."""
-        self.rows: dict[int, int] = {}
+        self.rows = {}
         cap = self.batch.capacity
         if want_last and sum(len(t) for _, t, _ in spans) > cap:
             # Too much for one decode: the bodies first, then every span's last token.
