@@ -12,6 +12,7 @@ from kvswap.engine.commands import Submit
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
 from kvswap.engine.sampling import SamplingParams
+from kvswap.engine.speculate import SpecConfig
 from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -28,6 +29,8 @@ def make_engine(
     n_threads: int = 1,
     page_ram_bytes: int = 0,
     adapters: Adapters | None = None,
+    spec: SpecConfig | None = None,
+    draft_model: Model | None = None,
 ) -> Engine:
     geo = resolve_geometry(
         n_ctx=n_ctx,
@@ -40,8 +43,9 @@ def make_engine(
         cache_type_v="f16",
         n_ctx_train=model.info.n_ctx_train,
     )
-    config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads)
-    engine = Engine(model, config, page_ram_bytes, adapters)
+    config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads, spec=spec)
+    engine = Engine(model, config, page_ram_bytes, adapters=adapters, draft_model=draft_model)
+
     engine.start()
     return engine
 

@@ -36,12 +36,20 @@ def _lora(argv: list[str]) -> int:
     return main(argv)
 
 
+def _spec(argv: list[str]) -> int:
+
+    from kvswap.bench.spec import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
     "reconfigure": _reconfigure,
     "throughput": _throughput,
     "paging": _paging,
     "checkpoints": _checkpoints,
     "lora": _lora,
+    "spec": _spec,
 }
 
 

@@ -55,6 +55,7 @@ from kvswap.engine.scheduler import Job, WaitQueue
 from kvswap.engine.slot import Slot
 from kvswap.engine.slotstate import StateMover
 from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
+from kvswap.engine.speculate import SpecConfig, Speculator, rollback, take_rollback
 from kvswap.engine.types import (
     Completion,
     EngineError,
@@ -90,6 +91,7 @@ class EngineConfig:
     ctx_checkpoints: int = 32  # per slot (--ctx-checkpoints)
     checkpoint_min_step: int = 8192  # tokens between spaced checkpoints; 0 = only near the end
     ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
+    spec: SpecConfig | None = None  # speculative decoding; None = off
 
 
 @dataclass
@@ -100,6 +102,8 @@ class _Placed:
     span: Span
     pos0: int
     token: int  # the decoded token of a decode span (for rollback)
+    draft: list[int]  # draft tokens decoded after `token`, to verify
+    rollback: bytearray | None = None  # partial snapshot before a draft (uncuttable memory)
 
 
 class Engine:
@@ -111,12 +115,14 @@ class Engine:
         config: EngineConfig,
         page_ram_bytes: int = 0,
         adapters: Adapters | None = None,
+        draft_model: Model | None = None,
     ) -> None:
         self.model = model
         # LoRA adapters (owned by the loader): a step batches only slots of one set.
         self.adapters = adapters if adapters is not None else Adapters()
         self._turns = SetTurns()  # which set each step runs
         self._lora_step: LoraSet = ()  # the set of the step being planned
+        self.spec = Speculator(config.spec, draft_model) if config.spec is not None else None
         self.vocab = model.vocab
         self.config = config
         self.waiting = WaitQueue(config.slot_prompt_similarity)
@@ -148,29 +154,34 @@ class Engine:
 
         Raises ContextInitError when libllama cannot build it; nothing is changed then."""
         config, info = self.config, self.model.info
-        ctx = Context(
-            self.model,
-            ContextParams(
-                n_ctx=geo.n_ctx,
-                n_seq_max=geo.n_parallel,
-                n_batch=geo.n_batch,
-                n_ubatch=geo.n_ubatch,
-                kv_unified=geo.kv_unified,
-                cache_type_k=geo.cache_type_k,
-                cache_type_v=geo.cache_type_v,
-                n_threads=config.n_threads,
-                n_threads_batch=config.n_threads_batch,
-                flash_attn=config.flash_attn,
-                swa_full=config.swa_full,
-            ),
+        params = ContextParams(
+            n_ctx=geo.n_ctx,
+            n_seq_max=geo.n_parallel,
+            n_batch=geo.n_batch,
+            n_ubatch=geo.n_ubatch,
+            kv_unified=geo.kv_unified,
+            cache_type_k=geo.cache_type_k,
+            cache_type_v=geo.cache_type_v,
+            n_threads=config.n_threads,
+            n_threads_batch=config.n_threads_batch,
+            flash_attn=config.flash_attn,
+            swa_full=config.swa_full,
         )
+        ctx = Context(self.model, params)
+        if self.spec is not None:
+            try:
+                self.spec.install(params, geo.n_batch)
+            except BaseException:
+                ctx.close()
+                raise
         self.ctx = ctx
         self._lora_applied: LoraSet | None = None  # a new context starts without adapters
         self.n_ctx_slot = min(ctx.n_ctx_seq, info.n_ctx_train)
         if geo.kv_unified_per_slot > 0:
             self.n_ctx_slot = min(self.n_ctx_slot, geo.kv_unified_per_slot)
         self.step_budget = max(1, min(config.step_tokens or geo.n_ubatch, geo.n_batch))
-        self.batch = Batch(max(self.step_budget, geo.n_parallel))
+        n_spec = 1 + self.spec.per_slot_cap if self.spec is not None else 1
+        self.batch = Batch(max(self.step_budget, geo.n_parallel * n_spec))
         self.page_geometry = PageGeometry(
             model_fingerprint=info.fingerprint,
             cache_type_k=geo.cache_type_k,
@@ -193,12 +204,15 @@ class Engine:
             self.vocab.n_tokens,
             self.n_ctx_slot,
             self.adapters.infos,
+            draft=self.spec.draft if self.spec is not None else None,
         )
         self.verbs = SlotVerbs(ctx, mover, self.store, self.page_counters)
 
     def _uninstall(self) -> None:
         """Free the context and what is bound to it (the weights stay)."""
         self.batch.close()
+        if self.spec is not None:
+            self.spec.uninstall()
         self.ctx.close()
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -467,6 +481,7 @@ class Engine:
             cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted
         )
         slot.running.checkpoint_at = self.memory.plan(len(prompt), n_keep)
+        slot.running.spec.enabled = self.spec is not None
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 
@@ -482,17 +497,22 @@ class Engine:
         if busy:
             # libllama applies adapters per context: one LoRA set per step, sets take turns.
             self._lora_step = self._turns.pick(s.lora for s, _ in busy)
+        stepping = [(s, run) for s, run in busy if s.lora == self._lora_step]
+        if self.spec is not None:
+            # Only this step's slots draft (the draft context runs no adapters).
+            self.spec.prepare([s for s, _ in stepping], self.n_ctx_slot)
+
         work = [
             SlotWork(
                 slot_id=s.id,
-                n_decode=1 if run.pending is not None else 0,
+                n_decode=1 + len(run.draft) if run.pending is not None else 0,
                 n_prompt_left=run.n_prompt_left,
                 admitted=run.admitted,
                 chunk_limit=run.chunk_limit(),
             )
-            for s, run in busy
-            if s.lora == self._lora_step
+            for s, run in stepping
         ]
+
         return plan_step(work, self.step_budget)
 
     def _step(self, plan: StepPlan) -> None:
@@ -504,12 +524,19 @@ class Engine:
             run = slot.running
             assert run is not None
             pos0 = len(slot.tokens)
+            draft: list[int] = []
+            snapshot = None
             if span.is_decode:
                 assert run.pending is not None
                 token = run.pending
-                toks = np.array([token], dtype=np.int32)
+                draft, run.draft = run.draft, []
+                toks = np.array([token, *draft], dtype=np.int32)
                 run.pending = None
-                run.out_index = batch.add_span(toks, pos0, slot.seq_id, True)
+                if draft and self.memory.needs_checkpoints:
+                    snapshot = take_rollback(self.ctx, slot.seq_id)
+                    if snapshot is None:  # cannot roll back: verify no draft this step
+                        toks, draft = toks[:1], []
+                run.out_index = batch.add_outputs(toks, pos0, slot.seq_id)
             else:
                 token = -1
                 if run.checkpoint_due(pos0):
@@ -519,7 +546,7 @@ class Engine:
                 run.out_index = idx if span.ends_prompt else -1
                 run.n_done += span.n_tokens
             slot.tokens.append(toks)
-            placed.append(_Placed(slot, span, pos0, token))
+            placed.append(_Placed(slot, span, pos0, token, draft, snapshot))
         if self._lora_step != self._lora_applied:
             self.adapters.apply(self.ctx, self._lora_step)
             self._lora_applied = self._lora_step
@@ -535,10 +562,16 @@ class Engine:
             seconds=dt,
             max_tokens=max(len(p.slot.tokens) for p in placed),
         )
+        if self.spec is not None:
+            self.spec.after_prefill([p.slot for p in placed if not p.span.is_decode])
+        redecode: list[_Placed] = []
         for p in placed:
             run = p.slot.running
             assert run is not None
-            if p.span.is_decode or p.span.ends_prompt:
+            if p.draft:
+                if self._verify(p):
+                    redecode.append(p)
+            elif p.span.is_decode or p.span.ends_prompt:
                 if p.span.ends_prompt:
                     run.prompt_done()
                     if run.request.return_progress and run.request.stream:
@@ -546,27 +579,85 @@ class Engine:
                 self._sample(p.slot, run)
             elif run.request.return_progress and run.request.stream:
                 run.sink(run.progress())
+        if redecode:
+            self._redecode(redecode)
 
     def _sample(self, slot: Slot, run: RunningRequest) -> None:
-        token = run.sampler.sample(self.ctx, run.out_index)
+        self._sample_row(slot, run, run.out_index, len(slot.tokens))
+        if run.finished:
+            self._release(slot)
+
+    def _sample_row(self, slot: Slot, run: RunningRequest, row: int, n_ctx_used: int) -> int:
+        """Sample batch output `row` for the request and apply the token (stream it)."""
+        token = run.sampler.sample(self.ctx, row)
         probs = None
         if run.request.n_probs > 0:
-            probs = top_probs(
-                self.ctx.logits(run.out_index), token, run.request.n_probs, self.vocab.piece
-            )
+            probs = top_probs(self.ctx.logits(row), token, run.request.n_probs, self.vocab.piece)
         event = run.accept_token(
             token,
             self.vocab.piece(token),
             self.vocab.is_eog(token),
-            len(slot.tokens),
+            n_ctx_used,
             self.n_ctx_slot,
             slot.id,
             probs,
         )
         if event is not None:
             run.sink(event)
+        return token
+
+    def _verify(self, p: _Placed) -> bool:
+        """Judge a draft: sample row by row while the target agrees with it, keep the KV of the
+        accepted tokens only. True when a rollback snapshot must be restored and the accepted
+        tokens re-decoded (`_redecode`, after every row of this batch is read).
+
+            batch rows   p   d0  d1  d2         target samples  d0  d1  x  -> 2 accepted
+            kept KV      p   d0  d1             pending x (next step's first token)
+        """
+        slot, run, draft = p.slot, p.slot.running, p.draft
+        assert run is not None and self.spec is not None
+        first = run.out_index
+        n_accepted = 0
+        for i in range(len(draft) + 1):
+            token = self._sample_row(slot, run, first + i, p.pos0 + 1 + i)
+            if run.finished or i == len(draft) or token != draft[i]:
+                break
+            n_accepted += 1
+        self.spec.on_verified(run, len(draft), n_accepted)
+        keep = p.pos0 + 1 + n_accepted
+        must_redecode = False
+        if keep < len(slot.tokens):
+            if p.rollback is None:
+                self.ctx.seq_rm(slot.seq_id, keep, -1)
+            else:
+                must_redecode = True
+            slot.tokens.truncate(keep)
         if run.finished:
             self._release(slot)
+        return must_redecode
+
+    def _redecode(self, placed: list[_Placed]) -> None:
+        """Memory that cannot be cut: back to the snapshot, then decode the accepted tokens."""
+        batch = self.batch
+        batch.clear()
+        ok: list[_Placed] = []
+        for p in placed:
+            assert p.rollback is not None
+            if rollback(self.ctx, p.slot.seq_id, p.rollback, p.pos0):
+                batch.add_span(p.slot.tokens.view()[p.pos0 :], p.pos0, p.slot.seq_id, False)
+                ok.append(p)
+            else:
+                self._lose_slot(p.slot, "the slot could not be rolled back after a draft")
+        if ok and self.ctx.decode(batch) != 0:
+            for p in ok:
+                self._lose_slot(p.slot, "the slot could not be re-decoded after a draft")
+
+    def _lose_slot(self, slot: Slot, message: str) -> None:
+        """Clear a slot whose KV no longer matches its tokens; its request (if any) fails."""
+        log.error("slot %d: %s", slot.id, message)
+        self.verbs.clear(slot)
+        if slot.running is not None:
+            self._release(slot, EngineError(slot.running.req_id, ErrorKind.SERVER, message))
 
     def _release(self, slot: Slot, error: EngineError | None = None) -> None:
         """End the slot's request: send its completion (or `error`) and free the slot."""
@@ -590,7 +681,12 @@ class Engine:
         for p in placed:
             run = p.slot.running
             assert run is not None
-            kept = self._truncate(p.slot, p.pos0)
+            if p.rollback is not None and rollback(self.ctx, p.slot.seq_id, p.rollback, p.pos0):
+                # Memory that cannot be cut: the snapshot taken before the draft puts it back.
+                p.slot.tokens.truncate(p.pos0)
+                kept = p.pos0
+            else:
+                kept = self._truncate(p.slot, p.pos0)
             if p.span.is_decode:
                 run.pending = p.token
             else:
@@ -743,6 +839,7 @@ class Engine:
                     n_decoded=len(run.generated) if run else 0,
                     has_next_token=slot.running is not None,
                     generated_text=run.text.content if run else "",
+                    speculative=self.spec is not None,
                 )
             )
         n_busy = sum(1 for s in self.slots if s.running is not None)
@@ -751,7 +848,9 @@ class Engine:
             geometry=self.geometry,
             n_ctx=self.ctx.n_ctx,
             n_ctx_slot=self.n_ctx_slot,
-            metrics=self.metrics.snapshot(n_busy, len(self.waiting), **self._own_metrics()),
+            metrics=self.metrics.snapshot(
+                n_busy, len(self.waiting), spec=self.spec, **self._own_metrics()
+            ),
             n_waiting=len(self.waiting),
             crashed=self.crashed,
         )

@@ -8,6 +8,10 @@ counters by the reader, so reading never mutates engine state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvswap.engine.speculate import Speculator
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,13 @@ class EngineMetrics:
         self.tokens_predicted_seconds_total += seconds
 
     def snapshot(
-        self, requests_processing: int, requests_deferred: int, **extra: float
+        self,
+        requests_processing: int,
+        requests_deferred: int,
+        spec: Speculator | None = None,
+        **extra: float,
     ) -> MetricsSnapshot:
+        """The counters now; `spec` supplies the speculative ones (the drafter counts them)."""
         return MetricsSnapshot(
             prompt_tokens_total=self.prompt_tokens_total,
             prompt_tokens_cached_total=self.prompt_tokens_cached_total,
@@ -84,5 +93,8 @@ class EngineMetrics:
             n_tokens_max=self.n_tokens_max,
             requests_processing=requests_processing,
             requests_deferred=requests_deferred,
+            spec_decode_num_draft_tokens_total=spec.n_draft_tokens_total if spec else 0,
+            spec_decode_num_accepted_tokens_total=spec.n_accepted_tokens_total if spec else 0,
+            spec_decode_num_drafts_total=spec.n_drafts_total if spec else 0,
             extra=dict(extra),
         )

@@ -89,6 +89,7 @@ class PageLayout:
     target: Span
     geometry: PageGeometry
     draft: Span | None = None
+    draft_n_tokens: int = 0  # the draft state holds the first this-many of `tokens`
     checkpoints: tuple[CheckpointSpan, ...] = field(default_factory=tuple)
     lora: tuple[LoraRef, ...] = ()  # the adapter set the KV was computed under (empty: none)
     stream: int = 0  # the KV stream the state was taken from (its slot without unified KV)
@@ -114,6 +115,7 @@ def plan_layout(
     draft_bytes: int | None = None,
     checkpoints: tuple[tuple[int, int, int, int], ...] = (),
     stream: int = 0,
+    draft_n_tokens: int = 0,
 ) -> PageLayout:
     """Lay the parts out back to back; `checkpoints` are (n_tokens, pos_min, pos_max, n_bytes)."""
     tokens = Span(0, n_tokens * TOKEN_BYTES)
@@ -127,7 +129,9 @@ def plan_layout(
     for n_tokens, pos_min, pos_max, n in checkpoints:
         spans.append(CheckpointSpan(n_tokens, pos_min, pos_max, Span(end, n)))
         end += n
-    return PageLayout(n_tokens, tokens, target, geometry, draft, tuple(spans), stream=stream)
+    return PageLayout(
+        n_tokens, tokens, target, geometry, draft, draft_n_tokens, tuple(spans), stream=stream
+    )
 
 
 def read_tokens(buffer: memoryview, layout: PageLayout) -> npt.NDArray[np.int32]:

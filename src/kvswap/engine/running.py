@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from kvswap.engine.speculate import SpecCounters
 from kvswap.engine.types import (
     Completion,
     Event,
@@ -55,6 +56,8 @@ class RunningRequest:
         self.n_cache = n_cache  # prompt tokens reused from the slot's cache (cache_n)
         self.n_done = n_cache  # prompt tokens in the KV
         self.pending: int | None = None  # sampled, not yet decoded
+        self.draft: list[int] = []  # this step's draft tokens after `pending` (speculative)
+        self.spec = SpecCounters()
         self.checkpoint_at: list[int] = []  # token counts at which to checkpoint the slot
         self.out_index = -1  # this step's logits row in the batch
         self.generated: list[int] = []
@@ -160,6 +163,10 @@ class RunningRequest:
             prompt_ms=(t_prompt_end - self.t_start) * 1e3,
             predicted_n=len(self.generated),
             predicted_ms=max(0.0, self.t_last - self.t_prompt_end) * 1e3 if self.generated else 0.0,
+            speculative=self.spec.enabled,
+            draft_n=self.spec.draft_n,
+            draft_n_accepted=self.spec.draft_n_accepted,
+            draft_prompt_n=self.spec.draft_prompt_n,
         )
 
     def completion(self, id_slot: int, n_tokens_cached: int) -> Completion:

@@ -6,10 +6,17 @@ buffer laid out by `pagefmt.PageLayout` (a page's, or a save's), and `apply` loa
 On a failed load the slot is left empty, never holding half a state. A state carries the LoRA
 set it was computed under (by adapter hash); `apply` refuses one whose adapters are not loaded
 before touching the slot, and otherwise the slot takes that set.
+
+
+With a draft model, the slot's draft sequence travels too: `measure` first cuts it to its
+common prefix with the slot's tokens (its drafted tail is of no use later), and `apply` loads
+it back. A state with no draft, or one the draft context refuses, restores with a cold draft
+(logged): the draft model re-prefills from the slot's tokens on the next request.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -19,6 +26,7 @@ import numpy.typing as npt
 from kvswap.backend.context import Context
 from kvswap.backend.lora import AdapterInfo
 from kvswap.engine.checkpoints import Checkpoint
+from kvswap.engine.draft import DraftContext
 from kvswap.engine.lora import refs_of, resolve
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.pagefmt import (
@@ -32,6 +40,8 @@ from kvswap.engine.pagefmt import (
 from kvswap.engine.restream import RestreamError, find_stream, restream, stream_count
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
+
+log = logging.getLogger("kvswap.engine")
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,8 @@ class SlotState:
 
     tokens: npt.NDArray[np.int32]
     target: memoryview  # libllama's 8-byte prefix + payload
-    draft: memoryview | None = None
+    draft: memoryview | None = None  # the draft model's state, with its 8-byte prefix
+    draft_n_tokens: int = 0  # the draft state holds the first this-many tokens
     checkpoints: tuple[CheckpointView, ...] = field(default_factory=tuple)
     stream: int | None = None  # the KV stream it was taken from; None: find it in the state
     n_stream: int | None = None  # the stream count of the cache it was taken from, if known
@@ -71,10 +82,12 @@ class SlotState:
 
 def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
     """Views of a page's parts (the caller keeps the page alive while they are used)."""
-    t = layout.target
+    t, d = layout.target, layout.draft
     return SlotState(
         tokens=read_tokens(buffer, layout),
         target=buffer[t.offset : t.end],
+        draft=buffer[d.offset : d.end] if d is not None else None,
+        draft_n_tokens=layout.draft_n_tokens,
         stream=layout.stream,
         n_stream=layout.geometry.n_stream,
         lora=layout.lora,
@@ -96,8 +109,10 @@ class StateMover:
         n_vocab: int,
         n_ctx_slot: int,
         adapters: Sequence[AdapterInfo] = (),
+        draft: DraftContext | None = None,
     ) -> None:
         self.ctx = ctx
+        self.draft = draft
         self.memory = memory
         self.geometry = geometry
         # A plain KV cache: its states' stream headers can be rewritten (`restream`).
@@ -110,12 +125,18 @@ class StateMover:
         checkpoints = tuple(
             (c.n_tokens, c.pos_min, c.pos_max, c.n_bytes) for c in self.memory.of(slot)
         )
+        draft_bytes, draft_n = None, 0
+        if self.draft is not None:
+            draft_n = self.draft.keep_prefix_of(slot.id, slot.tokens.view())
+            draft_bytes = self.draft.state_size(slot.id) if draft_n > 0 else None
         layout = plan_layout(
             len(slot.tokens),
             self.ctx.state_size(slot.seq_id),
             self.geometry,
+            draft_bytes=draft_bytes,
             checkpoints=checkpoints,
             stream=0 if self.geometry.n_stream == 1 else slot.seq_id,
+            draft_n_tokens=draft_n,
         )
         return replace(layout, lora=refs_of(slot.lora, self.adapters))
 
@@ -131,6 +152,14 @@ class StateMover:
             raise KvswapError(
                 ErrorKind.SERVER, f"libllama copied {n} state bytes, {t.n_bytes} were measured"
             )
+        d = layout.draft
+        if d is not None:
+            assert self.draft is not None
+            n = self.draft.state_get_into(slot.id, buffer[d.offset : d.end])
+            if n != d.n_bytes:
+                raise KvswapError(
+                    ErrorKind.SERVER, f"libllama copied {n} draft bytes, {d.n_bytes} were measured"
+                )
         for span, ckpt in zip(layout.checkpoints, self.memory.of(slot), strict=True):
             buffer[span.span.offset : span.span.end] = ckpt.data
 
@@ -186,3 +215,36 @@ class StateMover:
             if c.n_tokens <= len(state.tokens)
         ]
         self.memory.replace(slot, incoming)
+        self._apply_draft(slot, state)
+
+    def _apply_draft(self, slot: Slot, state: SlotState) -> None:
+        if self.draft is None:
+            return
+        data: memoryview | bytearray | None = state.draft
+        why = "it carries no draft state"
+        if state.draft is not None and self.draft.can_cut:
+            # A plain KV draft: its stream header is rewritten as the target's is.
+            src = state.draft
+            try:
+                n_from, n_have = stream_count(src), self.geometry.n_stream
+                if n_from != n_have:
+                    stream = state.stream if state.stream is not None else find_stream(src, n_from)
+                    data = restream(src, n_from, stream, n_have)
+            except RestreamError as err:
+                data, why = None, f"its stream layout cannot be rewritten: {err}"
+        if self.draft.load(slot.id, data, state.draft_n_tokens, state.tokens) or not len(
+            state.tokens
+        ):
+            return
+        if data is not None:
+            why = "libllama refused the draft state"
+        log.warning(
+            "slot %d: cold draft (%s): the draft model re-prefills %d tokens on the next request",
+            slot.id,
+            why,
+            len(state.tokens),
+        )
+
+    def clear_draft(self, slot: Slot) -> None:
+        if self.draft is not None:
+            self.draft.clear(slot.id)

@@ -90,6 +90,10 @@ class Timings:
     prompt_ms: float
     predicted_n: int
     predicted_ms: float  # from the end of the prompt to the last token
+    speculative: bool = False  # the server drafts: the draft fields below are reported
+    draft_n: int = 0  # draft tokens sent to the target
+    draft_n_accepted: int = 0  # draft tokens the target accepted
+    draft_prompt_n: int = 0  # prompt tokens the draft model evaluated (its own prefill)
 
     @property
     def prompt_per_token_ms(self) -> float:

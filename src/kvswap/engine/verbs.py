@@ -72,6 +72,7 @@ class SlotVerbs:
         slot.tokens.truncate(0)
         slot.lora = ()
         self.mover.memory.clear(slot)
+        self.mover.clear_draft(slot)
 
     # -- verbs done in one go ---------------------------------------------------------------
 

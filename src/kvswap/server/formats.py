@@ -64,8 +64,9 @@ def piece_json(piece: bytes) -> str | list[int]:
 
 
 def timings_json(t: Timings) -> dict[str, Any]:
-    """`server_slot_stats::to_json`."""
-    return {
+    """`server_slot_stats::to_json`; `draft_n`/`draft_n_accepted` when drafts were sent (as
+    llama-server), and kvswap's `draft_prompt_n` (the draft model's prefill) when speculating."""
+    out: dict[str, Any] = {
         "cache_n": t.cache_n,
         "prompt_n": t.prompt_n,
         "prompt_ms": t.prompt_ms,
@@ -76,6 +77,12 @@ def timings_json(t: Timings) -> dict[str, Any]:
         "predicted_per_token_ms": t.predicted_per_token_ms,
         "predicted_per_second": t.predicted_per_second,
     }
+    if t.draft_n > 0:
+        out["draft_n"] = t.draft_n
+        out["draft_n_accepted"] = t.draft_n_accepted
+    if t.speculative:
+        out["draft_prompt_n"] = t.draft_prompt_n
+    return out
 
 
 def progress_json(p: PromptProgress) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
+from kvswap.engine.speculate import SpecConfig, check_compatible
 from kvswap.models import default_model_path
 from kvswap.server.state import ServerState, build_state
 
@@ -48,6 +49,26 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         ctx_checkpoints=ctx.ctx_checkpoints,
         checkpoint_min_step=ctx.checkpoint_min_step,
         ctx_checkpoints_bytes=ctx.ctx_checkpoints_bytes,
+        spec=spec_config(config),
+    )
+
+
+def spec_config(config: ServerConfig) -> SpecConfig | None:
+    """The engine's speculative slice; None when `--spec-type` is none."""
+    s = config.spec
+    if s.spec_type == "none":
+        return None
+    return SpecConfig(
+        spec_type=s.spec_type,
+        n_max=s.n_max,
+        n_min=s.n_min,
+        p_min=s.p_min,
+        ngram_size_n=s.ngram_size_n,
+        ngram_size_m=s.ngram_size_m,
+        cache_type_k_draft=s.cache_type_k_draft,
+        cache_type_v_draft=s.cache_type_v_draft,
+        n_threads_draft=s.n_threads_draft,
+        n_threads_batch_draft=s.n_threads_batch_draft,
     )
 
 
@@ -61,6 +82,7 @@ class Loader:
         self.on_failure: Callable[[], None] = lambda: None
         self._thread: threading.Thread | None = None
         self.adapters: Adapters | None = None  # freed after the engine, before the model
+        self.draft_model: Model | None = None
 
     def ready(self) -> bool:
         return self.state is not None and self.state.client is not None
@@ -89,11 +111,26 @@ class Loader:
                 [(spec.path, spec.scale) for spec in lora],
                 apply=not self.config.model.lora_init_without_apply,
             )
+            spec = self.config.spec
+            if spec.spec_type == "draft-simple" and spec.model_draft is not None:
+                self.draft_model = Model.load(
+                    spec.model_draft,
+                    ModelParams(
+                        n_gpu_layers=spec.n_gpu_layers_draft,
+                        use_mmap=self.config.model.use_mmap,
+                        use_mlock=self.config.model.use_mlock,
+                    ),
+                )
+                check_compatible(model, self.draft_model)
+                log.info(
+                    "draft model loaded: %s (%s)", spec.model_draft, self.draft_model.info.desc
+                )
             engine = Engine(
                 model,
                 engine_config(self.config, model.info.n_ctx_train),
                 page_ram_bytes=self.config.paging.page_ram_bytes,
                 adapters=self.adapters,
+                draft_model=self.draft_model,
             )
             state = build_state(self.config, model, engine)
             engine.start()
@@ -129,3 +166,6 @@ class Loader:
                 self.adapters.close()
             state.model.close()
             self.state = None
+        if self.draft_model is not None:
+            self.draft_model.close()
+            self.draft_model = None

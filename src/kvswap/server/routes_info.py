@@ -7,6 +7,8 @@ vocabulary, so they never wait behind a decode step.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -46,20 +48,24 @@ async def health(request: Request) -> JSONResponse:
 
 def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:
     geo = snap.geometry
-    return ContextGeometry(
-        target=KvGeometry(
-            n_ctx=snap.n_ctx,
-            n_ctx_slot=snap.n_ctx_slot,
-            n_parallel=geo.n_parallel,
-            n_batch=geo.n_batch,
-            n_ubatch=geo.n_ubatch,
-            kv_unified=geo.kv_unified,
-            cache_type_k=geo.cache_type_k,
-            cache_type_v=geo.cache_type_v,
-        ),
-        draft=None,
-        generation=geo.generation,
+    target = KvGeometry(
+        n_ctx=snap.n_ctx,
+        n_ctx_slot=snap.n_ctx_slot,
+        n_parallel=geo.n_parallel,
+        n_batch=geo.n_batch,
+        n_ubatch=geo.n_ubatch,
+        kv_unified=geo.kv_unified,
+        cache_type_k=geo.cache_type_k,
+        cache_type_v=geo.cache_type_v,
     )
+    spec = state.config.spec
+    draft = None
+    if spec.spec_type == "draft-simple":
+        # The draft context mirrors the target's geometry with its own KV types.
+        draft = replace(
+            target, cache_type_k=spec.cache_type_k_draft, cache_type_v=spec.cache_type_v_draft
+        )
+    return ContextGeometry(target=target, draft=draft, generation=geo.generation)
 
 
 @router.get("/props")

@@ -74,7 +74,9 @@ async def reconfigure(request: Request) -> JSONResponse:
     if body.cache_type_k_draft is not None or body.cache_type_v_draft is not None:
         raise KvswapError(
             ErrorKind.INVALID_REQUEST,
-            "this server has no draft model: cache_type_*_draft do not apply",
+            "this server has no draft model: cache_type_*_draft do not apply"
+            if state.config.spec.spec_type != "draft-simple"
+            else "the draft model's KV types cannot change live yet (restart with -ctkd/-ctvd)",
         )
     spec = ReconfigureSpec(
         n_ctx=body.n_ctx,

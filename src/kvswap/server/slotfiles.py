@@ -53,6 +53,7 @@ def drop_frames(err: BaseException | None) -> None:
 CKPT_FORMAT = (
     1  # the .ckpt sidecar's header: {"format", "checkpoints": [{n_tokens, pos_min, pos_max}]}
 )
+DFT_FORMAT = 1  # the .dft sidecar's header: {"format", "n_tokens"}; one section, the state
 
 
 LORA_FORMAT = 1  # the .lora sidecar's header: {"format", "adapters": [{sha256, path, scale}]}
@@ -75,6 +76,10 @@ def _files(view: memoryview, layout: PageLayout) -> dict[str, Any]:
     if layout.lora:
         adapters = [{"sha256": r.sha256, "path": r.path, "scale": r.scale} for r in layout.lora]
         files[".lora"] = sidecar.encode(".lora", {"format": LORA_FORMAT, "adapters": adapters}, [])
+    d = layout.draft
+    if d is not None:
+        dft_header = {"format": DFT_FORMAT, "n_tokens": layout.draft_n_tokens}
+        files[".dft"] = sidecar.encode(".dft", dft_header, [view[d.offset : d.end]])
     return files
 
 
@@ -120,9 +125,16 @@ def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> R
         gen.close()
         raise
     checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
+    draft, draft_n_tokens = _draft(filename, gen.sidecars.get(".dft"), len(gen.tokens))
     state = SlotState(
-        tokens=gen.tokens.copy(), target=gen.state[:], checkpoints=checkpoints, lora=lora
+        tokens=gen.tokens.copy(),
+        target=gen.state[:],
+        draft=draft,
+        draft_n_tokens=draft_n_tokens,
+        checkpoints=checkpoints,
+        lora=lora,
     )
+
     return ReadState(state, gen, gen.n_bytes_read)
 
 
@@ -144,6 +156,26 @@ def _lora(filename: str, read: SidecarRead | None) -> tuple[LoraRef, ...]:
             f"Unable to restore slot: {filename}.lora, the LoRA set its KV was computed under, "
             f"cannot be read ({err})",
         ) from err
+
+
+def _draft(filename: str, read: SidecarRead | None, n_tokens: int) -> tuple[memoryview | None, int]:
+    """The draft state of a generation and how many tokens it holds; (None, 0): cold draft."""
+    if read is None or read.status == "absent":
+        return None, 0
+    if read.status != "ok" or read.sidecar is None:
+        log.warning(
+            "%s.dft %s (%s): restoring with a cold draft", filename, read.status, read.reason
+        )
+        return None, 0
+    header, sections = read.sidecar.header, read.sidecar.sections
+    try:
+        n = int(header["n_tokens"])
+        if header.get("format") != DFT_FORMAT or len(sections) != 1 or not 0 < n <= n_tokens:
+            raise ValueError("header does not match its section or the tokens")
+    except (KeyError, TypeError, ValueError) as err:
+        log.warning("%s.dft is malformed (%s): restoring with a cold draft", filename, err)
+        return None, 0
+    return sections[0], n
 
 
 def _checkpoints(filename: str, read: SidecarRead | None) -> tuple[CheckpointView, ...]:

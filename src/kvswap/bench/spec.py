@@ -1,0 +1,121 @@
+"""`kvswap bench spec`: decode speed and acceptance with and without speculative decoding.
+
+One run, side by side, SmolLM2 as the target on one slot: no draft; `draft-simple` with SmolLM2
+drafting for itself (every draft accepted: the ceiling of what drafting saves in decode steps,
+at the cost of a same-size draft); `draft-simple` with a tiny random draft sharing SmolLM2's
+vocabulary (almost nothing accepted: the overhead); `ngram-simple` (no draft model). Each on a
+free-form prompt and on a prompt whose answer quotes itself. Servers are measured in rotating
+order with a pause between them (libgomp threads spin after a decode on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from kvswap.bench.server import BenchServer
+
+FREE = (
+    "<|im_start|>user\nExplain how a bicycle works, step by step.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+_LIST = (
+    "apples, bread, carrots, dates, eggs, flour, grapes, honey, ice cream, jam, kale, lemons, "
+    "milk, nuts, oats, pears, quinoa, rice, salt, tea"
+)
+QUOTING = (
+    f"<|im_start|>user\nHere is my shopping list: {_LIST}.<|im_end|>\n<|im_start|>assistant\n"
+    f"Your shopping list: {_LIST}.<|im_end|>\n<|im_start|>user\nPlease write the whole list "
+    "again, exactly as before.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+@dataclass
+class Side:
+    label: str
+    args: list[str]
+    tok_s: dict[str, list[float]] = field(default_factory=dict)
+    drafted: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    n_predicted: dict[str, int] = field(default_factory=dict)
+
+
+def _sides(smollm2: str, tiny_draft: str, n_max: int) -> list[Side]:
+    spec = ["--spec-draft-n-max", str(n_max), "-td", "2", "-tbd", "2"]
+    return [
+        Side("no draft", []),
+        Side(f"draft-simple, SmolLM2 for itself, n_max {n_max}",
+             ["--spec-type", "draft-simple", "-md", smollm2, *spec]),
+        Side(f"draft-simple, tiny random draft, n_max {n_max}",
+             ["--spec-type", "draft-simple", "-md", tiny_draft, *spec]),
+        Side("ngram-simple (n 4, m 16)",
+             ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
+              "--spec-ngram-simple-size-m", "16"]),
+    ]  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    from kvswap.models import default_model_path
+    from kvswap.tiny import tiny_model_path
+
+    p = argparse.ArgumentParser(
+        prog="kvswap bench spec",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--n-predict", type=int, default=96)
+    p.add_argument("--n-max", type=int, default=3, help="--spec-draft-n-max of the draft sides")
+    args = p.parse_args(argv)
+    smollm2 = str(default_model_path())
+    tiny = str(tiny_model_path("llama", vocab="smollm2", n_embd=32, seed=3))
+    base = ["-m", smollm2, "-c", "2048", "-np", "1", "-t", str(args.threads)]
+    base += ["-tb", str(args.threads)]
+    sides = _sides(smollm2, tiny, args.n_max)
+    prompts = {"free": FREE, "quoting": QUOTING}
+    servers = [BenchServer([*base, *s.args]) for s in sides]
+    try:
+        for run in range(args.runs):
+            order = list(range(len(sides)))
+            order = order[run % len(order) :] + order[: run % len(order)]
+            for i in order:
+                side, server = sides[i], servers[i]
+                for name, prompt in prompts.items():
+                    time.sleep(0.5)
+                    server.client.post("/slots/0?action=erase")
+                    body = {"prompt": prompt, "n_predict": args.n_predict, "temperature": 0}
+                    t = server.completion({**body, "id_slot": 0})["timings"]
+                    side.tok_s.setdefault(name, []).append(t["predicted_per_second"])
+                    side.drafted[name] = side.drafted.get(name, 0) + t.get("draft_n", 0)
+                    side.accepted[name] = side.accepted.get(name, 0) + t.get("draft_n_accepted", 0)
+                    side.n_predicted[name] = t["predicted_n"]
+    finally:
+        for server in servers:
+            server.close()
+    print(
+        f"# kvswap bench spec: SmolLM2-135M target, 1 slot, {args.threads} threads, "
+        f"{args.n_predict} tokens, temperature 0, median of {args.runs} runs"
+    )
+    print(
+        "| speculative | prompt | decode tok/s | vs no draft | tokens per target step "
+        "| drafted | accepted | acceptance |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in prompts:
+        ref = statistics.median(sides[0].tok_s[name])
+        for side in sides:
+            tok_s = statistics.median(side.tok_s[name])
+            drafted, accepted = side.drafted[name], side.accepted[name]
+            rate = f"{100 * accepted / drafted:.0f}%" if drafted else "-"
+            # Each target decode after the first token yields 1 + its accepted drafts.
+            n_steps = side.n_predicted[name] - 1
+            per_step = n_steps / max(1, n_steps - accepted // args.runs)
+            print(
+                f"| {side.label} | {name} ({side.n_predicted[name]} tokens) | {tok_s:.1f} | "
+                f"{tok_s / ref:.2f}x | {per_step:.2f} | {drafted // args.runs} | "
+                f"{accepted // args.runs} | {rate} |"
+            )
+    return 0
