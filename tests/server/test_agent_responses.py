@@ -48,6 +48,27 @@ def test_text_whole_and_streamed(small_server: ServerProcess) -> None:
     assert final.output_text == whole.output_text
 
 
+def test_length_limit_is_incomplete_whole_and_streamed(small_server: ServerProcess) -> None:
+    # As OpenAI: a cut answer is `incomplete` and its stream ends with `response.incomplete`
+    # (openai-python's `get_final_response` waits for `response.completed` only).
+    client = oai(small_server)
+    args: dict[str, Any] = {
+        "model": "m",
+        "input": "Count from one to fifty in words.",
+        "max_output_tokens": 5,
+        "temperature": 0,
+    }
+    whole = client.responses.create(**args)
+    assert whole.status == "incomplete" and whole.incomplete_details is not None
+    assert whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.usage is not None and whole.usage.output_tokens == 5
+    events = list(client.responses.create(**args, stream=True))
+    last = events[-1]
+    assert last.type == "response.incomplete"
+    assert last.response.status == "incomplete"
+    assert last.response.output_text == whole.output_text
+
+
 def test_function_call_round_trip(small_server: ServerProcess) -> None:
     client = oai(small_server)
     args: dict[str, Any] = {
