@@ -30,11 +30,18 @@ def _reconfigure(argv: list[str]) -> int:
     return main(argv)
 
 
+def _grammar(argv: list[str]) -> int:
+    from kvswap.bench.grammar import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
     "reconfigure": _reconfigure,
     "throughput": _throughput,
     "paging": _paging,
     "checkpoints": _checkpoints,
+    "grammar": _grammar,
 }
 
 
