@@ -104,9 +104,10 @@ class Vocab:
             first = np.full(self.n_tokens, -1, dtype=np.int16)
             for tok in range(self.n_tokens):
                 piece = self.piece(tok)
-                starts[tok] = utf8_prefix(piece) is not None
                 if piece:
                     first[tok] = piece[0]
+                    # Most pieces are ASCII, valid by definition: skip the decoder for them.
+                    starts[tok] = piece.isascii() or utf8_prefix(piece) is not None
             self._utf8_table = (starts, first)
         return self._utf8_table
 
