@@ -131,8 +131,8 @@ def ctx(smollm2: Model) -> Iterator[Context]:
             n_batch=512,
             n_ubatch=512,
             kv_unified=True,
-            n_threads=2,
-            n_threads_batch=2,
+            n_threads=1,  # one thread per context: two contend on a shared 2-core machine
+            n_threads_batch=1,
         ),
     )
     yield context
