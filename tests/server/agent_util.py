@@ -14,8 +14,8 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "templates"
 QWEN25_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
 QWEN3_TEMPLATE = TEMPLATES / "Qwen-Qwen3-0.6B.jinja"
 
-# SmolLM2 with another model's chat template: 2 slots of 2048 tokens, 2 threads.
-SMALL = ("-c", "4096", "-np", "2", "-t", "2", "-tb", "2")
+# SmolLM2 with another model's chat template: 2 slots of 2048 tokens, 1 thread (two contend on 2 shared cores).
+SMALL = ("-c", "4096", "-np", "2", "-t", "1", "-tb", "1")
 QWEN25_ARGS = (*SMALL, "--chat-template-file", str(QWEN25_TEMPLATE))
 QWEN3_ARGS = (*SMALL, "--chat-template-file", str(QWEN3_TEMPLATE))
 

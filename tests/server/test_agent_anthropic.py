@@ -27,8 +27,8 @@ def client(server: ServerProcess, key: str = "none") -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.url, api_key=key, timeout=300, max_retries=0)
 
 
-def test_plain_answer_whole_and_streamed(small_server: ServerProcess) -> None:
-    c = client(small_server)
+def test_plain_answer_whole_and_streamed(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
     args: dict[str, Any] = {
         "model": "m",
         "max_tokens": 40,
@@ -53,8 +53,8 @@ def test_plain_answer_whole_and_streamed(small_server: ServerProcess) -> None:
     assert (final.usage.cache_read_input_tokens or 0) > 0
 
 
-def test_forced_tool_use_round_trip(small_server: ServerProcess) -> None:
-    c = client(small_server)
+def test_forced_tool_use_round_trip(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
     args: dict[str, Any] = {"model": "m", "max_tokens": 120, "tools": TOOLS, "extra_body": GREEDY}
     first = c.messages.create(
         messages=ASK, tool_choice={"type": "tool", "name": "get_weather"}, **args
@@ -82,8 +82,8 @@ def test_forced_tool_use_round_trip(small_server: ServerProcess) -> None:
     assert final.stop_reason in ("end_turn", "max_tokens")
 
 
-def test_stop_sequence_is_reported(small_server: ServerProcess) -> None:
-    c = client(small_server)
+def test_stop_sequence_is_reported(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
     args: dict[str, Any] = {
         "model": "m",
         "max_tokens": 30,
@@ -102,8 +102,8 @@ def test_stop_sequence_is_reported(small_server: ServerProcess) -> None:
     assert streamed.content[0].text == free[: free.index(word)]  # type: ignore[union-attr]
 
 
-def test_count_tokens(small_server: ServerProcess) -> None:
-    c = client(small_server)
+def test_count_tokens(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
     counted = c.messages.count_tokens(
         model="m", messages=[{"role": "user", "content": "Say hello."}]
     )
@@ -131,8 +131,8 @@ def test_x_api_key(key_server: ServerProcess) -> None:
         )
 
 
-def test_bad_requests_are_typed(small_server: ServerProcess) -> None:
-    c = client(small_server)
+def test_bad_requests_are_typed(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
     with pytest.raises(anthropic.BadRequestError):
         c.messages.create(
             model="m",
@@ -141,7 +141,7 @@ def test_bad_requests_are_typed(small_server: ServerProcess) -> None:
             tools=TOOLS,
             tool_choice={"type": "tool", "name": "nope"},
         )
-    response = small_server.post(
+    response = agent_server.post(
         "/v1/messages",
         {
             "max_tokens": 5,

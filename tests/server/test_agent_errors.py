@@ -119,16 +119,16 @@ BAD: list[tuple[str, dict[str, Any], int, str]] = [
 
 @pytest.mark.parametrize(("path", "body", "code", "needle"), BAD)
 def test_bad_inputs_are_typed_errors(
-    small_server: ServerProcess, path: str, body: dict[str, Any], code: int, needle: str
+    agent_server: ServerProcess, path: str, body: dict[str, Any], code: int, needle: str
 ) -> None:
     for stream in (False, True):
-        response = small_server.post(path, {**body, "stream": stream or body.get("stream", False)})
+        response = agent_server.post(path, {**body, "stream": stream or body.get("stream", False)})
         assert response.status_code == code, (stream, response.text)
         error = response.json()["error"]
         assert error["code"] == code and error["type"] == "invalid_request_error"
         assert needle in error["message"], error["message"]
 
 
-def test_server_still_serves_after_bad_grammars(small_server: ServerProcess) -> None:
-    out = small_server.post("/completion", {"prompt": "Hi", "n_predict": 2})
+def test_server_still_serves_after_bad_grammars(agent_server: ServerProcess) -> None:
+    out = agent_server.post("/completion", {"prompt": "Hi", "n_predict": 2})
     assert out.status_code == 200

@@ -17,8 +17,8 @@ PROMPTS = ["Name three colors.", "What is 2 + 2?", "Write a short greeting in Fr
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_chat_logprobs_top_is_the_greedy_choice(small_server: ServerProcess, prompt: str) -> None:
-    client = oai(small_server)
+def test_chat_logprobs_top_is_the_greedy_choice(agent_server: ServerProcess, prompt: str) -> None:
+    client = oai(agent_server)
     args = {
         "model": "m",
         "messages": [{"role": "user", "content": prompt}],
@@ -46,36 +46,36 @@ def test_chat_logprobs_top_is_the_greedy_choice(small_server: ServerProcess, pro
     assert [t.token for t in streamed] == [t.token for t in content]
 
 
-def test_n_probs_top_is_the_greedy_choice(small_server: ServerProcess) -> None:
+def test_n_probs_top_is_the_greedy_choice(agent_server: ServerProcess) -> None:
     body = {
         "prompt": chat_prompt(("user", PROMPTS[0])),
         "n_predict": 16,
         "temperature": 0,
         "n_probs": 3,
     }
-    out = small_server.post("/completion", body).json()
+    out = agent_server.post("/completion", body).json()
     for tok in out["completion_probabilities"]:
         assert tok["top_logprobs"][0]["id"] == tok["id"]
         assert tok["top_logprobs"][0]["logprob"] == pytest.approx(tok["logprob"])
-    legacy = oai(small_server).completions.create(
+    legacy = oai(agent_server).completions.create(
         model="m", prompt=body["prompt"], max_tokens=8, temperature=0, logprobs=2
     )
     raw = legacy.choices[0].logprobs.model_extra["content"]  # llama-server's shape
     assert all(t["top_logprobs"][0]["id"] == t["id"] for t in raw)
 
 
-def test_post_sampling_probs_follow_the_chain(small_server: ServerProcess) -> None:
+def test_post_sampling_probs_follow_the_chain(agent_server: ServerProcess) -> None:
     base = {
         "prompt": "The capital of France is",
         "n_predict": 6,
         "n_probs": 5,
         "post_sampling_probs": True,
     }
-    greedy = small_server.post("/completion", {**base, "temperature": 0}).json()
+    greedy = agent_server.post("/completion", {**base, "temperature": 0}).json()
     for tok in greedy["completion_probabilities"]:
         assert tok["prob"] == 1.0
         assert [t["id"] for t in tok["top_probs"]] == [tok["id"]]
-    sampled = small_server.post(
+    sampled = agent_server.post(
         "/completion", {**base, "temperature": 1.0, "top_k": 3, "seed": 11}
     ).json()
     for tok in sampled["completion_probabilities"]:
@@ -85,8 +85,8 @@ def test_post_sampling_probs_follow_the_chain(small_server: ServerProcess) -> No
         assert tok["prob"] == next(t["prob"] for t in tok["top_probs"] if t["id"] == tok["id"])
 
 
-def test_include_usage_ends_the_stream_with_usage(small_server: ServerProcess) -> None:
-    client = oai(small_server)
+def test_include_usage_ends_the_stream_with_usage(agent_server: ServerProcess) -> None:
+    client = oai(agent_server)
     args = {
         "model": "m",
         "messages": [{"role": "user", "content": "Hi"}],

@@ -25,8 +25,8 @@ TOOLS: list[Any] = [
 ]
 
 
-def test_text_whole_and_streamed(small_server: ServerProcess) -> None:
-    client = oai(small_server)
+def test_text_whole_and_streamed(agent_server: ServerProcess) -> None:
+    client = oai(agent_server)
     args: dict[str, Any] = {
         "model": "m",
         "input": "Say hello.",
@@ -48,10 +48,10 @@ def test_text_whole_and_streamed(small_server: ServerProcess) -> None:
     assert final.output_text == whole.output_text
 
 
-def test_length_limit_is_incomplete_whole_and_streamed(small_server: ServerProcess) -> None:
+def test_length_limit_is_incomplete_whole_and_streamed(agent_server: ServerProcess) -> None:
     # As OpenAI: a cut answer is `incomplete` and its stream ends with `response.incomplete`
     # (openai-python's `get_final_response` waits for `response.completed` only).
-    client = oai(small_server)
+    client = oai(agent_server)
     args: dict[str, Any] = {
         "model": "m",
         "input": "Count from one to fifty in words.",
@@ -69,8 +69,8 @@ def test_length_limit_is_incomplete_whole_and_streamed(small_server: ServerProce
     assert last.response.output_text == whole.output_text
 
 
-def test_function_call_round_trip(small_server: ServerProcess) -> None:
-    client = oai(small_server)
+def test_function_call_round_trip(agent_server: ServerProcess) -> None:
+    client = oai(agent_server)
     args: dict[str, Any] = {
         "model": "m",
         "tools": TOOLS,
@@ -103,14 +103,14 @@ def test_function_call_round_trip(small_server: ServerProcess) -> None:
     assert second.output_text
 
 
-def test_structured_output_through_text_format(small_server: ServerProcess) -> None:
+def test_structured_output_through_text_format(agent_server: ServerProcess) -> None:
     schema = {
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}},
         "required": ["city", "sunny"],
         "additionalProperties": False,
     }
-    out = oai(small_server).responses.create(
+    out = oai(agent_server).responses.create(
         model="m",
         input="Is it sunny in Paris? Answer in JSON.",
         text={"format": {"type": "json_schema", "name": "w", "schema": schema, "strict": True}},
@@ -120,8 +120,8 @@ def test_structured_output_through_text_format(small_server: ServerProcess) -> N
     jsonschema.validate(json.loads(out.output_text), schema)
 
 
-def test_input_tokens_and_refusals(small_server: ServerProcess) -> None:
-    counted = small_server.post("/v1/responses/input_tokens", {"input": "Say hello."}).json()
+def test_input_tokens_and_refusals(agent_server: ServerProcess) -> None:
+    counted = agent_server.post("/v1/responses/input_tokens", {"input": "Say hello."}).json()
     assert counted["object"] == "response.input_tokens" and counted["input_tokens"] > 0
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        oai(small_server).responses.create(model="m", input="x", previous_response_id="resp_1")
+        oai(agent_server).responses.create(model="m", input="x", previous_response_id="resp_1")

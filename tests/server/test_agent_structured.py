@@ -67,10 +67,10 @@ PROMPT = "Reply with one JSON value that fits the schema."
 @pytest.fixture(scope="module")
 def tiny_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     model = tiny_model_path("llama", seed=7, vocab="tiny")
-    return server_factory("-m", str(model), "-c", "2048", "-np", "2", "-t", "2", "-tb", "2")
+    return server_factory("-m", str(model), "-c", "2048", "-np", "2", "-t", "1", "-tb", "1")
 
 
-@pytest.fixture(params=["small_server", "tiny_server"])
+@pytest.fixture(params=["agent_server", "tiny_server"])
 def server(request: pytest.FixtureRequest) -> ServerProcess:
     return request.getfixturevalue(request.param)
 
@@ -145,14 +145,14 @@ def test_json_object_and_v1_completions(server: ServerProcess) -> None:
     check(legacy.choices[0].text, schema)
 
 
-def test_gbnf_grammar_binds_completion_and_chat(small_server: ServerProcess) -> None:
+def test_gbnf_grammar_binds_completion_and_chat(agent_server: ServerProcess) -> None:
     grammar = 'root ::= ("yes" | "no") ", because " [a-z ]{1,30} "."'
-    out = small_server.post(
+    out = agent_server.post(
         "/completion",
         {"prompt": "Is the sky blue?", "grammar": grammar, "n_predict": 64, "temperature": 0},
     ).json()
     assert re.fullmatch(r"(yes|no), because [a-z ]{1,30}\.", out["content"]), out["content"]
-    chat = oai(small_server).chat.completions.create(
+    chat = oai(agent_server).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "Is the sky blue?"}],
         max_tokens=64,
@@ -162,7 +162,7 @@ def test_gbnf_grammar_binds_completion_and_chat(small_server: ServerProcess) -> 
     assert re.fullmatch(r"(yes|no), because [a-z ]{1,30}\.", chat.choices[0].message.content or "")
 
 
-def test_lazy_grammar_waits_for_its_trigger(small_server: ServerProcess) -> None:
+def test_lazy_grammar_waits_for_its_trigger(agent_server: ServerProcess) -> None:
     # SmolLM2 answers "1. 1.1.1..." here; from the trigger "1" on, the grammar writes the rest.
     body = {
         "prompt": "<|im_start|>user\nCount to three.<|im_end|>\n<|im_start|>assistant\n",
@@ -172,7 +172,7 @@ def test_lazy_grammar_waits_for_its_trigger(small_server: ServerProcess) -> None
         "n_predict": 80,
         "temperature": 0,
     }
-    out = small_server.post("/completion", body).json()
+    out = agent_server.post("/completion", body).json()
     assert out["stop_type"] == "eos"
     assert re.fullmatch(r"[^1]*1[. ]{0,3}ANSWER=[0-9]", out["content"]), out["content"]
     settings = out["generation_settings"]

@@ -37,7 +37,7 @@ def qwen25_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess
 @pytest.fixture(scope="module")
 def tiny_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     model = tiny_model_path("llama", seed=7, vocab="tiny")
-    return server_factory("-m", str(model), "-c", "2048", "-np", "2", "-t", "2", "-tb", "2")
+    return server_factory("-m", str(model), "-c", "2048", "-np", "2", "-t", "1", "-tb", "1")
 
 
 def round_trip(server: ServerProcess, *, final_choice: str, max_tokens: int = 120) -> None:
@@ -77,8 +77,8 @@ def round_trip(server: ServerProcess, *, final_choice: str, max_tokens: int = 12
     assert answer.finish_reason in ("stop", "length")
 
 
-def test_smollm2_generic_format_round_trip(small_server: ServerProcess) -> None:
-    round_trip(small_server, final_choice="auto")
+def test_smollm2_generic_format_round_trip(agent_server: ServerProcess) -> None:
+    round_trip(agent_server, final_choice="auto")
 
 
 def test_tiny_model_is_held_to_the_call_by_the_grammar(tiny_server: ServerProcess) -> None:
@@ -90,8 +90,8 @@ def test_qwen25_native_format_round_trip(qwen25_server: ServerProcess) -> None:
     round_trip(qwen25_server, final_choice="none")
 
 
-def test_named_function_is_the_one_called(small_server: ServerProcess) -> None:
-    out = oai(small_server).chat.completions.create(
+def test_named_function_is_the_one_called(agent_server: ServerProcess) -> None:
+    out = oai(agent_server).chat.completions.create(
         model="m",
         messages=ASK,
         tools=[WEATHER, TIME],  # type: ignore[list-item]
@@ -104,7 +104,7 @@ def test_named_function_is_the_one_called(small_server: ServerProcess) -> None:
     jsonschema.validate(json.loads(call.function.arguments), TIME_PARAMS)
 
 
-@pytest.mark.parametrize("server_name", ["small_server", "qwen25_server"])
+@pytest.mark.parametrize("server_name", ["agent_server", "qwen25_server"])
 def test_parallel_tool_calls_are_all_valid(
     server_name: str, request: pytest.FixtureRequest
 ) -> None:
@@ -127,7 +127,7 @@ def test_parallel_tool_calls_are_all_valid(
 
 
 def test_tool_results_round_trip_through_the_templates(
-    small_server: ServerProcess, qwen25_server: ServerProcess
+    agent_server: ServerProcess, qwen25_server: ServerProcess
 ) -> None:
     messages = [
         *ASK,
@@ -147,7 +147,7 @@ def test_tool_results_round_trip_through_the_templates(
         {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"},
     ]
     body = {"messages": messages, "tools": [WEATHER]}
-    generic = small_server.post("/apply-template", body).json()["prompt"]
+    generic = agent_server.post("/apply-template", body).json()["prompt"]
     assert '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"' in generic
     assert "<|im_start|>tool\n18 degrees<|im_end|>" in generic
     assert "Respond in JSON format" in generic
@@ -194,8 +194,8 @@ def test_auto_with_the_native_format_answers_or_calls_validly(qwen25_server: Ser
     ]
 
 
-def test_tool_choice_none_parses_nothing(small_server: ServerProcess) -> None:
-    out = oai(small_server).chat.completions.create(
+def test_tool_choice_none_parses_nothing(agent_server: ServerProcess) -> None:
+    out = oai(agent_server).chat.completions.create(
         model="m",
         messages=ASK,
         tools=[WEATHER],
