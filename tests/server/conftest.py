@@ -50,3 +50,11 @@ def small_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
 @pytest.fixture()
 def save_dir(small_server: ServerProcess) -> Path:
     return Path(small_server.args[small_server.args.index("--slot-save-path") + 1])
+
+
+@pytest.fixture(scope="session")
+def agent_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """SmolLM2 for the agent API tests: 2 slots, one thread (two threads contend on 2 cores)."""
+    from tests.server.agent_util import SMALL
+
+    return server_factory(*SMALL)

@@ -7,6 +7,7 @@ path is a list lookup.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 
 import llama_cpp
@@ -14,6 +15,27 @@ import numpy as np
 import numpy.typing as npt
 
 TokenArray = npt.NDArray[np.int32]
+
+
+def utf8_prefix(data: bytes) -> bytes | None:
+    """The incomplete character `data` ends with (b"" if none), or None when `data` is not
+    the start of valid UTF-8 (an invalid byte, an overlong form, a surrogate, past U+10FFFF)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    try:
+        decoder.decode(data, final=False)
+    except UnicodeDecodeError:
+        return None
+    tail = bytes(decoder.getstate()[0])
+    # Python's decoder judges a held-back character only once it is complete; a second byte
+    # can already doom it (E0 and F0 need no overlong form, ED no surrogate, F4 <= U+10FFFF).
+    if len(tail) >= 2:
+        lo, hi = _SECOND_BYTE.get(tail[0], (0x80, 0xBF))
+        if not lo <= tail[1] <= hi:
+            return None
+    return tail
+
+
+_SECOND_BYTE = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 
 
 class Vocab:
@@ -34,6 +56,7 @@ class Vocab:
             if llama_cpp.llama_vocab_is_eog(ptr, tok):
                 self._eog[tok] = True
         self.eog_tokens: tuple[int, ...] = tuple(int(t) for t in np.flatnonzero(self._eog))
+        self._utf8_table: tuple[npt.NDArray[np.bool_], npt.NDArray[np.int16]] | None = None
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> TokenArray:
         """Tokens of `text`; `add_special` adds BOS/EOS as the model asks."""
@@ -71,6 +94,22 @@ class Vocab:
             if n >= 0:
                 return buf.raw[:n]
             cap = -n
+
+    def utf8_table(self) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int16]]:
+        """Per token: whether its bytes can start valid UTF-8 text (possibly ending in an
+        incomplete character), and its first byte (-1 when empty). Computed once, on first
+        use (grammar-constrained output keeps its text valid UTF-8 with it)."""
+        if self._utf8_table is None:
+            starts = np.ones(self.n_tokens, dtype=bool)
+            first = np.full(self.n_tokens, -1, dtype=np.int16)
+            for tok in range(self.n_tokens):
+                piece = self.piece(tok)
+                if piece:
+                    first[tok] = piece[0]
+                    # Most pieces are ASCII, valid by definition: skip the decoder for them.
+                    starts[tok] = piece.isascii() or utf8_prefix(piece) is not None
+            self._utf8_table = (starts, first)
+        return self._utf8_table
 
     def detokenize(self, tokens: TokenArray | list[int], special: bool = False) -> str:
         """Text of a token list (invalid UTF-8 replaced)."""

@@ -37,8 +37,14 @@ def _lora(argv: list[str]) -> int:
 
 
 def _spec(argv: list[str]) -> int:
-
     from kvswap.bench.spec import main
+
+    return main(argv)
+
+
+def _grammar(argv: list[str]) -> int:
+
+    from kvswap.bench.grammar import main
 
     return main(argv)
 
@@ -50,6 +56,7 @@ BENCHES: dict[str, Callable[[list[str]], int]] = {
     "checkpoints": _checkpoints,
     "lora": _lora,
     "spec": _spec,
+    "grammar": _grammar,
 }
 
 

@@ -117,9 +117,13 @@ class RunningRequest:
         now = time.perf_counter()
         self.t_last = now
         self.generated.append(token)
+        req = self.request
+        if probs is not None and req.post_sampling_probs:
+            # The chain's candidates after sampling, as llama-server (the engine computed the
+            # pre-sampling distribution).
+            probs = self.sampler.post_sampling_probs(token, req.n_probs) or probs
         if probs is not None:
             self.probs.append(probs)
-        req = self.request
         delta = ""
         if is_eog:
             self.stop_type = StopType.EOS

@@ -97,6 +97,21 @@ class SamplingParams:
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     samplers: tuple[str, ...] = field(default=DEFAULT_SAMPLERS)
+    # Constrained output: a GBNF grammar (root rule `root`) for a grammar sampler kept apart
+    # from the chain, so prompt tokens are never fed to it (llama-server's
+    # `accept_grammar=false`). With trigger patterns (ECMAScript regexes) or tokens the grammar
+    # is lazy: text is free until a trigger appears, constrained from the trigger on.
+    grammar: str = ""
+    grammar_trigger_patterns: tuple[str, ...] = ()
+    grammar_trigger_tokens: tuple[int, ...] = ()
+    # Keep each step's candidates after the chain, for `post_sampling_probs`.
+    record_candidates: bool = False
+
+    @property
+    def grammar_lazy(self) -> bool:
+        return bool(self.grammar) and bool(
+            self.grammar_trigger_patterns or self.grammar_trigger_tokens
+        )
 
     def history_needed(self, n_ctx_slot: int) -> int:
         """How many trailing prompt tokens the chain must see to match accepting them all."""

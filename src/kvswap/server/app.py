@@ -16,10 +16,12 @@ from fastapi import FastAPI
 from kvswap import __version__
 from kvswap.config.settings import ServerConfig
 from kvswap.server import (
+    routes_anthropic,
     routes_generate,
     routes_info,
     routes_lora,
     routes_reconfigure,
+    routes_responses,
     routes_slots,
 )
 from kvswap.server.errors import install_error_handlers
@@ -43,6 +45,8 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     install_error_handlers(app)
     app.include_router(routes_info.router)
     app.include_router(routes_generate.router)
+    app.include_router(routes_anthropic.router)
+    app.include_router(routes_responses.router)
     app.include_router(routes_slots.router)
     app.include_router(routes_reconfigure.router)
     app.include_router(routes_lora.router)

@@ -75,7 +75,7 @@ def _envelope(meta: OaiMeta, obj: str) -> dict[str, Any]:
     }
 
 
-def _logprobs(probs: Sequence[TokenProbs], post_sampling: bool) -> dict[str, Any]:
+def logprobs_json(probs: Sequence[TokenProbs], post_sampling: bool) -> dict[str, Any]:
     return {"content": probs_json(probs, post_sampling=post_sampling)}
 
 
@@ -97,7 +97,7 @@ def completion_final(
     """
     logprobs = None
     if not req.stream and c.probs:
-        logprobs = _logprobs(c.probs, req.post_sampling_probs)
+        logprobs = logprobs_json(c.probs, req.post_sampling_probs)
     out: dict[str, Any] = {
         "choices": [
             {
@@ -125,7 +125,7 @@ def completion_chunk(
             {
                 "text": event.text,
                 "index": index,
-                "logprobs": _logprobs(event.probs, post_sampling) if event.probs else None,
+                "logprobs": logprobs_json(event.probs, post_sampling) if event.probs else None,
                 "finish_reason": None,
             }
         ],
@@ -166,7 +166,7 @@ def chat_final(
         "message": {"role": "assistant", "content": c.content},
     }
     if c.probs:
-        choice["logprobs"] = _logprobs(c.probs, req.post_sampling_probs)
+        choice["logprobs"] = logprobs_json(c.probs, req.post_sampling_probs)
     out: dict[str, Any] = {
         "choices": [choice],
         **_envelope(meta, "chat.completion"),
@@ -178,7 +178,7 @@ def chat_final(
     return out
 
 
-def _chat_chunk(meta: OaiMeta, index: int, delta: dict[str, Any], reason: str | None) -> dict:
+def chat_chunk_json(meta: OaiMeta, index: int, delta: dict[str, Any], reason: str | None) -> dict:
     return {
         "choices": [{"finish_reason": reason, "index": index, "delta": delta}],
         **_envelope(meta, "chat.completion.chunk"),
@@ -203,13 +203,13 @@ def chat_chunks(
     """
     chunks = []
     if first:
-        chunks.append(_chat_chunk(meta, index, dict(ROLE_DELTA), None))
+        chunks.append(chat_chunk_json(meta, index, dict(ROLE_DELTA), None))
     if event.text:
-        chunks.append(_chat_chunk(meta, index, {"content": event.text}, None))
+        chunks.append(chat_chunk_json(meta, index, {"content": event.text}, None))
     if chunks:
         last = chunks[-1]
         if event.probs:
-            last["choices"][0]["logprobs"] = _logprobs(event.probs, post_sampling)
+            last["choices"][0]["logprobs"] = logprobs_json(event.probs, post_sampling)
         if event.timings is not None:
             last["timings"] = timings_json(event.timings)
     return chunks
@@ -217,7 +217,7 @@ def chat_chunks(
 
 def chat_progress_chunk(progress: PromptProgress, meta: OaiMeta, *, index: int = 0) -> dict:
     """A prefill progress event: llama-server sends it as a role chunk with `prompt_progress`."""
-    chunk = _chat_chunk(meta, index, dict(ROLE_DELTA), None)
+    chunk = chat_chunk_json(meta, index, dict(ROLE_DELTA), None)
     chunk["prompt_progress"] = progress_json(progress)
     return chunk
 
@@ -227,7 +227,7 @@ def chat_final_chunks(
 ) -> list[dict[str, Any]]:
     """The stream's closing chunks: `finish_reason` with an empty delta, then (with
     `stream_options.include_usage`) `usage` with no choices; the last one carries `timings`."""
-    chunks = [_chat_chunk(meta, index, {}, finish_reason(c.stop_type))]
+    chunks = [chat_chunk_json(meta, index, {}, finish_reason(c.stop_type))]
     if include_usage:
         chunks.append({"choices": [], **_envelope(meta, "chat.completion.chunk")})
         chunks[-1]["usage"] = usage_json(c)

@@ -14,6 +14,7 @@ engine thread); nothing here touches the engine or libllama.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -294,15 +295,20 @@ def build_generation(
             raise _invalid(f"id_slot {id_slot} is out of range (there are {n_parallel} slots)")
         resolve_n_cmpl(body, n_parallel=n_parallel)
     t_max_predict_ms = body.t_max_predict_ms or 0
+    n_probs = resolve_n_probs(body, defaults, max_n_probs=max_n_probs)
+    post_sampling_probs = _pick(body.post_sampling_probs, False)
+    sampling = build_sampling(body, defaults, tokenize=tokenize, n_vocab=n_vocab)
+    if post_sampling_probs and n_probs > 0:
+        sampling = dataclasses.replace(sampling, record_candidates=True)
     return GenerationRequest(
         prompt_tokens=tuple(prompt_tokens),
-        sampling=build_sampling(body, defaults, tokenize=tokenize, n_vocab=n_vocab),
+        sampling=sampling,
         n_predict=resolve_n_predict(body, defaults, max_n_predict=max_n_predict),
         stop=resolve_stop(body),
         id_slot=id_slot,
         cache_prompt=_pick(body.cache_prompt, True),
-        n_probs=resolve_n_probs(body, defaults, max_n_probs=max_n_probs),
-        post_sampling_probs=_pick(body.post_sampling_probs, False),
+        n_probs=n_probs,
+        post_sampling_probs=post_sampling_probs,
         return_progress=_pick(body.return_progress, False),
         timings_per_token=_pick(body.timings_per_token, False),
         stream=_pick(body.stream, False),

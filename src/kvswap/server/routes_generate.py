@@ -1,52 +1,55 @@
 """Generation routes: /completion, /completions, /v1/completions, /chat/completions,
-/v1/chat/completions, and /apply-template.
+/v1/chat/completions (and its /input_tokens count), and /apply-template.
 
-Each route validates its body (schemas), turns it into engine requests (params; tokenizing and
-template rendering happen here, off the engine thread), runs them (streaming), and shapes the
-answer as llama-server does (formats).
+Each route validates its body (schemas), turns it into engine requests (params, jobs;
+tokenizing, template rendering and grammar checks happen here, off the engine thread), runs
+them (streaming), and shapes the answer as llama-server does (formats). Chat answers are parsed
+for tool calls and reasoning (`kvswap.chat`), whole or as stream deltas.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from kvswap.chat.parser import ChatParser
 from kvswap.engine.client import EngineClient
 from kvswap.engine.types import (
     Completion,
-    ErrorKind,
     Event,
     GenerationRequest,
-    KvswapError,
     PromptProgress,
     TokenEvent,
+    TokenProbs,
 )
-from kvswap.server.formats import apply_template_json
+from kvswap.server.chat import plan_chat
+from kvswap.server.constraints import (
+    completion_constraint,
+)
+from kvswap.server.formats import TaskExtras, apply_template_json
+from kvswap.server.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
 from kvswap.server.formats_native import native_chunk, native_final, native_progress_chunk
 from kvswap.server.formats_oai import (
     OaiMeta,
-    chat_chunks,
-    chat_final,
-    chat_final_chunks,
     chat_progress_chunk,
     completion_chunk,
     completion_final,
     completion_progress_chunk,
     merge_choices,
-    new_completion_id,
+)
+from kvswap.server.jobs import (
+    checked_constraint,
+    generation_requests,
+    oai_meta,
+    prompt_tokens,
+    tokenizer,
 )
 from kvswap.server.openapi import body_schema
 from kvswap.server.params import (
-    Tokenize,
-    build_generation,
-    chat_messages,
     parse_prompt,
-    resolve_n_cmpl,
     tokenize_prompt,
 )
 from kvswap.server.schemas import (
@@ -56,53 +59,10 @@ from kvswap.server.schemas import (
     OaiCompletionRequest,
     parse_body,
 )
-from kvswap.server.state import ServerState, get_state
+from kvswap.server.state import get_state
 from kvswap.server.streaming import complete_all, open_stream
-from kvswap.text.template import InvalidMessagesError, TemplateError
 
 router = APIRouter()
-
-
-def _tokenizer(state: ServerState) -> Tokenize:
-    def tokenize(text: str, add_special: bool) -> list[int]:
-        return [int(t) for t in state.tokenize(text, add_special, True)]
-
-    return tokenize
-
-
-def _requests(
-    state: ServerState,
-    body: CompletionRequest | OaiCompletionRequest | ChatCompletionRequest,
-    prompts: list[list[int]],
-) -> list[GenerationRequest]:
-    engine = state.engine
-    n_cmpl = resolve_n_cmpl(body, n_parallel=len(engine.slots))
-    cfg = state.config
-    max_n_predict = cfg.http.max_n_predict if cfg.http.max_n_predict >= 0 else None
-    out = []
-    for tokens in prompts:
-        req = build_generation(
-            body,
-            cfg.sampling,
-            prompt_tokens=tokens,
-            n_ctx_slot=engine.n_ctx_slot,
-            max_n_predict=max_n_predict,
-            n_parallel=len(engine.slots),
-            n_vocab=state.vocab.n_tokens,
-            tokenize=_tokenizer(state),
-        )
-        lora, asked = state.lora.for_request(body.lora)
-        out.extend([replace(req, lora=lora, lora_request=asked)] * n_cmpl)
-    return out
-
-
-def _oai_meta(state: ServerState) -> OaiMeta:
-    return OaiMeta(
-        id=new_completion_id(),
-        model=state.model_name,
-        created=int(time.time()),
-        system_fingerprint="kvswap",
-    )
 
 
 async def _finals(
@@ -125,10 +85,15 @@ async def _finals(
 async def completion(request: Request) -> Response:
     state = get_state(request)
     body = parse_body(CompletionRequest, await request.body())
-    tokenize = _tokenizer(state)
+    tokenize = tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    reqs = _requests(state, body, prompts)
+    constraint = checked_constraint(state, completion_constraint(body))
+    reqs = generation_requests(state, body, prompts, constraint)
     client = state.engine_client()
+    extras = TaskExtras(
+        grammar=constraint.grammar if constraint else "",
+        grammar_lazy=constraint.lazy if constraint else False,
+    )
 
     def final(index: int, c: Completion, req: GenerationRequest) -> dict[str, Any]:
         return native_final(
@@ -139,6 +104,7 @@ async def completion(request: Request) -> Response:
             index=index,
             return_tokens=bool(body.return_tokens),
             response_fields=body.response_fields or (),
+            extras=extras,
         )
 
     if not body.stream:
@@ -164,11 +130,12 @@ async def completion(request: Request) -> Response:
 async def oai_completion(request: Request) -> Response:
     state = get_state(request)
     body = parse_body(OaiCompletionRequest, await request.body())
-    tokenize = _tokenizer(state)
+    tokenize = tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    reqs = _requests(state, body, prompts)
+    constraint = checked_constraint(state, completion_constraint(body, body.response_format))
+    reqs = generation_requests(state, body, prompts, constraint)
     client = state.engine_client()
-    meta = _oai_meta(state)
+    meta = oai_meta(state)
     if not body.stream:
         return JSONResponse(
             merge_choices(await _finals(client, reqs, request, completion_final, meta))
@@ -194,52 +161,82 @@ async def oai_completion(request: Request) -> Response:
 # ----------------------------------------------------------------------- /v1/chat/completions
 
 
-def render_chat_prompt(state: ServerState, body: ChatCompletionRequest) -> str:
-    """The chat template applied to the body's messages (typed 400 on bad messages)."""
-    try:
-        return state.template.render(
-            chat_messages(body),
-            add_generation_prompt=True
-            if body.add_generation_prompt is None
-            else body.add_generation_prompt,
-            tools=body.tools,
-            chat_template_kwargs=body.chat_template_kwargs,
-        )
-    except (InvalidMessagesError, TemplateError) as err:
-        raise KvswapError(ErrorKind.INVALID_REQUEST, str(err)) from err
-
-
 @router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 @router.post("/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     body = parse_body(ChatCompletionRequest, await request.body())
-    prompt = render_chat_prompt(state, body)
-    reqs = _requests(state, body, [[int(t) for t in state.tokenize(prompt, True, True)]])
+    plan = plan_chat(state, body)
+    reqs = generation_requests(state, body, [prompt_tokens(state, plan.prompt)], plan.constraint)
     client = state.engine_client()
-    meta = _oai_meta(state)
+    meta = oai_meta(state)
     if not body.stream:
-        return JSONResponse(merge_choices(await _finals(client, reqs, request, chat_final, meta)))
+        results = await complete_all(client, reqs, request)
+        finals = [
+            chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
+            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
+        ]
+        return JSONResponse(merge_choices(finals))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    parsers = [ChatParser(plan.spec) for _ in reqs]
+    unsent: list[tuple[TokenProbs, ...]] = [() for _ in reqs]  # probs of steps sent no chunk
     started: set[int] = set()
 
     def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
+        parser = parsers[index]
+        post_sampling = reqs[index].post_sampling_probs
         if isinstance(event, TokenEvent):
             first = index not in started
             started.add(index)
-            yield from chat_chunks(
-                event, meta, first=first, index=index, post_sampling=reqs[index].post_sampling_probs
+            probs = unsent[index] + event.probs
+            chunks = chat_diff_chunks(
+                parser.feed(event.text),
+                meta,
+                first=first,
+                index=index,
+                probs=probs,
+                timings=event.timings,
+                post_sampling=post_sampling,
             )
+            unsent[index] = () if chunks else probs
+            yield from chunks
         elif isinstance(event, PromptProgress):
             yield chat_progress_chunk(event, meta, index=index)
         elif isinstance(event, Completion):
-            yield from chat_final_chunks(event, meta, include_usage=include_usage, index=index)
+            chunks = chat_diff_chunks(
+                parser.finish(),
+                meta,
+                first=False,
+                index=index,
+                probs=unsent[index],
+                post_sampling=post_sampling,
+            )
+            yield from chunks
+            yield from chat_finish_chunks(
+                event,
+                meta,
+                parser.msg,
+                include_usage=include_usage,
+                index=index,
+                probs=() if chunks else unsent[index],
+                post_sampling=post_sampling,
+            )
 
     return await open_stream(client, reqs, render, done_marker=True)
+
+
+@router.post("/v1/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
+@router.post("/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_input_tokens(request: Request) -> Response:
+    """The prompt's token count for a chat body (llama-server's `handle_count_tokens`)."""
+    state = get_state(request)
+    body = parse_body(ChatCompletionRequest, await request.body())
+    n = len(prompt_tokens(state, plan_chat(state, body).prompt))
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
 
 @router.post("/apply-template", openapi_extra=body_schema(ApplyTemplateRequest))
 async def apply_template(request: Request) -> Response:
     state = get_state(request)
     body = parse_body(ApplyTemplateRequest, await request.body())
-    return JSONResponse(apply_template_json(render_chat_prompt(state, body)))
+    return JSONResponse(apply_template_json(plan_chat(state, body).prompt))

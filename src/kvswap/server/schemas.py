@@ -192,6 +192,21 @@ def _is_bias(value: object) -> bool:
     return isinstance(value, int | float) and value == value and abs(value) != float("inf")
 
 
+class ResponseFormat(Body):
+    type: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_type(self) -> ResponseFormat:
+        if self.type not in (None, "", "text", "json_object", "json_schema"):
+            raise ValueError(
+                'response_format type must be one of "text", "json_object" or "json_schema", '
+                f"but got: {self.type}"
+            )
+        return self
+
+
 class CompletionRequest(GenerationFields):
     """POST /completion and /completions: llama-server's native body."""
 
@@ -208,6 +223,7 @@ class OaiCompletionRequest(GenerationFields):
     user: str | None = None
     best_of: JsonInt | None = None
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # kvswap: as on the chat route
 
     @model_validator(mode="after")
     def _check_oai(self) -> OaiCompletionRequest:
@@ -279,21 +295,6 @@ class ChatMessage(Body):
                 raise ValueError("Assistant message must contain either 'content' or 'tool_calls'")
         elif not has_content:
             raise ValueError("All non-assistant messages must contain 'content'")
-        return self
-
-
-class ResponseFormat(Body):
-    type: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    json_schema: dict[str, Any] | None = None
-
-    @model_validator(mode="after")
-    def _check_type(self) -> ResponseFormat:
-        if self.type not in (None, "", "text", "json_object", "json_schema"):
-            raise ValueError(
-                'response_format type must be one of "text", "json_object" or "json_schema", '
-                f"but got: {self.type}"
-            )
         return self
 
 

@@ -68,17 +68,27 @@ async def _merged(
             p.cancel()
 
 
+def _error_event(event: EngineError) -> bytes:
+    return sse(
+        {"error": {"code": event.kind.code, "message": event.message, "type": event.kind.value}}
+    )
+
+
 async def open_stream(
     client: EngineClient,
     requests: Sequence[GenerationRequest],
     render: Render,
     *,
     done_marker: bool,
+    encode: Callable[[dict[str, object]], bytes] = sse,
+    encode_error: Callable[[EngineError], bytes] = _error_event,
 ) -> StreamingResponse:
     """An SSE response, started only once the first event shows the request was accepted.
 
     An error before any output is raised (typed HTTP error); after output began, it is sent as
-    `data: {"error": ...}` and the stream ends.
+    `encode_error` writes it (default `data: {"error": ...}`) and the stream ends. `encode`
+    writes each rendered object (default `data: <json>`; the Anthropic and Responses routes
+    name their events).
     """
     events = _merged(client, requests)
     try:
@@ -97,18 +107,10 @@ async def open_stream(
             while item is not None:
                 index, event = item
                 if isinstance(event, EngineError):
-                    yield sse(
-                        {
-                            "error": {
-                                "code": event.kind.code,
-                                "message": event.message,
-                                "type": event.kind.value,
-                            }
-                        }
-                    )
+                    yield encode_error(event)
                     return
                 for obj in render(index, event):
-                    yield sse(obj)
+                    yield encode(obj)
                 if isinstance(event, Completion):
                     n_done += 1
                     if n_done == len(requests):

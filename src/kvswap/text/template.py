@@ -89,6 +89,12 @@ class TemplateCaps:
     """Renders the `tools` list."""
     supports_thinking: bool
     """Output depends on `enable_thinking` (llama-server's default for it)."""
+    supports_tool_calls: bool = False
+    """Renders an assistant message's `tool_calls`."""
+    supports_tool_responses: bool = False
+    """Renders a `tool` message's content."""
+    supports_object_arguments: bool = False
+    """Wants tool-call arguments as an object (it JSON-encodes them itself)."""
 
 
 def strip_leading_bos(text: str, bos_token: str) -> tuple[str, bool]:
@@ -360,6 +366,38 @@ _PROBE_TOOL = {
 }
 
 
+_PROBE_ARGS = '{"code": "kvswap-probe"}'
+
+
+def _probe_call(arguments: object) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "type": "function",
+                "id": "call_1",
+                "function": {"name": _PROBE_MARKER, "arguments": arguments},
+            }
+        ],
+    }
+
+
+def _object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call whose JSON-object arguments are an object (llama-server's
+    `func_args_not_string`, for templates that encode arguments themselves)."""
+    fn = call.get("function", {})
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            return call
+        if isinstance(parsed, dict):
+            return {**call, "function": {**fn, "arguments": parsed}}
+    return call
+
+
 def _probe_caps(*, string: bool, typed: bool) -> TemplateCaps:
     """Caps assumed while probing: only the content shape matters to `_prepare`."""
     return TemplateCaps(
@@ -454,6 +492,8 @@ class ChatTemplate:
             message = {**message, "content": convert(message["content"])}
             if self._maps_developer_role and message["role"] == "developer":
                 message["role"] = "system"
+            if caps.supports_object_arguments and "tool_calls" in message:
+                message["tool_calls"] = [_object_arguments(c) for c in message["tool_calls"]]
             out.append(message)
         if not caps.supports_system_role:
             out = _merge_system_into_next(out)
@@ -546,10 +586,23 @@ class ChatTemplate:
         thinking_on = self._probe([hello], caps, enable_thinking=True)
         thinking_off = self._probe([hello], caps, enable_thinking=False)
         thinking_ok = thinking_on is not None and thinking_on != thinking_off
+        as_text = self._probe([hello, _probe_call(_PROBE_ARGS)], caps)
+        as_object = self._probe([hello, _probe_call(json.loads(_PROBE_ARGS))], caps)
+        # A template that JSON-encodes the arguments shows the text version escaped.
+        object_args = as_object is not None and (as_text is None or '\\"code\\"' in as_text)
+        with_call = as_object if object_args else as_text
+        calls_ok = with_call is not None and _PROBE_MARKER in with_call
+        response = {"role": "tool", "tool_call_id": "call_1", "content": _PROBE_MARKER + "-result"}
+        call = _probe_call(json.loads(_PROBE_ARGS) if object_args else _PROBE_ARGS)
+        with_response = self._probe([hello, call, response], caps)
+        responses_ok = with_response is not None and _PROBE_MARKER + "-result" in with_response
         return TemplateCaps(
             supports_string_content=caps.supports_string_content,
             supports_typed_content=typed_ok,
             supports_system_role=system_ok,
             supports_tools=tools_ok,
             supports_thinking=thinking_ok,
+            supports_tool_calls=calls_ok,
+            supports_tool_responses=responses_ok,
+            supports_object_arguments=object_args,
         )

@@ -1,0 +1,151 @@
+"""Anthropic's Messages API through the official `anthropic` client: plain answers, streamed
+and not, tool use round trips, a forced named tool, stop sequences, token counting, and the
+`x-api-key` header against a server with `--api-key`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anthropic
+import jsonschema
+import pytest
+
+from tests.server.agent_util import SMALL, WEATHER_PARAMS
+from tests.server.harness import ServerProcess
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+TOOLS: list[Any] = [
+    {"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER_PARAMS}
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+GREEDY = {"temperature": 0}
+
+
+def client(server: ServerProcess, key: str = "none") -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key=key, timeout=300, max_retries=0)
+
+
+def test_plain_answer_whole_and_streamed(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
+    args: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 40,
+        "system": "You are terse.",
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "extra_body": GREEDY,
+    }
+    whole = c.messages.create(**args)
+    assert whole.type == "message" and whole.role == "assistant"
+    assert whole.id.startswith("msg_")
+    (block,) = whole.content
+    assert block.type == "text" and block.text
+    assert whole.stop_reason in ("end_turn", "max_tokens")
+    assert whole.usage.output_tokens > 0 and whole.usage.input_tokens > 0
+
+    with c.messages.stream(**args) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == block.text == final.content[0].text  # type: ignore[union-attr]
+    assert final.stop_reason == whole.stop_reason
+    # The second run reused the prompt from the slot's cache.
+    assert (final.usage.cache_read_input_tokens or 0) > 0
+
+
+def test_forced_tool_use_round_trip(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
+    args: dict[str, Any] = {"model": "m", "max_tokens": 120, "tools": TOOLS, "extra_body": GREEDY}
+    first = c.messages.create(
+        messages=ASK, tool_choice={"type": "tool", "name": "get_weather"}, **args
+    )
+    assert first.stop_reason == "tool_use"
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.id
+    jsonschema.validate(use.input, WEATHER_PARAMS)
+
+    with c.messages.stream(messages=ASK, tool_choice={"type": "any"}, **args) as stream:
+        streamed = stream.get_final_message()
+    (suse,) = [b for b in streamed.content if b.type == "tool_use"]
+    assert suse.input == use.input and streamed.stop_reason == "tool_use"
+
+    messages: list[Any] = [
+        *ASK,
+        {"role": "assistant", "content": first.content},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}],
+        },
+    ]
+    final = c.messages.create(messages=messages, tool_choice={"type": "none"}, **args)
+    assert final.content and final.content[0].type == "text" and final.content[0].text
+    assert final.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_stop_sequence_is_reported(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
+    args: dict[str, Any] = {
+        "model": "m",
+        "max_tokens": 30,
+        "messages": [{"role": "user", "content": "Count from one to ten in words."}],
+        "extra_body": GREEDY,
+    }
+    free = c.messages.create(**args).content[0].text  # type: ignore[union-attr]
+    # A word of the greedy answer, past its start: the same run must stop right before it.
+    word = free.split()[len(free.split()) // 2]
+    cut = c.messages.create(**args, stop_sequences=[word])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == word
+    assert cut.content[0].text == free[: free.index(word)]  # type: ignore[union-attr]
+    with c.messages.stream(**args, stop_sequences=[word]) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == word
+    assert streamed.content[0].text == free[: free.index(word)]  # type: ignore[union-attr]
+
+
+def test_count_tokens(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
+    counted = c.messages.count_tokens(
+        model="m", messages=[{"role": "user", "content": "Say hello."}]
+    )
+    whole = c.messages.create(
+        model="m", max_tokens=1, messages=[{"role": "user", "content": "Say hello."}]
+    )
+    assert counted.input_tokens == whole.usage.input_tokens + (
+        whole.usage.cache_read_input_tokens or 0
+    )
+
+
+@pytest.fixture(scope="module")
+def key_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    return server_factory(*SMALL, "--api-key", "sekrit")
+
+
+def test_x_api_key(key_server: ServerProcess) -> None:
+    out = client(key_server, "sekrit").messages.create(
+        model="m", max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+    )
+    assert out.content
+    with pytest.raises(anthropic.AuthenticationError):
+        client(key_server, "wrong").messages.create(
+            model="m", max_tokens=5, messages=[{"role": "user", "content": "Hi"}]
+        )
+
+
+def test_bad_requests_are_typed(agent_server: ServerProcess) -> None:
+    c = client(agent_server)
+    with pytest.raises(anthropic.BadRequestError):
+        c.messages.create(
+            model="m",
+            max_tokens=5,
+            messages=ASK,  # type: ignore[arg-type]
+            tools=TOOLS,
+            tool_choice={"type": "tool", "name": "nope"},
+        )
+    response = agent_server.post(
+        "/v1/messages",
+        {
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        },
+    )
+    assert response.status_code == 501

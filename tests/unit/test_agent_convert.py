@@ -1,0 +1,169 @@
+"""Anthropic and Responses bodies translated into chat bodies (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvswap.engine.types import KvswapError
+from kvswap.server.schemas import ChatCompletionRequest, parse_body
+from kvswap.server.schemas_anthropic import MessagesRequest
+from kvswap.server.schemas_anthropic import to_chat_body as anthropic_chat
+from kvswap.server.schemas_responses import ResponsesRequest
+from kvswap.server.schemas_responses import to_chat_body as responses_chat
+
+
+def anthropic(raw: dict) -> dict:
+    body = anthropic_chat(parse_body(MessagesRequest, raw), raw)
+    parse_body(ChatCompletionRequest, body)  # it must be a valid chat body
+    return body
+
+
+def responses(raw: dict) -> dict:
+    body = responses_chat(raw, parse_body(ResponsesRequest, raw))
+    parse_body(ChatCompletionRequest, body)
+    return body
+
+
+def test_anthropic_turns_tools_and_results() -> None:
+    body = anthropic(
+        {
+            "model": "m",
+            "max_tokens": 64,
+            "system": [{"type": "text", "text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "use the tool", "signature": ""},
+                        {"type": "text", "text": "Checking."},
+                        {"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "Sunny"}],
+                        },
+                        {"type": "text", "text": "Thanks"},
+                    ],
+                },
+            ],
+            "tools": [{"name": "w", "description": "weather", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "w", "disable_parallel_tool_use": True},
+            "stop_sequences": ["END"],
+            "top_k": 5,
+            "thinking": {"type": "enabled", "budget_tokens": 100},
+        }
+    )
+    msgs = body["messages"]
+    assert msgs[0] == {"role": "system", "content": "Be brief."}
+    assert msgs[2]["reasoning_content"] == "use the tool"
+    assert msgs[2]["tool_calls"][0]["function"] == {"name": "w", "arguments": '{"city": "Paris"}'}
+    assert msgs[3] == {"role": "user", "content": [{"type": "text", "text": "Thanks"}]}
+    assert msgs[4] == {"role": "tool", "tool_call_id": "t1", "content": "Sunny"}
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert body["parallel_tool_calls"] is False
+    assert body["stop"] == ["END"] and body["max_tokens"] == 64 and body["top_k"] == 5
+    assert body["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+def test_anthropic_defaults_and_choices() -> None:
+    body = anthropic(
+        {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "any"}}
+    )
+    assert body["max_tokens"] == 4096 and body["tool_choice"] == "required"
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ({"messages": [{"role": "system", "content": "x"}]}, 400),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 501),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400),
+        ({"messages": [], "tool_choice": {"type": "tool"}}, 400),
+        ({"messages": [], "tools": [{"name": "s", "type": "web_search_20250305"}]}, 400),
+    ],
+)
+def test_anthropic_refusals(raw: dict, code: int) -> None:
+    with pytest.raises(KvswapError) as err:
+        anthropic(raw)
+    assert err.value.kind.code == code
+
+
+def test_responses_items_merge_into_chat_turns() -> None:
+    body = responses(
+        {
+            "model": "m",
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "user", "content": "Weather?"},
+                {
+                    "type": "reasoning",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": "hmm"}],
+                },
+                {
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "w",
+                    "arguments": '{"c": 1}',
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "It is sunny."}],
+                },
+            ],
+            "tools": [
+                {"type": "function", "name": "w", "parameters": {"type": "object"}},
+                {"type": "web_search"},
+            ],
+            "tool_choice": {"type": "function", "name": "w"},
+            "max_output_tokens": 50,
+            "reasoning": {"effort": "low"},
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            "seed": 7,
+            "store": True,
+        }
+    )
+    msgs = body["messages"]
+    assert msgs[0] == {"role": "system", "content": "Be brief."}
+    assert msgs[2]["role"] == "assistant" and msgs[2]["reasoning_content"] == "hmm"
+    assert msgs[2]["tool_calls"][0]["id"] == "call_1"
+    assert msgs[3] == {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
+    assert msgs[4]["content"] == [{"type": "text", "text": "It is sunny."}]
+    assert [t["function"]["name"] for t in body["tools"]] == ["w"]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "w"}}
+    assert body["max_tokens"] == 50 and body["reasoning_effort"] == "low"
+    assert body["response_format"]["json_schema"]["schema"] == {"type": "object"}
+    assert body["seed"] == 7 and "store" not in body and "input" not in body
+
+
+@pytest.mark.parametrize(
+    ("raw", "code"),
+    [
+        ({"input": "x", "previous_response_id": "resp_1"}, 400),
+        ({"input": [{"type": "mystery"}]}, 400),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            501,
+        ),
+        ({"input": "x", "text": {"format": {"type": "yaml"}}}, 400),
+    ],
+)
+def test_responses_refusals(raw: dict, code: int) -> None:
+    with pytest.raises(KvswapError) as err:
+        responses(raw)
+    assert err.value.kind.code == code
+
+
+def test_responses_string_input() -> None:
+    assert responses({"input": "hello"})["messages"] == [{"role": "user", "content": "hello"}]
+    assert json.loads(json.dumps(responses({"input": "x", "temperature": 0})))["temperature"] == 0
