@@ -42,8 +42,8 @@ class Side:
     n_predicted: dict[str, int] = field(default_factory=dict)
 
 
-def _sides(smollm2: str, tiny_draft: str, n_max: int) -> list[Side]:
-    spec = ["--spec-draft-n-max", str(n_max), "-td", "2", "-tbd", "2"]
+def _sides(smollm2: str, tiny_draft: str, n_max: int, threads: int) -> list[Side]:
+    spec = ["--spec-draft-n-max", str(n_max), "-td", str(threads), "-tbd", str(threads)]
     return [
         Side("no draft", []),
         Side(f"draft-simple, SmolLM2 for itself, n_max {n_max}",
@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("-t", "--threads", type=int, default=2)
+    p.add_argument("-t", "--threads", type=int, default=1)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--n-predict", type=int, default=96)
     p.add_argument("--n-max", type=int, default=3, help="--spec-draft-n-max of the draft sides")
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
     tiny = str(tiny_model_path("llama", vocab="smollm2", n_embd=32, seed=3))
     base = ["-m", smollm2, "-c", "2048", "-np", "1", "-t", str(args.threads)]
     base += ["-tb", str(args.threads)]
-    sides = _sides(smollm2, tiny, args.n_max)
+    sides = _sides(smollm2, tiny, args.n_max, args.threads)
     prompts = {"free": FREE, "quoting": QUOTING}
     servers = [BenchServer([*base, *s.args]) for s in sides]
     try:
