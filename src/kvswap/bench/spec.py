@@ -5,7 +5,8 @@ drafting for itself (every draft accepted: the ceiling of what drafting saves in
 at the cost of a same-size draft); `draft-simple` with a tiny random draft sharing SmolLM2's
 vocabulary (almost nothing accepted: the overhead); `ngram-simple` (no draft model). Each on a
 free-form prompt and on a prompt whose answer quotes itself. Servers are measured in rotating
-order with a pause between them (libgomp threads spin after a decode on 2 cores).
+order with a pause between them (libgomp threads spin after a decode on 2 cores). Then what a
+verification costs: the CPU time of one target decode by its number of rows.
 """
 
 from __future__ import annotations
@@ -54,6 +55,43 @@ def _sides(smollm2: str, tiny_draft: str, n_max: int, threads: int) -> list[Side
              ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "4",
               "--spec-ngram-simple-size-m", "16"]),
     ]  # fmt: skip
+
+
+def rows_cost(model_path: str, threads: int) -> list[str]:
+    """CPU ms of one target decode by its rows (all with logits): what verifying costs."""
+    import numpy as np
+
+    from kvswap.backend.batch import Batch
+    from kvswap.backend.context import Context, ContextParams
+    from kvswap.backend.model import Model
+
+    model = Model.load(model_path)
+    params = ContextParams(
+        n_ctx=1024, n_seq_max=1, n_batch=512, n_ubatch=512, kv_unified=True,
+        n_threads=threads, n_threads_batch=threads,
+    )  # fmt: skip
+    ctx, batch = Context(model, params), Batch(64)
+    lines = ["| rows in the decode | CPU ms per decode | vs 1 row |", "|---|---|---|"]
+    try:
+        batch.add_span(np.arange(100, 164, dtype=np.int32), 0, 0, True)
+        ctx.decode(batch)
+        ms: dict[int, float] = {}
+        for rows in (1, 2, 4, 8, 16):
+            samples = []
+            for _ in range(15):
+                batch.clear()
+                batch.add_outputs(np.full(rows, 300, dtype=np.int32), 64, 0)
+                t0 = time.process_time()
+                ctx.decode(batch)
+                samples.append((time.process_time() - t0) * 1e3)
+                ctx.seq_rm(0, 64, -1)
+            ms[rows] = statistics.median(samples)
+            lines.append(f"| {rows} | {ms[rows]:.1f} | {ms[rows] / ms[1]:.2f}x |")
+    finally:
+        batch.close()
+        ctx.close()
+        model.close()
+    return lines
 
 
 def main(argv: list[str]) -> int:
@@ -118,4 +156,8 @@ def main(argv: list[str]) -> int:
                 f"{tok_s / ref:.2f}x | {per_step:.2f} | {drafted // args.runs} | "
                 f"{accepted // args.runs} | {rate} |"
             )
+    print()
+    print(f"# what a verification costs: one SmolLM2 decode by rows, {args.threads} threads")
+    for line in rows_cost(smollm2, args.threads):
+        print(line)
     return 0
