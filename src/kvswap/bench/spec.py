@@ -12,12 +12,14 @@ verification costs: the CPU time of one target decode by its number of rows.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import psutil
 
+from kvswap.backend.liblog import route_libllama_logs
 from kvswap.bench.server import BenchServer
 
 FREE = (
@@ -111,6 +113,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--n-predict", type=int, default=96)
     p.add_argument("--n-max", type=int, default=3, help="--spec-draft-n-max of the draft sides")
     args = p.parse_args(argv)
+    route_libllama_logs(logging.WARNING)
     smollm2 = str(default_model_path())
     tiny = str(tiny_model_path("llama", vocab="smollm2", n_embd=32, seed=3))
     base = ["-m", smollm2, "-c", "2048", "-np", "1", "-t", str(args.threads)]
