@@ -137,3 +137,29 @@ def test_a_reconfigure_keeps_each_resident_draft_warm(server_factory) -> None:  
         assert refused.status_code == 400 and "draft" in refused.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_streamed_drafts_concatenate_to_the_whole_and_sampling_works(server_factory, save_dir) -> None:  # type: ignore[no-untyped-def]
+    server = _server(server_factory, save_dir)
+    body = {"prompt": FIRST, "n_predict": 16, "temperature": 0, "id_slot": 1}
+    whole = server.post("/completion", body).json()
+    chunks = list(server.stream("/completion", {**body, "stream": True}))
+    assert "".join(c["content"] for c in chunks) == whole["content"]
+    assert chunks[-1]["timings"]["draft_n"] == whole["timings"]["draft_n"]
+    # Sampling at a temperature verifies drafts row by row with the request's own chain.
+    hot = server.post("/completion", {**body, "temperature": 0.9, "seed": 7})
+    assert hot.status_code == 200, hot.text
+    out = hot.json()
+    assert 1 <= out["tokens_predicted"] <= 16 and out["timings"]["draft_n"] > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused_at_start_up(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    draft = tiny_model_path("llama", seed=5)  # the tiny 384-token vocabulary, not SmolLM2's
+    cmd = [sys.executable, "-m", "kvswap", "serve", "-c", "512", "-np", "1", "--port", "0"]
+    cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "vocabulary" in proc.stdout + proc.stderr
