@@ -139,7 +139,9 @@ def test_a_reconfigure_keeps_each_resident_draft_warm(server_factory) -> None:  
         server.stop()
 
 
-def test_streamed_drafts_concatenate_to_the_whole_and_sampling_works(server_factory, save_dir) -> None:  # type: ignore[no-untyped-def]
+def test_streamed_drafts_concatenate_to_the_whole_and_sampling_works(
+    server_factory, save_dir
+) -> None:  # type: ignore[no-untyped-def]
     server = _server(server_factory, save_dir)
     body = {"prompt": FIRST, "n_predict": 16, "temperature": 0, "id_slot": 1}
     whole = server.post("/completion", body).json()
