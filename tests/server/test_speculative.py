@@ -95,6 +95,16 @@ def test_a_restored_mind_drafts_like_one_that_never_moved(server_factory, save_d
         assert cold["tokens"] == stayed["tokens"]
         n_follow = cold["timings"]["cache_n"] + cold["timings"]["prompt_n"]
         assert cold["timings"]["draft_prompt_n"] == n_follow  # the whole prompt, reported
+
+        # A torn .dft (cut short after the save) is refused by its checksum: cold, never applied.
+        assert fresh.post("/slots/1?action=save", {"filename": "torn.bin"}).status_code == 200
+        dft = save_dir / "torn.bin.dft"
+        dft.write_bytes(dft.read_bytes()[:-100])
+        restored = fresh.post("/slots/0?action=restore", {"filename": "torn.bin"})
+        assert restored.status_code == 200, restored.text
+        assert "torn.bin.dft" in fresh.log() and "cold draft" in fresh.log()
+        again = _run(fresh, _follow_up(first), slot=0)
+        assert again["tokens"] == stayed["tokens"]
     finally:
         fresh.stop()
 
