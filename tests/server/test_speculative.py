@@ -57,6 +57,8 @@ def test_timings_slots_metrics_and_props_report_the_draft(server_factory, save_d
     assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
     assert t["draft_prompt_n"] == t["prompt_n"]
     assert "draft_n" not in ref["timings"] and "draft_prompt_n" not in ref["timings"]
+    assert out["generation_settings"]["speculative.types"] == "draft-simple"
+    assert ref["generation_settings"]["speculative.types"] == "none"
     assert all(s["speculative"] for s in server.client.get("/slots").json())
     assert not any(s["speculative"] for s in plain.client.get("/slots").json())
     metrics = server.metrics()

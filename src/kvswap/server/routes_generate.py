@@ -25,7 +25,7 @@ from kvswap.engine.types import (
     PromptProgress,
     TokenEvent,
 )
-from kvswap.server.formats import apply_template_json
+from kvswap.server.formats import TaskExtras, apply_template_json
 from kvswap.server.formats_native import native_chunk, native_final, native_progress_chunk
 from kvswap.server.formats_oai import (
     OaiMeta,
@@ -137,6 +137,7 @@ async def completion(request: Request) -> Response:
             index=index,
             return_tokens=bool(body.return_tokens),
             response_fields=body.response_fields or (),
+            extras=TaskExtras(speculative_types=state.config.spec.spec_type),
         )
 
     if not body.stream:
