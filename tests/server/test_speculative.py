@@ -57,6 +57,8 @@ def test_timings_slots_metrics_and_props_report_the_draft(server_factory, save_d
     assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
     assert t["draft_prompt_n"] == t["prompt_n"]
     assert "draft_n" not in ref["timings"] and "draft_prompt_n" not in ref["timings"]
+    assert out["generation_settings"]["speculative.types"] == "draft-simple"
+    assert ref["generation_settings"]["speculative.types"] == "none"
     assert all(s["speculative"] for s in server.client.get("/slots").json())
     assert not any(s["speculative"] for s in plain.client.get("/slots").json())
     metrics = server.metrics()
@@ -95,6 +97,16 @@ def test_a_restored_mind_drafts_like_one_that_never_moved(server_factory, save_d
         assert cold["tokens"] == stayed["tokens"]
         n_follow = cold["timings"]["cache_n"] + cold["timings"]["prompt_n"]
         assert cold["timings"]["draft_prompt_n"] == n_follow  # the whole prompt, reported
+
+        # A torn .dft (cut short after the save) is refused by its checksum: cold, never applied.
+        assert fresh.post("/slots/1?action=save", {"filename": "torn.bin"}).status_code == 200
+        dft = save_dir / "torn.bin.dft"
+        dft.write_bytes(dft.read_bytes()[:-100])
+        restored = fresh.post("/slots/0?action=restore", {"filename": "torn.bin"})
+        assert restored.status_code == 200, restored.text
+        assert "torn.bin.dft" in fresh.log() and "cold draft" in fresh.log()
+        again = _run(fresh, _follow_up(first), slot=0)
+        assert again["tokens"] == stayed["tokens"]
     finally:
         fresh.stop()
 
@@ -137,3 +149,31 @@ def test_a_reconfigure_keeps_each_resident_draft_warm(server_factory) -> None:  
         assert refused.status_code == 400 and "draft" in refused.json()["error"]["message"]
     finally:
         server.stop()
+
+
+def test_streamed_drafts_concatenate_to_the_whole_and_sampling_works(
+    server_factory, save_dir
+) -> None:  # type: ignore[no-untyped-def]
+    server = _server(server_factory, save_dir)
+    body = {"prompt": FIRST, "n_predict": 16, "temperature": 0, "id_slot": 1}
+    whole = server.post("/completion", body).json()
+    chunks = list(server.stream("/completion", {**body, "stream": True}))
+    assert "".join(c["content"] for c in chunks) == whole["content"]
+    assert chunks[-1]["timings"]["draft_n"] == whole["timings"]["draft_n"]
+    # Sampling at a temperature verifies drafts row by row with the request's own chain.
+    hot = server.post("/completion", {**body, "temperature": 0.9, "seed": 7})
+    assert hot.status_code == 200, hot.text
+    out = hot.json()
+    assert 1 <= out["tokens_predicted"] <= 16 and out["timings"]["draft_n"] > 0
+
+
+def test_a_draft_with_another_vocabulary_is_refused_at_start_up(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    draft = tiny_model_path("llama", seed=5)  # the tiny 384-token vocabulary, not SmolLM2's
+    cmd = [sys.executable, "-m", "kvswap", "serve", "-c", "512", "-np", "1", "--port", "0"]
+    cmd += ["-md", str(draft), "--spec-type", "draft-simple"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "vocabulary" in proc.stdout + proc.stderr

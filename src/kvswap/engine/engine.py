@@ -617,13 +617,15 @@ class Engine:
         slot, run, draft = p.slot, p.slot.running, p.draft
         assert run is not None and self.spec is not None
         first = run.out_index
-        n_accepted = 0
+        n_accepted = 0  # drafts kept in the KV
+        n_matched = 0  # drafts the target agreed with (llama-server's count, the last included)
         for i in range(len(draft) + 1):
             token = self._sample_row(slot, run, first + i, p.pos0 + 1 + i)
+            n_matched += int(i < len(draft) and token == draft[i])
             if run.finished or i == len(draft) or token != draft[i]:
                 break
             n_accepted += 1
-        self.spec.on_verified(run, len(draft), n_accepted)
+        self.spec.on_verified(run, len(draft), n_matched)
         keep = p.pos0 + 1 + n_accepted
         must_redecode = False
         if keep < len(slot.tokens):

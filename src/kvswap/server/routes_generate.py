@@ -93,6 +93,7 @@ async def completion(request: Request) -> Response:
     extras = TaskExtras(
         grammar=constraint.grammar if constraint else "",
         grammar_lazy=constraint.lazy if constraint else False,
+        speculative_types=state.config.spec.spec_type,
     )
 
     def final(index: int, c: Completion, req: GenerationRequest) -> dict[str, Any]:
