@@ -16,7 +16,6 @@ from fastapi import FastAPI
 from kvswap import __version__
 from kvswap.config.settings import ServerConfig
 from kvswap.server import routes_generate, routes_info, routes_reconfigure, routes_slots
-
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
 from kvswap.server.loader import Loader
@@ -40,7 +39,6 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.include_router(routes_generate.router)
     app.include_router(routes_slots.router)
     app.include_router(routes_reconfigure.router)
-
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -17,6 +17,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from kvswap.engine.pagefmt import PageGeometry, PageLayout, read_tokens
 from kvswap.engine.slotstate import CheckpointView, SlotState
 from kvswap.engine.types import ErrorKind, KvswapError
@@ -99,12 +101,21 @@ class ReadState:
         self.generation.close()
 
 
+def readable_bytes() -> int:
+    """The largest generation a restore reads: half the memory available now. A larger file
+    (a sparse 64 GiB file planted in the save path, say) is a typed 400 before any buffer is
+    allocated, not an allocation that fails with a 500 or succeeds and starves the machine."""
+    return int(psutil.virtual_memory().available) // 2
+
+
 def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> ReadState:
     """Read and verify one generation of `filename` (a foreign file has no fingerprint).
 
     A missing, torn or malformed sidecar restores that part cold, with a warning.
     """
-    gen = publisher.read_generation(filename, geometry.file_fingerprint())
+    gen = publisher.read_generation(
+        filename, geometry.file_fingerprint(), max_bytes=readable_bytes()
+    )
     checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
     state = SlotState(tokens=gen.tokens.copy(), target=gen.state[:], checkpoints=checkpoints)
     return ReadState(state, gen, gen.n_bytes_read)
