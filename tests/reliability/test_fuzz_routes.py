@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -79,7 +80,8 @@ def assert_typed_error(resp: httpx.Response, body: bytes) -> None:
     assert err["type"] in ERROR_TYPES and isinstance(err["message"], str), payload
 
 
-def check_case(server: ServerProcess, case: Case) -> None:
+def check_case(server: ServerProcess, case: Case) -> int:
+    """Send one case and check the answer and the server; returns the HTTP status."""
     headers = {"Content-Type": "application/json"}
     with server.client.stream(case.method, case.url, content=case.content, headers=headers) as r:
         body = r.read()
@@ -95,6 +97,7 @@ def check_case(server: ServerProcess, case: Case) -> None:
                     assert event["error"]["type"] != ErrorKind.SERVER.value, event
     assert server.proc.poll() is None, server.log()
     assert server.client.get("/health").status_code == 200, server.log()
+    return r.status_code
 
 
 def test_every_route_survives_generated_requests(
@@ -107,7 +110,9 @@ def test_every_route_survives_generated_requests(
     assert {"/completion", "/v1/chat/completions", "/slots/{id_slot}", "/pages"} <= {
         op.path for op in operations
     }
-    for op in (op for op in operations if ONLY.search(op.path)):
+    statuses: Counter[int] = Counter()
+    chosen = [op for op in operations if ONLY.search(op.path)]
+    for op in chosen:
 
         @settings(
             max_examples=N_EXAMPLES,
@@ -118,13 +123,16 @@ def test_every_route_survives_generated_requests(
         @given(case=fuzzer.cases(op))
         def run(case: Case) -> None:
             try:
-                check_case(fuzz_server, case)
+                statuses[check_case(fuzz_server, case)] += 1
             except (AssertionError, httpx.TransportError) as err:
                 print(f"FAILED CASE {case.method} {case.url} {case.content!r}\n{fuzz_server.log()}")
                 raise AssertionError(f"{case.describe()}: {err!r}") from err
 
         run()
 
+    print(
+        f"\n{statuses.total()} cases over {len(chosen)} operations; statuses {sorted(statuses.items())}"
+    )
     slots = fuzz_server.client.get("/slots").json()
     assert not any(s["is_processing"] for s in slots), slots
     assert sorted(p.name for p in fuzz_root.iterdir()) == ["outside.bin", "slots"]

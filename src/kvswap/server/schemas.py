@@ -36,8 +36,8 @@ def _integral_float_to_int(value: object) -> object:
     return value
 
 
-JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
 _ToInt = BeforeValidator(_integral_float_to_int)
+JsonInt = Annotated[int, _ToInt]
 # Bounds go before the validator: after it, pydantic publishes them as `ge`/`le` keys that JSON
 # Schema does not know (instead of `minimum`/`maximum`), and the OpenAPI document loses them.
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX), _ToInt]
