@@ -156,9 +156,9 @@ def test_a_sparse_64_gib_file_is_refused_without_reading_it(rig: Rig) -> None:
     assert psutil.Process(rig.server.proc.pid).memory_info().rss < 2 << 30
 
 
-def test_a_file_from_another_model_is_refused(
-    rig: Rig, server_factory: Callable[..., ServerProcess]
-) -> None:
+@pytest.fixture(scope="module")
+def other_model_file(rig: Rig, server_factory: Callable[..., ServerProcess]) -> str:
+    """`other.bin` (and its `.ckpt`), saved into the rig's save path by another model."""
     other = server_factory(
         "-m", str(tiny_model_path("lfm2", seed=12)), *ARGS,
         "--slot-save-path", str(rig.save_dir), fresh=True,
@@ -168,8 +168,48 @@ def test_a_file_from_another_model_is_refused(
         assert other.post("/slots/0?action=save", {"filename": "other.bin"}).status_code == 200
     finally:
         other.stop()
-    status, body = rig.restore_and_check("other.bin")
+    assert (rig.save_dir / "other.bin.ckpt").exists()
+    return "other.bin"
+
+
+def test_a_file_from_another_model_is_refused(rig: Rig, other_model_file: str) -> None:
+    status, body = rig.restore_and_check(other_model_file)
     assert status == 400, body
+
+
+def test_a_ckpt_from_another_model_restores_cold(rig: Rig, other_model_file: str) -> None:
+    rig.save_good("mixed.bin")
+    foreign = (rig.save_dir / f"{other_model_file}.ckpt").read_bytes()
+    (rig.save_dir / "mixed.bin.ckpt").write_bytes(foreign)
+    status, body = rig.restore_and_check("mixed.bin")
+    assert status == 200 and body["n_restored"] > 0, body
+
+
+@pytest.mark.parametrize("page", ["..", "../x", "a/b", "/etc/passwd", "nul\x00", "x" * 256, ""])
+def test_escaping_page_names_are_refused_and_the_slot_keeps_its_state(rig: Rig, page: str) -> None:
+    _run(rig.server, PROMPT_A, slot=0)
+    resp = rig.server.client.post("/slots/0", params={"action": "page_out", "page": page})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["type"] == "invalid_request_error"
+    again = _run(rig.server, PROMPT_A, slot=0)
+    assert again["timings"]["cache_n"] > 0  # nothing was taken from the slot
+    rig.restore_and_check("no-such-file.bin")
+
+
+@pytest.mark.parametrize("name", ["../spill.bin", "/tmp/spill.bin", "link.bin", "a\x00b.bin"])
+def test_a_spill_to_an_escaping_filename_is_refused_and_the_page_stays(rig: Rig, name: str) -> None:
+    link = rig.save_dir / "link.bin"
+    if not link.is_symlink():
+        link.symlink_to(rig.outside)
+    _run(rig.server, PROMPT_A, slot=0)
+    assert rig.server.post("/slots/0?action=page_out&page=keep").status_code == 200
+    spill = rig.server.post("/slots/0?action=spill&page=keep", {"filename": name, "drop": True})
+    assert spill.status_code == 400, spill.text
+    assert spill.json()["error"]["type"] == "invalid_request_error"
+    back = rig.server.post("/slots/0?action=page_in&page=keep")
+    assert back.status_code == 200, back.text
+    rig.restore_and_check("no-such-file.bin")
+    assert not (rig.save_dir.parent / "spill.bin").exists()
 
 
 @pytest.mark.parametrize(
