@@ -73,7 +73,9 @@ def _conversation(
     return outputs
 
 
+@pytest.mark.timeout(900)  # minutes of streaming; a loaded 2-core machine needs more than 300 s
 def test_paging_minds_while_other_slots_stream(server_factory) -> None:  # type: ignore[no-untyped-def]
+
     server: ServerProcess = server_factory(*ARGS)
     references = {m: _conversation(server, m, slot=2) for m in range(N_MINDS)}
     stop = threading.Event()

@@ -37,6 +37,20 @@ def test_per_slot_cap_drops_the_oldest() -> None:
     assert [c.n_tokens for c in slots[0]] == [20, 30]
 
 
+def test_a_slot_mid_capture_gives_up_no_checkpoint() -> None:
+    """A page_out's layout counted the slot's checkpoints when its buffer was asked for; the
+    budget must not take one away before the copy (the engine crashed on the mismatch)."""
+    budget = CheckpointBudget(max_per_slot=32, max_bytes=500)
+    slots = {0: [_ck(10, 200), _ck(20, 200)], 1: [_ck(10, 50)]}
+    gone = budget.admit(slots, 1, _ck(20, 100), frozen={0})
+    assert [c.n_tokens for c in gone] == [20]  # the new one, skipped
+    assert [c.n_tokens for c in slots[0]] == [10, 20]
+    assert [c.n_tokens for c in slots[1]] == [10]
+    gone = budget.admit(slots, 1, _ck(20, 100))  # the capture is done: slot 0 gives one up
+    assert [c.n_tokens for c in gone] == [20]
+    assert [c.n_tokens for c in slots[0]] == [10] and [c.n_tokens for c in slots[1]] == [10, 20]
+
+
 def test_the_slot_with_most_bytes_drops_its_oldest_after_its_first(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

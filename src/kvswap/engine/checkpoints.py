@@ -20,7 +20,7 @@ its oldest checkpoint after its first; when no slot has more than one, the new o
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,9 +81,14 @@ class CheckpointBudget:
         return sum(c.n_bytes for cps in slots.values() for c in cps)
 
     def plan(
-        self, slots: Mapping[int, Sequence[Checkpoint]], slot_id: int, n_bytes: int
+        self,
+        slots: Mapping[int, Sequence[Checkpoint]],
+        slot_id: int,
+        n_bytes: int,
+        frozen: Collection[int] = (),
     ) -> Admission:
-        """Decide how `slot_id` takes a new checkpoint of `n_bytes` (nothing is changed)."""
+        """Decide how `slot_id` takes a new checkpoint of `n_bytes` (nothing is changed).
+        Slots in `frozen` (a capture is copying their checkpoints) give none up."""
         if self.max_per_slot <= 0:
             return Admission(skip=True)
         sizes = {sid: [c.n_bytes for c in cps] for sid, cps in slots.items()}
@@ -96,7 +101,7 @@ class CheckpointBudget:
             return adm
         total = sum(sum(v) for v in sizes.values())
         while total + n_bytes > self.max_bytes:
-            candidates = [sid for sid, v in sizes.items() if len(v) > 1]
+            candidates = [sid for sid, v in sizes.items() if len(v) > 1 and sid not in frozen]
             if not candidates:
                 return Admission(skip=True)
             victim = max(candidates, key=lambda sid: (sum(sizes[sid]), -sid))
@@ -105,11 +110,15 @@ class CheckpointBudget:
         return adm
 
     def admit(
-        self, slots: dict[int, list[Checkpoint]], slot_id: int, checkpoint: Checkpoint
+        self,
+        slots: dict[int, list[Checkpoint]],
+        slot_id: int,
+        checkpoint: Checkpoint,
+        frozen: Collection[int] = (),
     ) -> list[Checkpoint]:
         """Add `checkpoint` to `slots[slot_id]` under both caps; returns the checkpoints that
         left (their buffers are the caller's to free), the new one itself when it was skipped."""
-        adm = self.plan(slots, slot_id, checkpoint.n_bytes)
+        adm = self.plan(slots, slot_id, checkpoint.n_bytes, frozen)
         if adm.skip:
             self.counters.skipped_budget_total += 1
             log.info(

@@ -144,4 +144,7 @@ async def _next_or_disconnect(
         return await _await_or_disconnect(task, disconnected)
     finally:
         if not task.done():
+            # Wait for the cancellation to land: the generator must be suspended again before
+            # the caller closes it (closing a running generator raises RuntimeError).
             task.cancel()
+            await asyncio.wait({task})

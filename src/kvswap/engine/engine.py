@@ -247,6 +247,9 @@ class Engine:
                 if plan.spans:
                     self._step(plan)
                 self.reconfigurer.tick()
+                # The step or the tick may have freed a slot that queued work waits for: start
+                # it now, or the next drain would sleep on the inbox with that work stranded.
+                self._start_waiting()
                 now = time.monotonic()
                 if not self._busy() or now - self._t_snapshot >= _SNAPSHOT_EVERY_S:
                     self.snapshot = self._make_snapshot()
@@ -540,7 +543,8 @@ class Engine:
             else:
                 token = -1
                 if run.checkpoint_due(pos0):
-                    self.memory.capture(slot)  # the slot as it stands before this chunk
+                    # The slot as it stands before this chunk; slots mid-capture keep theirs.
+                    self.memory.capture(slot, frozen={p.slot.id for p in self._pending.values()})
                 toks = run.prompt[run.n_done : run.n_done + span.n_tokens]
                 idx = batch.add_span(toks, pos0, slot.seq_id, span.ends_prompt)
                 run.out_index = idx if span.ends_prompt else -1

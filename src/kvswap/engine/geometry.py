@@ -36,6 +36,19 @@ class Geometry:
         per = self.n_ctx // self.n_parallel
         return (per + _STREAM_PAD - 1) // _STREAM_PAD * _STREAM_PAD
 
+    def unbuildable_reason(self) -> str | None:
+        """Why libllama would abort the process building this geometry, or None.
+
+        libllama caps a batch at `min(n_ctx, n_batch)` outputs and reserves one per sequence:
+        fewer than `n_parallel` fails a GGML_ASSERT (an abort, not an error it returns).
+        """
+        if min(self.n_ctx, self.n_batch) < self.n_parallel:
+            return (
+                f"n_ctx ({self.n_ctx}) and n_batch ({self.n_batch}) must each be at least "
+                f"n_parallel ({self.n_parallel})"
+            )
+        return None
+
     def n_ctx_slot(self, n_ctx_train: int) -> int:
         """Each slot's window, as llama-server's `n_ctx_slot()`."""
         res = self.n_ctx_seq()
@@ -66,7 +79,7 @@ def resolve_geometry(
     elif n_ctx == 0:
         n_ctx = n_ctx_train
     n_ubatch = min(n_ubatch, n_batch)
-    return Geometry(
+    geometry = Geometry(
         n_ctx=n_ctx,
         n_parallel=n_parallel,
         kv_unified=unified,
@@ -76,3 +89,7 @@ def resolve_geometry(
         cache_type_v=cache_type_v,
         kv_unified_per_slot=kv_unified_per_slot,
     )
+    reason = geometry.unbuildable_reason()
+    if reason is not None:
+        raise ValueError(reason)
+    return geometry

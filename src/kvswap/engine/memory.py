@@ -13,6 +13,7 @@ slot file carries copies of them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 from kvswap.backend.context import FLAGS_PARTIAL_ONLY, Context
 from kvswap.engine.checkpoints import Checkpoint, CheckpointBudget, boundaries, newest_usable
@@ -57,8 +58,10 @@ class SlotMemory:
     def total_bytes(self) -> int:
         return CheckpointBudget.total_bytes(self.slots)
 
-    def capture(self, slot: Slot) -> None:
-        """Checkpoint the slot as it stands now (before the batch that extends it)."""
+    def capture(self, slot: Slot, frozen: Collection[int] = ()) -> None:
+        """Checkpoint the slot as it stands now (before the batch that extends it). The budget
+        takes no checkpoint from a slot in `frozen` (one whose capture is waiting for its
+        buffer: its page layout already counts those checkpoints)."""
         seq = slot.seq_id
         size = self.ctx.state_size(seq, FLAGS_PARTIAL_ONLY)
         data = bytearray(size)
@@ -72,7 +75,7 @@ class SlotMemory:
         n = len(slot.tokens)
         ckpt = Checkpoint(n, self.ctx.seq_pos_min(seq), self.ctx.seq_pos_max(seq), data, size)
         self.of(slot)
-        self.budget.admit(self.slots, slot.id, ckpt)
+        self.budget.admit(self.slots, slot.id, ckpt, frozen)
         log.debug("slot %d: checkpoint at %d tokens (%d bytes)", slot.id, n, size)
 
     def replace(self, slot: Slot, incoming: list[Checkpoint]) -> None:

@@ -88,6 +88,8 @@ def target_geometry(current: Geometry, spec: ReconfigureSpec) -> Geometry:
     for name in (geo.cache_type_k, geo.cache_type_v):
         if name not in KV_CACHE_TYPES:
             problems.append(f"unknown KV cache type {name!r} (one of {', '.join(KV_CACHE_TYPES)})")
+    if not problems and (reason := geo.unbuildable_reason()) is not None:
+        problems.append(reason)
     if problems:
         raise KvswapError(ErrorKind.INVALID_REQUEST, "; ".join(problems))
     return replace(geo, n_ubatch=min(geo.n_ubatch, geo.n_batch))

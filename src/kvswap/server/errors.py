@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvswap.engine.client import ClientGone
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.server.guard import BodyTooLarge
 
@@ -91,6 +92,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(
             ErrorKind.INVALID_REQUEST, "request body is larger than the limit", status=413
         )
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_: Request, exc: ClientGone) -> JSONResponse:
+        # The client hung up and its work was cancelled; nobody reads this answer. Without
+        # this handler each hang-up was logged as an unhandled error with two tracebacks.
+        log.debug("client went away; its request was cancelled")
+        return error_response(ErrorKind.INVALID_REQUEST, "the client went away")
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import RootModel
 
 from kvswap.server.lora import parse_entries
+from kvswap.server.openapi import body_schema
+from kvswap.server.schemas import LoraEntry
 from kvswap.server.state import get_state
 
 router = APIRouter()
+
+
+class LoraScalesBody(RootModel[list[LoraEntry]]):
+    """POST /lora-adapters' body, as published in the OpenAPI document."""
 
 
 @router.get("/lora-adapters")
@@ -22,7 +29,7 @@ async def get_lora_adapters(request: Request) -> JSONResponse:
     return JSONResponse(get_state(request).lora.adapters_json())
 
 
-@router.post("/lora-adapters")
+@router.post("/lora-adapters", openapi_extra=body_schema(LoraScalesBody))
 async def post_lora_adapters(request: Request) -> JSONResponse:
     state = get_state(request)
     state.lora.set_global(parse_entries(await request.body()))

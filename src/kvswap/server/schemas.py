@@ -36,16 +36,19 @@ def _integral_float_to_int(value: object) -> object:
     return value
 
 
-JsonInt = Annotated[int, BeforeValidator(_integral_float_to_int)]
-TokenId = Annotated[JsonInt, Field(ge=0, le=INT32_MAX)]
+_ToInt = BeforeValidator(_integral_float_to_int)
+JsonInt = Annotated[int, _ToInt]
+# Bounds go before the validator: after it, pydantic publishes them as `ge`/`le` keys that JSON
+# Schema does not know (instead of `minimum`/`maximum`), and the OpenAPI document loses them.
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX), _ToInt]
 # A prompt piece: a token id or a text to tokenize (llama-server's "mixed" prompts).
 PromptPiece = TokenId | str
 
 
 # llama-server's hard limits (`set_hard_limits`): a value outside is a 400.
-NonNegInt = Annotated[JsonInt, Field(ge=0, le=INT32_MAX)]
-PositiveInt = Annotated[JsonInt, Field(ge=1, le=INT32_MAX)]
-IntOrMinus1 = Annotated[JsonInt, Field(ge=-1, le=INT32_MAX)]  # -1: "default" or "unlimited"
+NonNegInt = Annotated[int, Field(ge=0, le=INT32_MAX), _ToInt]
+PositiveInt = Annotated[int, Field(ge=1, le=INT32_MAX), _ToInt]
+IntOrMinus1 = Annotated[int, Field(ge=-1, le=INT32_MAX), _ToInt]  # -1: "default" or "unlimited"
 
 
 class Body(BaseModel):
@@ -108,7 +111,7 @@ class GenerationFields(Body):
     n_predict: IntOrMinus1 | None = None
     max_completion_tokens: IntOrMinus1 | None = None
     max_tokens: IntOrMinus1 | None = None
-    t_max_predict_ms: Annotated[JsonInt, Field(ge=-1, le=INT64_MAX)] | None = None
+    t_max_predict_ms: Annotated[int, Field(ge=-1, le=INT64_MAX), _ToInt] | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
 

@@ -20,6 +20,8 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from kvswap.engine.pagefmt import LoraRef, PageGeometry, PageLayout, read_tokens
 from kvswap.engine.slotstate import CheckpointView, SlotState
 from kvswap.engine.types import ErrorKind, KvswapError
@@ -113,17 +115,27 @@ class ReadState:
         self.generation.close()
 
 
+def readable_bytes() -> int:
+    """The largest generation a restore reads: half the memory available now. A larger file
+    (a sparse 64 GiB file planted in the save path, say) is a typed 400 before any buffer is
+    allocated, not an allocation that fails with a 500 or succeeds and starves the machine."""
+    return int(psutil.virtual_memory().available) // 2
+
+
 def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> ReadState:
     """Read and verify one generation of `filename` (a foreign file has no fingerprint).
 
     A missing, torn or malformed sidecar restores that part cold, with a warning.
     """
-    gen = publisher.read_generation(filename, geometry.file_fingerprint())
+    gen = publisher.read_generation(
+        filename, geometry.file_fingerprint(), max_bytes=readable_bytes()
+    )
     try:
         lora = _lora(filename, gen.sidecars.get(".lora"))
     except KvswapError:
         gen.close()
         raise
+
     checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
     draft, draft_n_tokens = _draft(filename, gen.sidecars.get(".dft"), len(gen.tokens))
     state = SlotState(
