@@ -153,8 +153,12 @@ def test_paging_minds_while_other_slots_stream(server_factory) -> None:  # type:
     ]
     for t in background:
         t.start()
-    time.sleep(5.0)  # a baseline: the streams alone
+    # A baseline: the streams alone, for 5 s and at least 20 tokens (their prompts first).
+    t_baseline = time.monotonic() + 5.0
+    while (len(gaps) < 20 or time.monotonic() < t_baseline) and time.monotonic() < t_baseline + 120:
+        time.sleep(0.05)
     t_paging = time.monotonic()
+
     workers = [threading.Thread(target=client, args=(w,)) for w in range(4)]
     for t in workers:
         t.start()
