@@ -113,6 +113,10 @@ class PageStore:
         with self._lock:
             return sum(p.n_bytes for p in self._held.values())
 
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._pages
+
     def get(self, name: str) -> Page:
         with self._lock:
             return self._get(name)

@@ -71,6 +71,7 @@ class Slot:
     running: RunningRequest | None = None
     t_last_used: float = 0.0
     locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
+    mind: str | None = None  # the mind (engine.minds key) whose state the slot holds
 
     @property
     def seq_id(self) -> int:

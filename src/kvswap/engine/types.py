@@ -75,6 +75,7 @@ class GenerationRequest:
     timings_per_token: bool = False
     stream: bool = False
     t_max_predict_ms: int = 0  # 0: no time limit on generation
+    mind: str = ""  # the mind's key (engine.minds.mind_key); "": anonymous
 
 
 @dataclass(frozen=True)

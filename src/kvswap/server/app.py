@@ -16,7 +16,6 @@ from fastapi import FastAPI
 from kvswap import __version__
 from kvswap.config.settings import ServerConfig
 from kvswap.server import routes_generate, routes_info, routes_reconfigure, routes_slots
-
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
 from kvswap.server.loader import Loader
@@ -30,6 +29,8 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
 
         loader.start(asyncio.get_running_loop())
         yield
+        # uvicorn re-raises SIGTERM once serving ends: spill the minds now, engine still running.
+        await asyncio.to_thread(loader.before_exit)
 
     app = FastAPI(
         title="kvswap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
@@ -40,7 +41,6 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.include_router(routes_generate.router)
     app.include_router(routes_slots.router)
     app.include_router(routes_reconfigure.router)
-
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

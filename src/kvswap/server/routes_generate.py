@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -39,6 +40,7 @@ from kvswap.server.formats_oai import (
     merge_choices,
     new_completion_id,
 )
+from kvswap.server.minds import request_mind
 from kvswap.server.openapi import body_schema
 from kvswap.server.params import (
     Tokenize,
@@ -73,9 +75,15 @@ def _requests(
     state: ServerState,
     body: CompletionRequest | OaiCompletionRequest | ChatCompletionRequest,
     prompts: list[list[int]],
+    http: Request,
 ) -> list[GenerationRequest]:
     engine = state.engine
     n_cmpl = resolve_n_cmpl(body, n_parallel=len(engine.slots))
+    mind = request_mind(http.headers, body.mind, keyed=bool(state.config.http.api_keys))
+    if mind and n_cmpl * len(prompts) > 1:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST, "a request naming a mind runs one prompt and one completion"
+        )
     cfg = state.config
     max_n_predict = cfg.http.max_n_predict if cfg.http.max_n_predict >= 0 else None
     out = []
@@ -90,7 +98,7 @@ def _requests(
             n_vocab=state.vocab.n_tokens,
             tokenize=_tokenizer(state),
         )
-        out.extend([req] * n_cmpl)
+        out.extend([replace(req, mind=mind) if mind else req] * n_cmpl)
     return out
 
 
@@ -125,7 +133,7 @@ async def completion(request: Request) -> Response:
     body = parse_body(CompletionRequest, await request.body())
     tokenize = _tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    reqs = _requests(state, body, prompts)
+    reqs = _requests(state, body, prompts, request)
     client = state.engine_client()
 
     def final(index: int, c: Completion, req: GenerationRequest) -> dict[str, Any]:
@@ -164,7 +172,7 @@ async def oai_completion(request: Request) -> Response:
     body = parse_body(OaiCompletionRequest, await request.body())
     tokenize = _tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    reqs = _requests(state, body, prompts)
+    reqs = _requests(state, body, prompts, request)
     client = state.engine_client()
     meta = _oai_meta(state)
     if not body.stream:
@@ -213,7 +221,7 @@ async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     body = parse_body(ChatCompletionRequest, await request.body())
     prompt = render_chat_prompt(state, body)
-    reqs = _requests(state, body, [[int(t) for t in state.tokenize(prompt, True, True)]])
+    reqs = _requests(state, body, [[int(t) for t in state.tokenize(prompt, True, True)]], request)
     client = state.engine_client()
     meta = _oai_meta(state)
     if not body.stream:

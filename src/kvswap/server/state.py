@@ -22,6 +22,7 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.engine import Engine
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.files import Publisher
+from kvswap.server.minds import MindGate
 from kvswap.server.prometheus import MetricsRenderer
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 
@@ -42,6 +43,7 @@ class ServerState:
     publisher: Publisher | None  # slot files under --slot-save-path; None: save/restore off
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     client: EngineClient | None = None  # set when the event loop starts
+    minds: MindGate | None = None  # named minds (needs the page store)
     t_start: float = field(default_factory=time.time)
 
     @property

@@ -1,0 +1,141 @@
+"""Seating minds in slots, on the engine thread: evict, bring in, flush.
+
+Before any job starts on a slot, `seat` makes the slot right for it:
+- a slot holding another mind pages that mind out to its RAM page first (a memcpy into the
+  page store), so no request, named or anonymous, and no slot verb ever destroys a mind;
+- a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
+  state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
+  starts from an empty slot).
+
+When the page store cannot take the evicted mind now, the job waits (the demoter is woken to
+spill least recently used pages to disk and nudges the engine); when the demoter reports it
+cannot make room, the job fails with its typed reason instead of waiting forever.
+
+Owns no state of its own: slots carry their mind, the registry the rest. Called only by the
+engine thread; does no file I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kvswap.engine.buffers import new_buffer
+from kvswap.engine.commands import Captured, PageMoved, PageOut, SlotCapture, Submit
+from kvswap.engine.minds import MindRegistry
+from kvswap.engine.pagestore import PageStore
+from kvswap.engine.slot import Slot
+from kvswap.engine.types import ErrorKind, KvswapError
+
+if TYPE_CHECKING:
+    from kvswap.engine.engine import Engine
+
+log = logging.getLogger("kvswap.minds")
+
+
+def _no_reply(_: object) -> None:
+    """The reply of a verb run for a mind's move."""
+
+
+class NoRoomYet(Exception):
+    """The page store cannot take an evicted mind now: the job waits for the demoter."""
+
+
+class MindSlots:
+    """See the module docstring."""
+
+    def __init__(self, engine: Engine, registry: MindRegistry) -> None:
+        self.engine = engine
+        self.registry = registry
+
+    def seat(self, slot: Slot, cmd: object) -> None:
+        """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
+
+        Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
+        mind = cmd.request.mind if isinstance(cmd, Submit) else ""
+        if slot.mind is not None and slot.mind != mind:
+            self.evict(slot)
+        if not mind:
+            return
+        reg = self.registry
+        reg.touch(mind)
+        if slot.mind == mind:
+            reg.counters.hits_slot_total += 1
+            return
+        assert isinstance(cmd, Submit)
+        self._bring_in(slot, mind, cmd)
+        slot.mind = mind
+
+    def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
+        eng, reg = self.engine, self.registry
+        store = eng.store
+        if store is not None and store.has(mind):
+            eng.verbs.page_in(slot, mind)
+            reg.counters.hits_ram_total += 1
+        elif cmd.restore is not None:
+            eng.verbs.mover.apply(slot, cmd.restore)
+            reg.counters.hits_disk_total += 1
+        else:
+            eng.verbs.clear(slot)
+            reg.counters.new_total += 1
+        slot.t_last_used = time.monotonic()
+
+    def evict(self, slot: Slot) -> None:
+        """Page the slot's mind out under its key (the slot is then empty)."""
+        mind = slot.mind
+        assert mind is not None and slot.is_idle
+        store = self._store()
+        if len(slot.tokens) == 0:
+            slot.mind = None
+            return
+        verbs = self.engine.verbs
+        try:
+            pending = verbs.begin_capture(PageOut(-1, slot.id, mind, _no_reply), slot)
+        except KvswapError as err:
+            if err.kind is not ErrorKind.UNAVAILABLE:
+                raise
+            reason = self.registry.room_error
+            if reason:
+                raise KvswapError(
+                    ErrorKind.UNAVAILABLE,
+                    f"cannot make room for a mind switch: the page store is full and {reason}",
+                ) from err
+            self.registry.need_room()
+            raise NoRoomYet() from err
+        moved = verbs.finish_capture(pending, new_buffer(pending.layout.n_bytes))
+        assert isinstance(moved, PageMoved)
+        slot.mind = None
+        self.registry.counters.demotions_total += 1
+        self.registry.saw_page(pending.layout.n_bytes)
+        if store.charged_bytes > store.ceiling_bytes - self.headroom_bytes():
+            self.registry.wake.set()
+        log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
+
+    def headroom_bytes(self) -> int:
+        """Free bytes the demoter keeps in the store: room for a switch, so it stays a memcpy."""
+        store = self._store()
+        return min(
+            store.ceiling_bytes, max(store.ceiling_bytes // 4, self.registry.largest_page_bytes)
+        )
+
+    def flush(self) -> list[tuple[str, Captured]]:
+        """Copies of every idle resident mind's state (the slots keep theirs)."""
+        out = []
+        verbs = self.engine.verbs
+        for slot in self.engine.slots:
+            if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
+                continue
+            pending = verbs.begin_capture(SlotCapture(-1, slot.id, _no_reply), slot)
+            captured = verbs.finish_capture(pending, new_buffer(pending.layout.n_bytes))
+            assert isinstance(captured, Captured)
+            out.append((slot.mind, captured))
+        return out
+
+    def _store(self) -> PageStore:
+        store = self.engine.store
+        if store is None:
+            raise KvswapError(
+                ErrorKind.NOT_SUPPORTED, "minds need the page store (--page-ram-bytes > 0)"
+            )
+        return store
