@@ -122,6 +122,7 @@ class MindRegistry:
     # Why the demoter could not make room last time (empty: it could); the engine fails a
     # switch that waits for room with this reason instead of waiting forever.
     room_error: str = ""
+    n_demote_passes: int = 0  # completed demoter passes (a waiting switch reads its answer)
     largest_page_bytes: int = 0
 
     def touch(self, key: str) -> None:

@@ -48,6 +48,7 @@ class MindSlots:
     def __init__(self, engine: Engine, registry: MindRegistry) -> None:
         self.engine = engine
         self.registry = registry
+        self._asked_at = -1  # demoter passes done when a switch began waiting for room; -1: none
 
     def seat(self, slot: Slot, cmd: object) -> None:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
@@ -95,14 +96,8 @@ class MindSlots:
         except KvswapError as err:
             if err.kind is not ErrorKind.UNAVAILABLE:
                 raise
-            reason = self.registry.room_error
-            if reason:
-                raise KvswapError(
-                    ErrorKind.UNAVAILABLE,
-                    f"cannot make room for a mind switch: the page store is full and {reason}",
-                ) from err
-            self.registry.need_room()
-            raise NoRoomYet() from err
+            self._no_room(err)
+        self._asked_at = -1
         moved = verbs.finish_capture(pending, new_buffer(pending.layout.n_bytes))
         assert isinstance(moved, PageMoved)
         slot.mind = None
@@ -111,6 +106,22 @@ class MindSlots:
         if store.charged_bytes > store.ceiling_bytes - self.headroom_bytes():
             self.registry.wake.set()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
+
+    def _no_room(self, err: KvswapError) -> None:
+        """The store cannot take an evicted mind: wait for a demoter pass that starts after this
+        moment; when such a pass could not make room, fail with its reason."""
+        reg = self.registry
+        n_passes = reg.n_demote_passes
+        if 0 <= self._asked_at < n_passes and reg.room_error:
+            self._asked_at = -1
+            raise KvswapError(
+                ErrorKind.UNAVAILABLE,
+                f"cannot make room for a mind switch: the page store is full and {reg.room_error}",
+            ) from err
+        if self._asked_at < 0:
+            self._asked_at = n_passes
+        reg.need_room()
+        raise NoRoomYet() from err
 
     def headroom_bytes(self) -> int:
         """Free bytes the demoter keeps in the store: room for a switch, so it stays a memcpy."""

@@ -281,9 +281,11 @@ class MindGate:
                 return
             try:
                 self._demote()
-            except Exception:
+            except Exception as err:
                 log.exception("the demoter failed; it retries")
                 reg.counters.spill_failed_total += 1
+                reg.room_error = f"the demoter failed ({type(err).__name__})"
+            reg.n_demote_passes += 1
             self.engine.post(Nudge())
 
     def _demote(self) -> None:
@@ -412,12 +414,16 @@ class MindGate:
 
 
 def _n_tokens(path: Path) -> int:
-    """The token count in a sequence file's header (GGSQ, version, count); 0 if unreadable."""
+    """The token count in a sequence file's header, for /pages; 0 if unreadable.
+
+    GGSQ, version, word count, then either the tokens or (packed, as kvswap writes) a -1
+    marker, a packing version and the token count."""
     try:
         with open(path, "rb") as f:
-            head = f.read(12)
+            head = f.read(24)
     except OSError:
         return 0
-    if len(head) < 12:
+    if len(head) < 24:
         return 0
-    return int(struct.unpack("<III", head)[2])
+    words = struct.unpack("<IIIiII", head)
+    return int(words[5]) if words[3] == -1 else int(words[2])
