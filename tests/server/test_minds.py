@@ -266,3 +266,17 @@ def test_full_disk_tier_refuses_then_drops_lru_when_allowed(
             assert "--page-disk-bytes" in resp.json()["error"]["message"]
             assert metrics["llamacpp:mind_disk_refused_total"] >= 1
         server.stop()
+
+
+def test_anonymous_clients_find_their_prefix_in_the_ram_cache(
+    start: Callable[..., ServerProcess],
+) -> None:
+    server = start("-c", "1024", "-np", "1", "-t", "1", "-tb", "1", "-ub", "128", "--metrics")
+    a, b = Script(2), Script(2)
+    first = a.run(server, 0, lambda _: {})
+    b.run(server, 1, lambda _: {})  # takes the only slot: conversation 0 is saved to the cache
+    again = a.run(server, 0, lambda _: {})
+    assert again["timings"]["cache_n"] >= first["timings"]["prompt_n"]
+    metrics = server.metrics()
+    assert metrics["llamacpp:anon_cache_hits_total"] >= 1
+    assert metrics["llamacpp:anon_cache_saved_total"] >= 1

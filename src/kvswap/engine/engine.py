@@ -24,6 +24,7 @@ from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
+from kvswap.engine.anoncache import AnonCache
 from kvswap.engine.buffers import BufferReady, BufferWorker, new_buffer
 from kvswap.engine.checkpoints import CheckpointBudget
 from kvswap.engine.commands import (
@@ -92,6 +93,7 @@ class EngineConfig:
     ctx_checkpoints: int = 32  # per slot (--ctx-checkpoints)
     checkpoint_min_step: int = 8192  # tokens between spaced checkpoints; 0 = only near the end
     ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
+    cache_ram_bytes: int = 0  # anonymous prompt cache (--cache-ram); 0 = off, -1 = no limit
 
 
 @dataclass
@@ -124,6 +126,7 @@ class Engine:
         self.budget = CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes)
         self.page_counters = PageCounters()
         self.minds = MindRegistry()
+        self.anon = AnonCache(self, config.cache_ram_bytes)
         self.mind_slots = MindSlots(self, self.minds)
         self.geometry = config.geometry
         # Tests inject a context-build failure into a reconfigure (the rollback path).
@@ -724,6 +727,7 @@ class Engine:
             out["page_store_pages"] = self.store.n_pages
             out["page_spill_held_bytes"] = self.store.held_bytes
         out.update(self.minds.counters.as_metrics())
+        out.update(self.anon.metrics())
         return out
 
     # -- snapshots --------------------------------------------------------------------------

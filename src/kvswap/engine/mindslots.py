@@ -21,6 +21,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from kvswap.engine.buffers import new_buffer
 from kvswap.engine.commands import Captured, PageMoved, PageOut, SlotCapture, Submit
 from kvswap.engine.minds import MindRegistry
@@ -58,6 +60,9 @@ class MindSlots:
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
         if not mind:
+            if isinstance(cmd, Submit) and cmd.request.cache_prompt:
+                prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
+                self.engine.anon.prepare(slot, prompt)
             return
         reg = self.registry
         reg.touch(mind)
@@ -65,6 +70,8 @@ class MindSlots:
             reg.counters.hits_slot_total += 1
             return
         assert isinstance(cmd, Submit)
+        if slot.mind is None:
+            self.engine.anon.save(slot)  # the anonymous prompt it held stays findable
         self._bring_in(slot, mind, cmd)
         slot.mind = mind
 

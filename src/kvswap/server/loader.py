@@ -48,6 +48,9 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         ctx_checkpoints=ctx.ctx_checkpoints,
         checkpoint_min_step=ctx.checkpoint_min_step,
         ctx_checkpoints_bytes=ctx.ctx_checkpoints_bytes,
+        cache_ram_bytes=config.paging.cache_ram_mib * (1 << 20)
+        if config.paging.cache_ram_mib > 0
+        else config.paging.cache_ram_mib,
     )
 
 

@@ -31,6 +31,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvswap.engine.anoncache import KEY_PREFIX as ANON_PREFIX
 from kvswap.engine.commands import Captured, FlushMinds, Nudge
 from kvswap.engine.engine import Engine
 from kvswap.engine.minds import (
@@ -295,6 +296,10 @@ class MindGate:
         reg = self.registry
         target = store.ceiling_bytes - self.engine.mind_slots.headroom_bytes()
         while store.charged_bytes > target and not self._stop.is_set():
+            cached = [i for i in store.infos() if i.in_store and i.name.startswith(ANON_PREFIX)]
+            if cached:  # the anonymous prompt cache gives way first: dropped, never spilled
+                store.remove(max(cached, key=lambda i: i.age_s).name)
+                continue
             with reg.lock:
                 candidates = [
                     i.name
