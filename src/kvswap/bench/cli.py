@@ -30,7 +30,14 @@ def _reconfigure(argv: list[str]) -> int:
     return main(argv)
 
 
+def _minds(argv: list[str]) -> int:
+    from kvswap.bench.minds import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
+    "minds": _minds,
     "reconfigure": _reconfigure,
     "throughput": _throughput,
     "paging": _paging,

@@ -47,7 +47,7 @@ from kvswap.engine.geometry import Geometry
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds import MindRegistry
-from kvswap.engine.mindslots import MindSlots, NoRoomYet
+from kvswap.engine.mindslots import SPARE_TAG, MindSlots, NoRoomYet
 from kvswap.engine.pagefmt import PageGeometry, read_tokens
 from kvswap.engine.pagestore import PageStore
 from kvswap.engine.planner import SlotWork, Span, StepPlan, plan_step
@@ -209,6 +209,7 @@ class Engine:
 
     def close(self) -> None:
         self.stop()
+        self.mind_slots.close()
         if self.store is not None:
             self.store.close()
         self.buffers.close()
@@ -429,6 +430,9 @@ class Engine:
 
     def _buffer_ready(self, ready: BufferReady) -> None:
         """The second half of a capture: copy into the buffer that just arrived."""
+        if ready.tag == SPARE_TAG:
+            self.mind_slots.spare_ready(ready)
+            return
         pending = self._pending.pop(ready.tag)
         pending.slot.locked = False
         result: object

@@ -89,6 +89,7 @@ class MindCounters:
     spill_failed_total: int = 0
     disk_refused_total: int = 0  # a spill refused: --page-disk-bytes full
     disk_dropped_total: int = 0  # spilled minds dropped to make room (--page-disk-drop-lru)
+    switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
 
     def as_metrics(self) -> dict[str, float]:
         return {f"mind_{k}": float(v) for k, v in vars(self).items()}

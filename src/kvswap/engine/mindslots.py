@@ -7,6 +7,11 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from an empty slot).
 
+A switch copies into a spare buffer prepared ahead (reserved in the page store, mapped and
+faulted in by the buffer worker, a little larger than the largest mind page): faulting fresh
+memory in costs several times the copy, so it is done before the switch, not during it. The
+part of the spare a page does not use is given back to the OS and to the store's count.
+
 When the page store cannot take the evicted mind now, the job waits (the demoter is woken to
 spill least recently used pages to disk and nudges the engine); when the demoter reports it
 cannot make room, the job fails with its typed reason instead of waiting forever.
@@ -18,22 +23,28 @@ engine thread; does no file I/O.
 from __future__ import annotations
 
 import logging
+import mmap
 import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvswap.engine.buffers import new_buffer
+from kvswap.engine.buffers import BufferReady, new_buffer
 from kvswap.engine.commands import Captured, PageMoved, PageOut, SlotCapture, Submit
 from kvswap.engine.minds import MindRegistry
-from kvswap.engine.pagestore import PageStore
+from kvswap.engine.pagestore import PageStore, Reservation
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import ErrorKind, KvswapError
+from kvswap.engine.verbs import PendingCapture
 
 if TYPE_CHECKING:
     from kvswap.engine.engine import Engine
 
 log = logging.getLogger("kvswap.minds")
+
+SPARE_TAG = -1  # the buffer worker's tag for the spare (the engine's own tags are positive)
+_SPARE_SLACK = 1.25  # the spare's size over the largest mind page seen (pages grow each turn)
+_SPARE_ROUND = 2 << 20  # ... rounded up to whole huge pages
 
 
 def _no_reply(_: object) -> None:
@@ -51,6 +62,8 @@ class MindSlots:
         self.engine = engine
         self.registry = registry
         self._asked_at = -1  # demoter passes done when a switch began waiting for room; -1: none
+        self._spare: tuple[mmap.mmap, Reservation] | None = None
+        self._spare_pending: Reservation | None = None  # asked of the buffer worker
 
     def seat(self, slot: Slot, cmd: object) -> None:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
@@ -70,10 +83,12 @@ class MindSlots:
             reg.counters.hits_slot_total += 1
             return
         assert isinstance(cmd, Submit)
+        t0 = time.perf_counter()
         if slot.mind is None:
             self.engine.anon.save(slot)  # the anonymous prompt it held stays findable
         self._bring_in(slot, mind, cmd)
         slot.mind = mind
+        reg.counters.switch_ms_total += (time.perf_counter() - t0) * 1e3
 
     def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
         eng, reg = self.engine, self.registry
@@ -98,21 +113,77 @@ class MindSlots:
             slot.mind = None
             return
         verbs = self.engine.verbs
-        try:
-            pending = verbs.begin_capture(PageOut(-1, slot.id, mind, _no_reply), slot)
-        except KvswapError as err:
-            if err.kind is not ErrorKind.UNAVAILABLE:
-                raise
-            self._no_room(err)
+        t0 = time.perf_counter()
+        cmd = PageOut(-1, slot.id, mind, _no_reply)
+        layout = verbs.mover.measure(slot)
+        spare = self._take_spare(mind, layout.n_bytes)
+        if spare is not None:
+            buffer, reservation = spare
+            pending = PendingCapture(cmd, slot, layout, reservation, t0)
+        else:
+            try:
+                pending = verbs.begin_capture(cmd, slot, layout)
+            except KvswapError as err:
+                if err.kind is not ErrorKind.UNAVAILABLE:
+                    raise
+                self._no_room(err)
+            buffer = new_buffer(layout.n_bytes)
         self._asked_at = -1
-        moved = verbs.finish_capture(pending, new_buffer(pending.layout.n_bytes))
+        moved = verbs.finish_capture(pending, buffer)
         assert isinstance(moved, PageMoved)
         slot.mind = None
         self.registry.counters.demotions_total += 1
+        self.registry.counters.switch_ms_total += (time.perf_counter() - t0) * 1e3
         self.registry.saw_page(pending.layout.n_bytes)
         if store.charged_bytes > store.ceiling_bytes - self.headroom_bytes():
             self.registry.wake.set()
+        self.ask_spare()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
+
+    # -- the spare buffer -------------------------------------------------------------------
+
+    def ask_spare(self) -> None:
+        """Have a spare buffer prepared for the next switch (when the store has room for it)."""
+        store = self.engine.store
+        if self._spare is not None or self._spare_pending is not None or store is None:
+            return
+        largest = self.registry.largest_page_bytes
+        if largest == 0:
+            return
+        n_bytes = -(-int(largest * _SPARE_SLACK) // _SPARE_ROUND) * _SPARE_ROUND
+        try:
+            self._spare_pending = store.reserve("", n_bytes)
+        except KvswapError:
+            return  # no room now: the next switch allocates its own buffer
+        self.engine.buffers.allocate(n_bytes, SPARE_TAG)
+
+    def spare_ready(self, ready: BufferReady) -> None:
+        reservation, self._spare_pending = self._spare_pending, None
+        assert reservation is not None and self.engine.store is not None
+        if ready.buffer is None:
+            self.engine.store.cancel(reservation)
+            return
+        self._spare = (ready.buffer, reservation)
+
+    def _take_spare(self, name: str, n_bytes: int) -> tuple[mmap.mmap, Reservation] | None:
+        """The spare, trimmed to `n_bytes` and reserved for page `name`, if it is large enough."""
+        if self._spare is None or len(self._spare[0]) < n_bytes:
+            return None
+        store = self._store()
+        buffer, reservation = self._spare
+        self._spare = None
+        kept = -(-n_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        if kept < len(buffer):
+            buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
+        return buffer, store.trim(reservation, name, min(kept, reservation.n_bytes))
+
+    def close(self) -> None:
+        """Give the spare back (the engine is closing)."""
+        if self._spare is not None and self.engine.store is not None:
+            buffer, reservation = self._spare
+            self._spare = None
+            buffer.close()
+            self.engine.store.cancel(reservation)
 
     def _no_room(self, err: KvswapError) -> None:
         """The store cannot take an evicted mind: wait for a demoter pass that starts after this

@@ -180,6 +180,14 @@ class PageStore:
             self._charged += n_bytes
         return Reservation(name, n_bytes)
 
+    def trim(self, res: Reservation, name: str, n_bytes: int) -> Reservation:
+        """Turn `res` into a reservation of `n_bytes` (at most its own) for page `name`: the
+        caller has given the rest of a larger buffer back to the OS (MADV_DONTNEED)."""
+        assert n_bytes <= res.n_bytes
+        with self._lock:
+            self._charged -= res.n_bytes - n_bytes
+        return Reservation(name, n_bytes)
+
     def cancel(self, res: Reservation) -> None:
         """The copy failed (or was abandoned): give the reserved bytes back."""
         with self._lock:

@@ -66,6 +66,10 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     "mind_spill_failed_total": ("counter", "Mind spills that failed"),
     "mind_disk_refused_total": ("counter", "Mind spills refused: --page-disk-bytes full"),
     "mind_disk_dropped_total": ("counter", "Spilled minds dropped (--page-disk-drop-lru)"),
+    "mind_switch_ms_total": (
+        "counter",
+        "Engine milliseconds spent moving minds in and out of slots",
+    ),
     "anon_cache_bytes": ("gauge", "Bytes of anonymous prompt states cached in RAM"),
     "anon_cache_entries": ("gauge", "Anonymous prompt states cached in RAM"),
     "anon_cache_saved_total": ("counter", "Anonymous prompt states saved to the cache"),
