@@ -280,3 +280,18 @@ def test_anonymous_clients_find_their_prefix_in_the_ram_cache(
     metrics = server.metrics()
     assert metrics["llamacpp:anon_cache_hits_total"] >= 1
     assert metrics["llamacpp:anon_cache_saved_total"] >= 1
+
+
+def test_minds_survive_a_live_reconfigure(start: Callable[..., ServerProcess]) -> None:
+    server = start(*MINDS_ARGS, "--page-ram-bytes", "64M")
+    script = Script(2)
+    for m in range(2):
+        script.run(server, m, _mind)
+    resp = server.post("/reconfigure", {"n_parallel": 1})
+    assert resp.status_code == 200, resp.text
+    tiers = sorted(v["tier"] for v in _minds(server).values())
+    assert tiers == ["ram", "slot"]  # the mind left without a seat keeps its page
+    script.turn = 1
+    for m in range(2):
+        n_before = script.n_prompt(m)
+        assert script.run(server, m, _mind)["timings"]["cache_n"] >= n_before

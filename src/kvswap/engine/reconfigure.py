@@ -359,7 +359,8 @@ class Reconfigurer:
         pages: dict[int, Page] = {}
         for occ in occupants:
             slot = eng.slots[occ.slot_id]
-            name = f"reconfigure-g{generation}-slot{slot.id}"
+            # A mind keeps its own page name: left without a seat, it stays findable in RAM.
+            name = slot.mind or f"reconfigure-g{generation}-slot{slot.id}"
             pending = eng.verbs.begin_capture(
                 PageOut(-1, slot.id, name, _ignore), slot, layouts[slot.id]
             )
