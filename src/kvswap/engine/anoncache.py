@@ -32,6 +32,7 @@ from kvswap.engine.buffers import new_buffer
 from kvswap.engine.commands import PageOut
 from kvswap.engine.slot import Slot
 from kvswap.engine.types import KvswapError
+from kvswap.engine.verbs import PendingCapture
 
 if TYPE_CHECKING:
     from kvswap.engine.engine import Engine
@@ -145,10 +146,15 @@ class AnonCache:
         if not self._make_room(layout.n_bytes):
             return
         name = f"{KEY_PREFIX}{next(self._ids)}"
+        store = self.engine.store
+        assert store is not None
         try:
-            pending = verbs.begin_capture(PageOut(-1, slot.id, name, _no_reply), slot, layout)
+            reservation = store.reserve(name, layout.n_bytes)
         except KvswapError:
-            return  # the store is full: a cache entry is simply not kept
+            return  # the store is full: a cache entry is simply not kept (not a failed verb)
+        pending = PendingCapture(
+            PageOut(-1, slot.id, name, _no_reply), slot, layout, reservation, time.perf_counter()
+        )
         verbs.finish_capture(pending, new_buffer(layout.n_bytes), keep_slot=True)
         entry = _Entry(name, tokens, hashes, layout.n_bytes)
         self._entries[name] = entry

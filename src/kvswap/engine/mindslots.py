@@ -89,6 +89,8 @@ class MindSlots:
         self._bring_in(slot, mind, cmd)
         slot.mind = mind
         reg.counters.switch_ms_total += (time.perf_counter() - t0) * 1e3
+        # The next switch's buffer is faulted in now, not while this one copied.
+        self.ask_spare()
 
     def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
         eng, reg = self.engine, self.registry
@@ -137,7 +139,6 @@ class MindSlots:
         self.registry.saw_page(pending.layout.n_bytes)
         if store.charged_bytes > store.ceiling_bytes - self.headroom_bytes():
             self.registry.wake.set()
-        self.ask_spare()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
     # -- the spare buffer -------------------------------------------------------------------
