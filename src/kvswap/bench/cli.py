@@ -43,13 +43,20 @@ def _spec(argv: list[str]) -> int:
 
 
 def _grammar(argv: list[str]) -> int:
-
     from kvswap.bench.grammar import main
 
     return main(argv)
 
 
+def _minds(argv: list[str]) -> int:
+
+    from kvswap.bench.minds import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
+    "minds": _minds,
     "reconfigure": _reconfigure,
     "throughput": _throughput,
     "paging": _paging,

@@ -237,6 +237,9 @@ class PagingSettings:
     # kvswap-only --page-disk-bytes (KVSWAP_ARG_PAGE_DISK_BYTES): bound on spilled bytes under
     # --slot-save-path; None = no bound.
     page_disk_bytes: int | None = None
+    # kvswap-only --page-disk-drop-lru (KVSWAP_ARG_PAGE_DISK_DROP_LRU): a full disk tier drops
+    # the least recently used spilled minds instead of refusing new spills.
+    page_disk_drop_lru: bool = False
     # -cram/--cache-ram (LLAMA_ARG_CACHE_RAM): llama-server's prompt cache in MiB;
     # -1 = no limit, 0 = off.
     cache_ram_mib: int = 8192

@@ -180,6 +180,10 @@ FLAGS: tuple[Flag, ...] = (
          set_size("paging", "page_disk_bytes", "--page-disk-bytes"),
          env="KVSWAP_ARG_PAGE_DISK_BYTES", hint="SIZE",
          help="bound on the bytes of spilled pages (default: no bound)"),
+    flag("--page-disk-drop-lru", VOID, KVSWAP, set_bool("paging", "page_disk_drop_lru"),
+         env="KVSWAP_ARG_PAGE_DISK_DROP_LRU",
+         help="when --page-disk-bytes is full, drop the least recently used spilled minds "
+         "(logged and counted) instead of refusing new spills"),
     flag("--max-body-bytes", VALUE, KVSWAP, _set_max_body_bytes,
          env="KVSWAP_ARG_MAX_BODY_BYTES", hint="SIZE",
          help="largest request body accepted (default: 32M)"),

@@ -11,14 +11,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
+from kvswap.engine.slotstate import SlotState
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest, KvswapError
 
 Disconnected = Callable[[], Awaitable[bool]]
+# Holds a request's mind while it runs; yields the mind's state when it was read from disk.
+MindSession = Callable[[GenerationRequest], AbstractAsyncContextManager[SlotState | None]]
 
 # How often a waiting handler checks whether its client went away.
 _DISCONNECT_POLL_S = 0.25
@@ -31,6 +35,7 @@ class EngineClient:
         self.engine = engine
         self.loop = loop
         self._ids = itertools.count(1)
+        self.mind_session: MindSession | None = None  # set by the server when minds are on
 
     @property
     def snapshot(self) -> EngineSnapshot:
@@ -43,7 +48,20 @@ class EngineClient:
         self.engine.post(cmd)
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
-        """Run a request and yield its events; the last is a Completion or an EngineError."""
+        """Run a request and yield its events; the last is a Completion or an EngineError.
+
+        A request naming a mind runs inside the mind's session (one request per mind)."""
+        if request.mind and self.mind_session is not None:
+            async with self.mind_session(request) as restore:
+                async for event in self._stream(request, restore):
+                    yield event
+            return
+        async for event in self._stream(request, None):
+            yield event
+
+    async def _stream(
+        self, request: GenerationRequest, restore: SlotState | None
+    ) -> AsyncGenerator[Event, None]:
         req_id = self.new_id()
         events: asyncio.Queue[Event] = asyncio.Queue()
         loop = self.loop
@@ -51,7 +69,7 @@ class EngineClient:
         def sink(event: Event) -> None:
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        self.post(Submit(req_id, request, sink))
+        self.post(Submit(req_id, request, sink, restore))
         finished = False
         try:
             while True:

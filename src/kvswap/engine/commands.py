@@ -27,6 +27,8 @@ class Submit:
     req_id: int
     request: GenerationRequest
     sink: Sink
+    # A mind read back from disk: applied to the slot before the prompt (minds only).
+    restore: SlotState | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,23 @@ class Reconfigure:
 
 
 @dataclass(frozen=True)
+class FlushMinds:
+    """Copy every resident mind's state out (for a spill before exit); the slots keep theirs.
+
+    Replies with a list of (mind key, Captured) whose buffers the caller closes."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class Nudge:
+    """Wake the engine to retry waiting work (the demoter made room). `reply`, when given, is
+    called once every command posted before this one has been handled (a barrier)."""
+
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Finish the loop: running requests end as cancelled."""
 
@@ -122,6 +141,8 @@ Command = (
     | PageOut
     | PageIn
     | Reconfigure
+    | FlushMinds
+    | Nudge
     | Shutdown
 )
 

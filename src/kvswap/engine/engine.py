@@ -25,11 +25,14 @@ from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
+from kvswap.engine.anoncache import AnonCache
 from kvswap.engine.buffers import BufferReady, BufferWorker, new_buffer
 from kvswap.engine.checkpoints import CheckpointBudget
 from kvswap.engine.commands import (
     Cancel,
     Command,
+    FlushMinds,
+    Nudge,
     PageIn,
     PageMoved,
     PageOut,
@@ -45,6 +48,8 @@ from kvswap.engine.geometry import Geometry
 from kvswap.engine.lora import LoraSet, SetTurns, resolve
 from kvswap.engine.memory import SlotMemory
 from kvswap.engine.metrics import EngineMetrics
+from kvswap.engine.minds import MindRegistry
+from kvswap.engine.mindslots import SPARE_TAG, MindSlots, NoRoomYet
 from kvswap.engine.pagefmt import PageGeometry, read_tokens
 from kvswap.engine.pagestore import PageStore
 from kvswap.engine.planner import SlotWork, Span, StepPlan, plan_step
@@ -92,6 +97,7 @@ class EngineConfig:
     checkpoint_min_step: int = 8192  # tokens between spaced checkpoints; 0 = only near the end
     ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
     spec: SpecConfig | None = None  # speculative decoding; None = off
+    cache_ram_bytes: int = 0  # anonymous prompt cache (--cache-ram); 0 = off, -1 = no limit
 
 
 @dataclass
@@ -137,6 +143,9 @@ class Engine:
         self._tags = itertools.count(1)
         self.budget = CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes)
         self.page_counters = PageCounters()
+        self.minds = MindRegistry()
+        self.anon = AnonCache(self, config.cache_ram_bytes)
+        self.mind_slots = MindSlots(self, self.minds)
         self.geometry = config.geometry
         # Tests inject a context-build failure into a reconfigure (the rollback path).
         self.fault_on_install = os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1"
@@ -232,6 +241,7 @@ class Engine:
 
     def close(self) -> None:
         self.stop()
+        self.mind_slots.close()
         if self.store is not None:
             self.store.close()
         self.buffers.close()
@@ -274,6 +284,9 @@ class Engine:
             elif isinstance(cmd, BufferReady):
                 if cmd.buffer is not None:
                     cmd.buffer.close()
+            elif isinstance(cmd, Nudge):
+                if cmd.reply is not None:
+                    cmd.reply(None)
             elif not isinstance(cmd, Cancel):
                 cmd.reply(KvswapError(ErrorKind.SERVER, message))
 
@@ -304,8 +317,10 @@ class Engine:
                 cmd.sink(err)
                 return
             prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
+            mind = cmd.request.mind
+            slot_id = -1 if mind else cmd.request.id_slot  # a mind's slot is where it lives
             self.waiting.add(
-                Job(cmd.req_id, cmd.request.id_slot, prompt, cmd, lora=cmd.request.lora)
+                Job(cmd.req_id, slot_id, prompt, cmd, mind=mind, lora=cmd.request.lora)
             )
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
@@ -313,6 +328,14 @@ class Engine:
             self._buffer_ready(cmd)
         elif isinstance(cmd, Reconfigure):
             self.reconfigurer.submit(cmd)
+        elif isinstance(cmd, Nudge):
+            if cmd.reply is not None:
+                cmd.reply(None)
+        elif isinstance(cmd, FlushMinds):
+            try:
+                cmd.reply(self.mind_slots.flush())
+            except KvswapError as err:
+                cmd.reply(err)
         elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
             if not 0 <= cmd.slot_id < len(self.slots):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
@@ -352,11 +375,25 @@ class Engine:
             return  # a reconfigure waits for seats: arriving work queues
         for job, slot in self.waiting.startable(self.slots):
             cmd = job.payload
+            try:
+                self.mind_slots.seat(slot, cmd)
+            except NoRoomYet:
+                self.waiting.jobs.insert(0, job)  # retried when the demoter has made room
+                break
+            except KvswapError as err:
+                self._fail_job(cmd, err)
+                continue
             if isinstance(cmd, Submit):
                 assert job.prompt is not None
                 self._admit(cmd, job.prompt, slot)
             elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
                 self._run_verb(cmd, slot)
+
+    def _fail_job(self, cmd: object, err: KvswapError) -> None:
+        if isinstance(cmd, Submit):
+            cmd.sink(EngineError(cmd.req_id, err.kind, err.message))
+        elif isinstance(cmd, SlotCapture | SlotApply | SlotErase | PageOut | PageIn):
+            cmd.reply(err)
 
     def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:
         try:
@@ -438,6 +475,9 @@ class Engine:
 
     def _buffer_ready(self, ready: BufferReady) -> None:
         """The second half of a capture: copy into the buffer that just arrived."""
+        if ready.tag == SPARE_TAG:
+            self.mind_slots.spare_ready(ready)
+            return
         pending = self._pending.pop(ready.tag)
         pending.slot.locked = False
         result: object
@@ -747,6 +787,13 @@ class Engine:
         if not idle:
             return False
         slot = min(idle, key=lambda s: s.t_last_used)
+        if slot.mind is not None:
+            try:
+                self.mind_slots.evict(slot)  # the mind keeps its own page name
+            except (KvswapError, NoRoomYet):
+                log.warning("KV pool full and idle mind slot %d could not be paged out", slot.id)
+                return False
+            return True
         name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
         try:
             # An emergency: map the buffer here rather than wait a step for the worker.
@@ -823,6 +870,8 @@ class Engine:
             out["page_store_bytes"] = self.store.charged_bytes
             out["page_store_pages"] = self.store.n_pages
             out["page_spill_held_bytes"] = self.store.held_bytes
+        out.update(self.minds.counters.as_metrics())
+        out.update(self.anon.metrics())
         return out
 
     # -- snapshots --------------------------------------------------------------------------
@@ -859,4 +908,5 @@ class Engine:
             ),
             n_waiting=len(self.waiting),
             crashed=self.crashed,
+            minds=tuple((s.mind, s.id, len(s.tokens)) for s in self.slots if s.mind is not None),
         )

@@ -114,6 +114,10 @@ class PageStore:
         with self._lock:
             return sum(p.n_bytes for p in self._held.values())
 
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._pages
+
     def get(self, name: str) -> Page:
         with self._lock:
             return self._get(name)
@@ -176,6 +180,14 @@ class PageStore:
                 old.buffer.close()
                 self._charged -= old.n_bytes
             self._charged += n_bytes
+        return Reservation(name, n_bytes)
+
+    def trim(self, res: Reservation, name: str, n_bytes: int) -> Reservation:
+        """Turn `res` into a reservation of `n_bytes` (at most its own) for page `name`: the
+        caller has given the rest of a larger buffer back to the OS (MADV_DONTNEED)."""
+        assert n_bytes <= res.n_bytes
+        with self._lock:
+            self._charged -= res.n_bytes - n_bytes
         return Reservation(name, n_bytes)
 
     def cancel(self, res: Reservation) -> None:

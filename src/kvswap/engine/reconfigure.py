@@ -303,6 +303,7 @@ class Reconfigurer:
         timings["page_out_ms"] = (t1 - t_drained) * 1e3
         receipt.n_bytes_moved = sum(page.n_bytes for page in pages.values())
         runs = {s.id: s.running for s in eng.slots if s.running is not None}
+        minds = {s.id: s.mind for s in eng.slots if s.mind is not None}
         eng._uninstall()
         t2 = time.monotonic()
         timings["free_ms"] = (t2 - t1) * 1e3
@@ -328,6 +329,9 @@ class Reconfigurer:
         eng.slots = [Slot(i, eng.n_ctx_slot) for i in range(geometry.n_parallel)]
 
         receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change)
+        for fate in receipt.slots:  # a seated mind stays that mind's (engine.minds)
+            if fate.new_slot is not None and fate.old_slot in minds:
+                eng.slots[fate.new_slot].mind = minds[fate.old_slot]
         t4 = time.monotonic()
         timings["page_in_ms"] = (t4 - t3) * 1e3
         timings["total_ms"] = (t4 - p.t_start) * 1e3
@@ -361,7 +365,8 @@ class Reconfigurer:
         pages: dict[int, Page] = {}
         for occ in occupants:
             slot = eng.slots[occ.slot_id]
-            name = f"reconfigure-g{generation}-slot{slot.id}"
+            # A mind keeps its own page name: left without a seat, it stays findable in RAM.
+            name = slot.mind or f"reconfigure-g{generation}-slot{slot.id}"
             pending = eng.verbs.begin_capture(
                 PageOut(-1, slot.id, name, _ignore), slot, layouts[slot.id]
             )

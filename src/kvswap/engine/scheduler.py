@@ -7,6 +7,11 @@ Pure (slots are read, never changed). Rules, as llama-server plus ordering it la
   prompt (as a fraction of the prompt, above `--slot-prompt-similarity`), else the least recently
   used idle slot. Unpinned requests start in arrival order: when one finds no slot, the later
   ones wait behind it (it is never dropped or overtaken).
+- Minds (engine.minds): a request naming a mind resident in a slot waits for that slot; one
+  naming a mind not resident takes an idle slot, preferring an empty one, then one holding an
+  anonymous cache, then the least recently used idle mind's (the engine pages that mind out
+  first). An anonymous request never matches a prefix in a mind's slot and takes a mind's slot
+  only when every idle slot holds a mind.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class Job:
     payload: object = None  # the command that created the job
     cancelled: bool = False
     lora: tuple[tuple[int, float], ...] = ()  # a request's LoRA set: only its slots' prefixes count
+    mind: str = ""  # the mind the request names ("": anonymous)
 
 
 def choose_slot(
@@ -38,16 +44,23 @@ def choose_slot(
     similarity: float,
     taken: set[int],
     lora: tuple[tuple[int, float], ...] = (),
+    mind: str = "",
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's
     cached prefix counts only when it was computed under the request's LoRA set."""
     idle = [s for s in slots if s.is_idle and s.id not in taken]
+    if mind:
+        home = next((s for s in slots if s.mind == mind), None)
+        if home is not None:
+            return home if home in idle else None
+        return min(idle, key=_seat_order, default=None)
     if not idle:
         return None
+    free = [s for s in idle if s.mind is None]
     if similarity > 0.0 and len(prompt) > 0:
         best: Slot | None = None
         best_sim = 0.0
-        for slot in idle:
+        for slot in free:
             if len(slot.tokens) == 0 or slot.lora != lora:
                 continue
             sim = slot.tokens.common_prefix(prompt) / len(prompt)
@@ -55,7 +68,12 @@ def choose_slot(
                 best, best_sim = slot, sim
         if best is not None:
             return best
-    return min(idle, key=lambda s: s.t_last_used)
+    return min(free or idle, key=lambda s: s.t_last_used)
+
+
+def _seat_order(slot: Slot) -> tuple[bool, bool, float]:
+    """A mind's seat: empty slots, then anonymous caches, then minds; each by least recent use."""
+    return (slot.mind is not None, len(slot.tokens) > 0, slot.t_last_used)
 
 
 @dataclass
@@ -101,12 +119,9 @@ class WaitQueue:
                     i += 1
                     continue
                 assert job.prompt is not None
+                # A mind's home slot is found even when other work waits on it (then it waits).
                 slot = choose_slot(
-                    [s for s in slots if s.id not in waiting_on],
-                    job.prompt,
-                    self.similarity,
-                    taken,
-                    job.lora,
+                    slots, job.prompt, self.similarity, taken | waiting_on, job.lora, job.mind
                 )
                 if slot is None:
                     unpinned_blocked = True

@@ -73,6 +73,7 @@ class Slot:
     locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
     # The LoRA set its KV was computed under (engine.lora.LoraSet); only equal sets share it.
     lora: tuple[tuple[int, float], ...] = ()
+    mind: str | None = None  # the mind (engine.minds key) whose state the slot holds
 
     @property
     def seq_id(self) -> int:

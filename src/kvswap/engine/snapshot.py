@@ -44,6 +44,8 @@ class EngineSnapshot:
     n_waiting: int
     is_sleeping: bool = False
     crashed: str | None = None  # the engine loop died: /health answers 500
+    # Resident minds: (mind key, slot id, tokens held), for /pages.
+    minds: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def n_idle_slots(self) -> int:

@@ -79,6 +79,7 @@ class GenerationRequest:
     # and the request's own `lora` field as sent (reported in /slots and generation_settings).
     lora: tuple[tuple[int, float], ...] = ()
     lora_request: tuple[tuple[int, float], ...] = ()
+    mind: str = ""  # the mind's key (engine.minds.mind_key); "": anonymous
 
 
 @dataclass(frozen=True)

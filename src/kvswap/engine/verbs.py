@@ -155,8 +155,11 @@ class SlotVerbs:
             self.store.cancel(pending.reservation)
             self.counters.page_failed_total += 1
 
-    def finish_capture(self, pending: PendingCapture, buffer: mmap.mmap) -> Captured | PageMoved:
-        """Copy the slot's state into its buffer; a page_out then commits it and frees the slot."""
+    def finish_capture(
+        self, pending: PendingCapture, buffer: mmap.mmap, keep_slot: bool = False
+    ) -> Captured | PageMoved:
+        """Copy the slot's state into its buffer; a page_out then commits it and frees the slot
+        (unless `keep_slot`: the anonymous prompt cache keeps a copy)."""
         layout, slot = pending.layout, pending.slot
         t_copy = time.perf_counter()
         try:
@@ -171,8 +174,9 @@ class SlotVerbs:
             return Captured(slot.id, buffer, layout)
         assert self.store is not None
         self.store.commit(pending.reservation, buffer, layout)
-        self.clear(slot)
-        self.counters.page_out_total += 1
+        if not keep_slot:  # a cache copy is not a page verb
+            self.clear(slot)
+            self.counters.page_out_total += 1
         return PageMoved(
             slot.id, pending.reservation.name, layout.n_tokens, layout.target.n_bytes,
             layout.n_bytes_spec, len(layout.checkpoints), (time.perf_counter() - pending.t_start) * 1e3,

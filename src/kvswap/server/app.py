@@ -37,6 +37,8 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
 
         loader.start(asyncio.get_running_loop())
         yield
+        # uvicorn re-raises SIGTERM once serving ends: spill the minds now, engine still running.
+        await asyncio.to_thread(loader.before_exit)
 
     app = FastAPI(
         title="kvswap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None

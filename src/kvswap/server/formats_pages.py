@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvswap.engine.commands import PageMoved
+from kvswap.engine.minds import MindView
 from kvswap.engine.pagestore import PageInfo
 
 
@@ -63,3 +64,21 @@ def pages_json(infos: Sequence[PageInfo], n_bytes: int, ceiling_bytes: int) -> d
         "pages": [_page_json(p) for p in infos if p.in_store],
         "held_by_spills": [_page_json(p) for p in infos if not p.in_store],
     }
+
+
+def minds_json(views: Sequence[MindView], now_unix_s: float) -> list[dict[str, Any]]:
+    """Every mind with its live tier (slot, ram, disk), tokens, bytes and last use."""
+    return [
+        {
+            "mind": v.name,
+            "namespace": v.namespace,
+            "tier": v.tier,
+            "id_slot": v.slot_id,
+            "n_tokens": v.n_tokens,
+            "n_bytes": v.n_bytes,
+            "last_used_unix_s": round(v.last_used_unix_s, 3),
+            "idle_s": round(max(0.0, now_unix_s - v.last_used_unix_s), 3),
+            "on_disk": v.on_disk,
+        }
+        for v in views
+    ]

@@ -9,11 +9,13 @@ constraint's grammar in them; `checked_constraint` checks a grammar with libllam
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
-from kvswap.engine.types import GenerationRequest
+from kvswap.engine.types import ErrorKind, GenerationRequest, KvswapError
 from kvswap.server.constraints import Constraint, check_constraint, with_constraint
 from kvswap.server.formats_oai import OaiMeta, new_completion_id
+from kvswap.server.minds import request_mind
 from kvswap.server.params import Tokenize, build_generation, resolve_n_cmpl
 from kvswap.server.schemas import ChatCompletionRequest, CompletionRequest, OaiCompletionRequest
 from kvswap.server.state import ServerState
@@ -31,10 +33,19 @@ def generation_requests(
     body: CompletionRequest | OaiCompletionRequest | ChatCompletionRequest,
     prompts: list[list[int]],
     constraint: Constraint | None = None,
+    *,
+    headers: Mapping[str, str],
 ) -> list[GenerationRequest]:
-    """The engine requests of a body: one per prompt and completion (`n`), constrained."""
+    """The engine requests of a body: one per prompt and completion (`n`), constrained, under
+    the mind it names (`"mind"` or `X-Mind-Id`), if any."""
     snap = state.engine.snapshot
     n_cmpl = resolve_n_cmpl(body, n_parallel=len(snap.slots))
+    mind = request_mind(headers, body.mind, keyed=bool(state.config.http.api_keys))
+    if mind and n_cmpl * len(prompts) > 1:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST, "a request naming a mind runs one prompt and one completion"
+        )
+
     cfg = state.config
     max_n_predict = cfg.http.max_n_predict if cfg.http.max_n_predict >= 0 else None
     out = []
@@ -50,7 +61,8 @@ def generation_requests(
             tokenize=tokenizer(state),
         )
         lora, asked = state.lora.for_request(body.lora)
-        req = replace(with_constraint(req, constraint), lora=lora, lora_request=asked)
+        req = replace(with_constraint(req, constraint), lora=lora, lora_request=asked, mind=mind)
+
         out.extend([req] * n_cmpl)
 
     return out

@@ -21,6 +21,7 @@ from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
 from kvswap.engine.speculate import SpecConfig, check_compatible
 from kvswap.models import default_model_path
+from kvswap.server.minds import MindGate, MindPolicy
 from kvswap.server.state import ServerState, build_state
 
 log = logging.getLogger("kvswap.server")
@@ -49,6 +50,9 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         ctx_checkpoints=ctx.ctx_checkpoints,
         checkpoint_min_step=ctx.checkpoint_min_step,
         ctx_checkpoints_bytes=ctx.ctx_checkpoints_bytes,
+        cache_ram_bytes=config.paging.cache_ram_mib * (1 << 20)
+        if config.paging.cache_ram_mib > 0
+        else config.paging.cache_ram_mib,
         spec=spec_config(config),
     )
 
@@ -70,6 +74,18 @@ def spec_config(config: ServerConfig) -> SpecConfig | None:
         n_threads_draft=s.n_threads_draft,
         n_threads_batch_draft=s.n_threads_batch_draft,
     )
+
+
+def start_minds(config: ServerConfig, state: ServerState) -> MindGate:
+    """The minds' gate: serves the minds spilled under the save path, starts the demoter."""
+    gate = MindGate(
+        state.engine,
+        state.publisher,
+        state.save_dir,
+        MindPolicy(config.paging.page_disk_bytes, config.paging.page_disk_drop_lru),
+    )
+    gate.start()
+    return gate
 
 
 class Loader:
@@ -135,6 +151,8 @@ class Loader:
             state = build_state(self.config, model, engine)
             engine.start()
             state.client = EngineClient(engine, loop)
+            state.minds = start_minds(self.config, state)
+            state.client.mind_session = state.minds.session
             self.state = state
             geo = engine.config.geometry
             log.info(
@@ -155,11 +173,21 @@ class Loader:
             self.error = err
             loop.call_soon_threadsafe(self.on_failure)
 
+    def before_exit(self) -> None:
+        """Spill every mind to disk (SIGTERM, normal exit): called while the engine runs."""
+        if self._thread is not None:
+            self._thread.join()
+        state = self.state
+        if state is not None and state.minds is not None:
+            state.minds.close()
+
     def close(self) -> None:
         if self._thread is not None:
             self._thread.join()
         state = self.state
         if state is not None:
+            if state.minds is not None:
+                state.minds.close()  # spills every mind while the engine still runs
             state.engine.close()
             state.io.shutdown(wait=True)
             if self.adapters is not None:

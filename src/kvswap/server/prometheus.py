@@ -57,6 +57,23 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     ),
     "reconfigure_total": ("counter", "Successful live reconfigures"),
     "reconfigure_failed_total": ("counter", "Live reconfigures refused or rolled back"),
+    "mind_hits_slot_total": ("counter", "Mind requests that found their mind in a slot"),
+    "mind_hits_ram_total": ("counter", "Mind requests that paged their mind in from RAM"),
+    "mind_hits_disk_total": ("counter", "Mind requests that read their mind back from disk"),
+    "mind_new_total": ("counter", "Mind requests that started a new mind"),
+    "mind_demotions_total": ("counter", "Minds paged out of a slot into RAM"),
+    "mind_spills_total": ("counter", "Mind pages spilled from RAM to disk"),
+    "mind_spill_failed_total": ("counter", "Mind spills that failed"),
+    "mind_disk_refused_total": ("counter", "Mind spills refused: --page-disk-bytes full"),
+    "mind_disk_dropped_total": ("counter", "Spilled minds dropped (--page-disk-drop-lru)"),
+    "mind_switch_ms_total": (
+        "counter",
+        "Engine milliseconds spent moving minds in and out of slots",
+    ),
+    "anon_cache_bytes": ("gauge", "Bytes of anonymous prompt states cached in RAM"),
+    "anon_cache_entries": ("gauge", "Anonymous prompt states cached in RAM"),
+    "anon_cache_saved_total": ("counter", "Anonymous prompt states saved to the cache"),
+    "anon_cache_hits_total": ("counter", "Anonymous requests that took a cached prefix"),
 }
 
 

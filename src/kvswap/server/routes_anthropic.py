@@ -42,7 +42,9 @@ async def messages(request: Request) -> Response:
     state = get_state(request)
     body = _chat_body(await request.body())
     plan = plan_chat(state, body)
-    reqs = generation_requests(state, body, [prompt_tokens(state, plan.prompt)], plan.constraint)
+    reqs = generation_requests(
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+    )
     client = state.engine_client()
     msg_id = fa.new_message_id()
     model = state.model_name

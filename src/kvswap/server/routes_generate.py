@@ -88,7 +88,7 @@ async def completion(request: Request) -> Response:
     tokenize = tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
     constraint = checked_constraint(state, completion_constraint(body))
-    reqs = generation_requests(state, body, prompts, constraint)
+    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
     client = state.engine_client()
     extras = TaskExtras(
         grammar=constraint.grammar if constraint else "",
@@ -134,7 +134,7 @@ async def oai_completion(request: Request) -> Response:
     tokenize = tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
     constraint = checked_constraint(state, completion_constraint(body, body.response_format))
-    reqs = generation_requests(state, body, prompts, constraint)
+    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
     client = state.engine_client()
     meta = oai_meta(state)
     if not body.stream:
@@ -168,7 +168,9 @@ async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     body = parse_body(ChatCompletionRequest, await request.body())
     plan = plan_chat(state, body)
-    reqs = generation_requests(state, body, [prompt_tokens(state, plan.prompt)], plan.constraint)
+    reqs = generation_requests(
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+    )
     client = state.engine_client()
     meta = oai_meta(state)
     if not body.stream:

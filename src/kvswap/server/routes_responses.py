@@ -58,7 +58,9 @@ async def responses(request: Request) -> Response:
     state = get_state(request)
     req, body = _bodies(await request.body())
     plan = plan_chat(state, body)
-    reqs = generation_requests(state, body, [prompt_tokens(state, plan.prompt)], plan.constraint)
+    reqs = generation_requests(
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+    )
     client = state.engine_client()
     meta = fr.ResponseMeta(
         id=fr.new_response_id(),

@@ -31,11 +31,12 @@ from kvswap.engine.commands import (
     SlotErase,
     SlotVerb,
 )
+from kvswap.engine.minds import KEY_PREFIX, is_mind_key
 from kvswap.engine.pagestore import PageStore
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.files import FilesError, Publisher, validate_filename, validate_page_name
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
-from kvswap.server.formats_pages import page_moved_json, pages_json, spill_json
+from kvswap.server.formats_pages import minds_json, page_moved_json, pages_json, spill_json
 from kvswap.server.openapi import body_schema
 from kvswap.server.schemas import SlotFileRequest, SpillRequest, parse_body
 from kvswap.server.slotfiles import files_error, publish_state, read_state
@@ -112,6 +113,11 @@ async def slot_action(
         return await _restore(state, publisher, request, id_slot, filename)
     store = _store(state)
     name = _name(validate_page_name, page, action)
+    if is_mind_key(name):
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f"page names starting with {KEY_PREFIX!r} belong to minds; name the mind in a request",
+        )
     if action in ("page_out", "page_in"):
         cmd = PageOut if action == "page_out" else PageIn
         moved: PageMoved = await _verb(
@@ -195,4 +201,7 @@ async def _spill(state: ServerState, store: PageStore, request: Request, name: s
 async def pages(request: Request) -> JSONResponse:
     state = get_state(request)
     store = _store(state)
-    return JSONResponse(pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes))
+    body = pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes)
+    if state.minds is not None:
+        body["minds"] = minds_json(state.minds.views(), time.time())
+    return JSONResponse(body)

@@ -106,6 +106,7 @@ class GenerationFields(Body):
     n_cmpl: PositiveInt | None = None
     n: PositiveInt | None = None
     lora: list[LoraEntry] | None = None
+    mind: str | None = None  # kvswap: the named conversation this request continues
 
     # -- length and stopping (SPEC: a negative n_predict other than -1 is a 400)
     n_predict: IntOrMinus1 | None = None

@@ -23,6 +23,7 @@ from kvswap.engine.engine import Engine
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.files import Publisher
 from kvswap.server.lora import LoraScales
+from kvswap.server.minds import MindGate
 from kvswap.server.prometheus import MetricsRenderer
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 
@@ -44,6 +45,7 @@ class ServerState:
     lora: LoraScales  # the loaded LoRA adapters and their global scales
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     client: EngineClient | None = None  # set when the event loop starts
+    minds: MindGate | None = None  # named minds (needs the page store)
     t_start: float = field(default_factory=time.time)
 
     @property

@@ -1,0 +1,92 @@
+"""Minds without a model: keys and namespaces, slot choice for named and anonymous requests,
+the anonymous cache's block hashes, and the page store's trim."""
+
+import numpy as np
+import pytest
+
+from kvswap.engine.anoncache import BLOCK_TOKENS, block_hashes
+from kvswap.engine.minds import mind_key, namespace_of, split_key
+from kvswap.engine.pagestore import PageStore
+from kvswap.engine.scheduler import Job, WaitQueue, choose_slot
+from kvswap.engine.slot import Slot
+from kvswap.engine.types import KvswapError
+
+
+def _slots(n: int) -> list[Slot]:
+    return [Slot(i, n_ctx=1024, t_last_used=float(i)) for i in range(n)]
+
+
+def _prompt(*toks: int) -> np.ndarray:
+    return np.array(toks, dtype=np.int32)
+
+
+def test_keys_are_per_namespace_and_round_trip() -> None:
+    a, b = namespace_of("key-a"), namespace_of("key-b")
+    assert a != b and namespace_of("") == "public"
+    key = mind_key(a, "agent/7 ünï")
+    assert key != mind_key(b, "agent/7 ünï")
+    assert split_key(key) == (a, "agent/7 ünï")
+    assert "/" not in key  # a valid page and file name
+    for bad in ("", "x" * 101, "a\x00b", "tab\there"):
+        with pytest.raises(KvswapError):
+            mind_key(a, bad)
+
+
+def test_a_resident_mind_waits_for_its_own_slot() -> None:
+    slots = _slots(2)
+    slots[1].mind = "m"
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="m") is slots[1]
+    assert choose_slot(slots, _prompt(1), 0.1, {1}, mind="m") is None  # busy: never elsewhere
+
+
+def test_a_new_mind_prefers_empty_then_anonymous_then_lru_mind() -> None:
+    slots = _slots(3)
+    slots[0].mind, slots[1].mind = "a", "b"
+    slots[2].tokens.append([5, 6])
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="c") is slots[2]
+    slots[2].mind = "z"
+    slots[0].t_last_used, slots[1].t_last_used, slots[2].t_last_used = 3.0, 1.0, 2.0
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="c") is slots[1]
+    slots.append(Slot(3, n_ctx=1024, t_last_used=9.0))
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="c") is slots[3]
+
+
+def test_anonymous_requests_never_match_a_minds_prefix() -> None:
+    slots = _slots(2)
+    slots[0].tokens.append([1, 2, 3, 4])
+    slots[0].mind = "m"
+    slots[0].t_last_used = 0.0
+    slots[1].t_last_used = 5.0
+    assert choose_slot(slots, _prompt(1, 2, 3, 4, 5), 0.1, set()) is slots[1]
+    slots[1].mind = "n"  # every idle slot holds a mind: the LRU one (paged out first)
+    assert choose_slot(slots, _prompt(1, 2, 3, 4, 5), 0.1, set()) is slots[0]
+
+
+def test_queue_finds_a_minds_slot_behind_other_work() -> None:
+    slots = _slots(2)
+    slots[0].mind = "m"
+    queue = WaitQueue(0.1)
+    queue.add(Job(1, 0, None, "verb on slot 0"))
+    queue.add(Job(2, -1, _prompt(1), "mind request", mind="m"))
+    started = [(job.req_id, slot.id) for job, slot in queue.startable(slots)]
+    assert started[0] == (1, 0)
+    assert (2, 0) in started  # the same pass, once the verb left the slot idle
+
+
+def test_block_hashes_chain_over_full_blocks() -> None:
+    a = np.arange(3 * BLOCK_TOKENS + 5, dtype=np.int32)
+    b = a.copy()
+    b[BLOCK_TOKENS + 1] = -7
+    ha, hb = block_hashes(a), block_hashes(b)
+    assert len(ha) == 3
+    assert ha[0] == hb[0] and ha[1] != hb[1] and ha[2] != hb[2]
+    assert block_hashes(a[: BLOCK_TOKENS - 1]) == []
+
+
+def test_trim_gives_back_the_unused_part_of_a_reservation() -> None:
+    store = PageStore(1000)
+    spare = store.reserve("", 600)
+    res = store.trim(spare, "m", 400)
+    assert store.charged_bytes == 400 and res.name == "m"
+    store.cancel(res)
+    assert store.charged_bytes == 0
