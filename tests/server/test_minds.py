@@ -295,3 +295,27 @@ def test_minds_survive_a_live_reconfigure(start: Callable[..., ServerProcess]) -
     for m in range(2):
         n_before = script.n_prompt(m)
         assert script.run(server, m, _mind)["timings"]["cache_n"] >= n_before
+
+
+def test_a_mind_left_tokens_only_by_a_kv_type_change_answers_from_its_prompt(
+    start: Callable[..., ServerProcess],
+) -> None:
+    server = start(*MINDS_ARGS, "-fa", "on", "--page-ram-bytes", "64M")
+    script = Script(1)
+    script.run(server, 0, _mind)
+    changed = {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "force": True}
+    resp = server.post("/reconfigure", changed)
+    assert resp.status_code == 200, resp.text
+    assert [s["fate"] for s in resp.json()["slots"]] == ["token_only"]
+    # The next turn re-prefills the whole conversation under the new KV types and answers as a
+    # server started with those types answers the same conversation.
+    script.turn = 1
+    prompt = script.prompts[0]
+    out = script.run(server, 0, _mind)
+    assert out["timings"]["cache_n"] == 0
+    reference = start(*MINDS_ARGS, "-fa", "on", "-ctk", "q8_0", "-ctv", "q8_0")
+    body = {"prompt": prompt, "n_predict": 6, "temperature": 0}
+    resp = reference.post("/completion", body)
+    assert resp.status_code == 200, resp.text
+    assert out["content"] == resp.json()["content"]
+    assert _minds(server)["mind-0"]["tier"] == "slot"

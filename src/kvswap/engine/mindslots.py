@@ -95,9 +95,17 @@ class MindSlots:
     def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
         eng, reg = self.engine, self.registry
         store = eng.store
-        if store is not None and store.has(mind):
+        if store is not None and store.has(mind) and store.get(mind).layout.token_only:
+            # A KV-type reconfigure left it tokens only; the request carries its whole prompt,
+            # so the mind starts from that prompt (a re-prefill) rather than failing.
+            store.remove(mind)
+            log.warning("mind %s held tokens only (the KV types changed): re-prefilled", mind)
+            eng.verbs.clear(slot)
+            reg.counters.new_total += 1
+        elif store is not None and store.has(mind):
             eng.verbs.page_in(slot, mind)
             reg.counters.hits_ram_total += 1
+
         elif cmd.restore is not None:
             eng.verbs.mover.apply(slot, cmd.restore)
             reg.counters.hits_disk_total += 1
