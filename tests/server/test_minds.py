@@ -319,3 +319,30 @@ def test_a_mind_left_tokens_only_by_a_kv_type_change_answers_from_its_prompt(
     assert resp.status_code == 200, resp.text
     assert out["content"] == resp.json()["content"]
     assert _minds(server)["mind-0"]["tier"] == "slot"
+
+
+def test_sleeping_spills_every_mind_and_the_next_request_finds_it(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    server = start(*MINDS_ARGS, "--sleep-idle-seconds", "1", save=tmp_path / "slots")
+    script = Script(3)  # three minds on two slots: one of them lives as a RAM page
+    for m in range(3):
+        script.run(server, m, _mind)
+    # A named page that is not a mind would be lost by a sleep: the server stays awake for it.
+    anon = server.post("/completion", {"prompt": "Hello", "n_predict": 1, "id_slot": 0})
+    assert anon.status_code == 200
+    assert server.post("/slots/0?action=page_out&page=keep").status_code == 200
+    time.sleep(2.5)
+    assert "sleeping after" not in server.log_path.read_text()
+    assert "named page(s) would be lost" in server.log_path.read_text()
+    assert server.post("/slots/0?action=page_drop&page=keep").status_code == 200
+    _wait_for(lambda: "sleeping after" in server.log_path.read_text())
+    # Asleep: /health answers without waking it; the model and contexts are freed.
+    assert server.client.get("/health").json() == {"status": "ok"}
+    assert server.log_path.read_text().count("model loaded in") == 1
+    # The next turn of every mind wakes the server and finds its whole conversation cached.
+    script.turn = 1
+    for m in range(3):
+        n_before = script.n_prompt(m)
+        assert script.run(server, m, _mind)["timings"]["cache_n"] >= n_before
+    assert server.log_path.read_text().count("model loaded in") == 2

@@ -28,15 +28,21 @@ from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
 from kvswap.server.loader import Loader
 from kvswap.server.openapi import hoist_defs
+from kvswap.server.sleep import Sleeper
 
 
 def create_app(config: ServerConfig, loader: Loader) -> Guard:
+    sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         import asyncio
 
         loader.start(asyncio.get_running_loop())
+        sleeper.start()
         yield
+        await sleeper.stop()
+
         # uvicorn re-raises SIGTERM once serving ends: spill the minds now, engine still running.
         await asyncio.to_thread(loader.before_exit)
 
@@ -44,6 +50,8 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         title="kvswap", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None
     )
     app.state.loader = loader
+    app.state.sleeper = sleeper
+
     install_error_handlers(app)
     app.include_router(routes_info.router)
     app.include_router(routes_generate.router)
@@ -65,4 +73,5 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         api_prefix=config.http.api_prefix,
         max_body_bytes=config.http.max_body_bytes,
         is_ready=loader.ready,
+        sleeper=sleeper,
     )

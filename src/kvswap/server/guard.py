@@ -6,6 +6,9 @@ A plain ASGI middleware (no per-request task or body buffering of its own):
   `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time against every key.
 - `--max-body-bytes`: a larger body (by Content-Length, or counted as it streams in) is a 413.
 - While the model loads, every route (/health included) answers 503, as llama-server.
+- `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health counts as activity and
+  wakes a sleeping server first; /health answers 200 while asleep without waking it.
+
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvswap.engine.types import ErrorKind
+
+if TYPE_CHECKING:
+    from kvswap.server.sleep import Sleeper
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -76,7 +83,10 @@ class Guard:
         api_prefix: str,
         max_body_bytes: int,
         is_ready: Callable[[], bool],
+        sleeper: Sleeper | None = None,
     ) -> None:
+        self.sleeper = sleeper
+
         self.app = app
         self.api_keys = tuple(api_keys)
         self.api_prefix = api_prefix.rstrip("/")
@@ -98,9 +108,24 @@ class Guard:
                 "path": path,
                 "root_path": scope.get("root_path", "") + self.api_prefix,
             }
+        sleeper = self.sleeper
+        if sleeper is not None and path in PUBLIC_PATHS and sleeper.sleeping:
+            await _respond(send, 200, json.dumps({"status": "ok"}).encode())  # asleep, not down
+            return
+        if sleeper is not None and path not in PUBLIC_PATHS:
+            await sleeper.enter()  # activity; wakes a sleeping server first
+            try:
+                await self._serve(scope, receive, send, path)
+            finally:
+                sleeper.leave()
+            return
+        await self._serve(scope, receive, send, path)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         if not self.is_ready():
             await _respond(send, *_body(ErrorKind.UNAVAILABLE, "Loading model"))
             return
+
         if (
             self.api_keys
             and path not in PUBLIC_PATHS

@@ -181,9 +181,22 @@ class Loader:
         if state is not None and state.minds is not None:
             state.minds.close()
 
+    def sleep(self) -> None:
+        """`--sleep-idle-seconds`: spill every mind, free the engine, contexts and models."""
+        self.close()
+
+    def wake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Load the model and contexts again (on the caller's thread); minds spilled under the
+        save path are served as after a restart."""
+        self._thread = None
+        self._load(loop)
+        if self.error is not None:
+            raise RuntimeError(f"could not load the model again after sleeping: {self.error}")
+
     def close(self) -> None:
         if self._thread is not None:
             self._thread.join()
+
         state = self.state
         if state is not None:
             if state.minds is not None:

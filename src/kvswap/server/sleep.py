@@ -1,0 +1,112 @@
+"""`--sleep-idle-seconds`: free the contexts and the model after N idle seconds, wake on the next
+request.
+
+The Sleeper counts HTTP requests in flight (the guard calls `enter`/`leave` around each one) and
+notes when the last one ended. Once nothing has run for N seconds and the server holds nothing a
+sleep would lose, it sleeps: every mind is spilled to the save path (`Loader.sleep`, which runs
+the same shutdown as an exit), then the engine, its contexts and the model are freed. The next
+request (anything but /health, which answers as llama-server's does while asleep and does not
+count as activity) waits while the model and contexts load again, and the minds spilled in the
+save path are served as after a restart. A server never sleeps while it holds what a sleep would
+lose: named RAM pages that are not minds, or minds without a save path to spill them to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from kvswap.engine.anoncache import KEY_PREFIX as ANON_PREFIX
+from kvswap.engine.minds import KEY_PREFIX as MIND_PREFIX
+
+if TYPE_CHECKING:
+    from kvswap.server.loader import Loader
+
+log = logging.getLogger("kvswap.server")
+
+_POLL_S = 0.25
+
+
+class Sleeper:
+    """Idle tracking and the sleep/wake transitions (see the module docstring)."""
+
+    def __init__(self, loader: Loader, idle_s: float) -> None:
+        self.loader = loader
+        self.idle_s = idle_s
+        self.sleeping = False
+        self.n_sleeps = 0
+        self._in_flight = 0
+        self._t_last = time.monotonic()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._why_awake = ""  # the last reason logged for staying awake
+
+    def start(self) -> None:
+        if self.idle_s >= 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def enter(self) -> None:
+        """A request arrives: it counts as activity, and wakes a sleeping server first."""
+        self._in_flight += 1
+        if self.sleeping or self._lock.locked():  # asleep, falling asleep, or waking
+            async with self._lock:
+                if self.sleeping:
+                    t0 = time.perf_counter()
+                    await asyncio.to_thread(self.loader.wake, asyncio.get_running_loop())
+                    self.sleeping = False
+                    log.info("awake in %.0f ms", (time.perf_counter() - t0) * 1e3)
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        self._t_last = time.monotonic()
+
+    def _reason_to_stay_awake(self) -> str:
+        state = self.loader.state
+        if state is None:
+            return "loading"
+        snap = state.engine.snapshot
+        if snap.n_waiting or any(s.is_processing for s in snap.slots):
+            return "work in progress"
+        store = state.engine.store
+        names = [p.name for p in store.infos()] if store is not None else []
+        named = [n for n in names if not n.startswith((MIND_PREFIX, ANON_PREFIX))]
+        if named:
+            return f"{len(named)} named page(s) would be lost (page_drop or spill them)"
+        has_minds = bool(snap.minds) or any(n.startswith(MIND_PREFIX) for n in names)
+        if has_minds and state.save_dir is None:
+            return "minds are held and there is no --slot-save-path to spill them to"
+        return ""
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(_POLL_S)
+            if self.sleeping or self._in_flight:
+                continue
+            if time.monotonic() - self._t_last < self.idle_s:
+                continue
+            why = self._reason_to_stay_awake()
+            if why:
+                if why != self._why_awake:
+                    log.info("idle for %.0f s but staying awake: %s", self.idle_s, why)
+                    self._why_awake = why
+                continue
+            async with self._lock:
+                if self._in_flight:
+                    continue
+                self._why_awake = ""
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self.loader.sleep)
+                self.sleeping = True
+                self.n_sleeps += 1
+                log.info(
+                    "sleeping after %.0f idle seconds (minds spilled, model freed in %.0f ms)",
+                    self.idle_s,
+                    (time.perf_counter() - t0) * 1e3,
+                )
