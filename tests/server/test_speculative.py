@@ -59,7 +59,12 @@ def test_timings_slots_metrics_and_props_report_the_draft(server_factory, save_d
     assert "draft_n" not in ref["timings"] and "draft_prompt_n" not in ref["timings"]
     assert out["generation_settings"]["speculative.types"] == "draft-simple"
     assert ref["generation_settings"]["speculative.types"] == "none"
-    assert all(s["speculative"] for s in server.client.get("/slots").json())
+    slots = server.client.get("/slots").json()
+    assert all(s["speculative"] for s in slots)
+    assert slots[1]["params"]["speculative.types"] == "draft-simple"  # the slot that ran FIRST
+    props = server.client.get("/props").json()
+    assert props["default_generation_settings"]["params"]["speculative.types"] == "draft-simple"
+
     assert not any(s["speculative"] for s in plain.client.get("/slots").json())
     metrics = server.metrics()
     assert metrics["llamacpp:spec_decode_num_draft_tokens_total"] >= t["draft_n"]

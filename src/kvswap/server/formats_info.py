@@ -84,9 +84,12 @@ def slot_json(
     return out
 
 
-def slots_json(slots: Sequence[SlotView], *, debug: bool = False) -> list[dict[str, Any]]:
-    """GET /slots: one entry per slot, in id order."""
-    return [slot_json(slot, debug=debug) for slot in slots]
+def slots_json(
+    slots: Sequence[SlotView], *, debug: bool = False, speculative_types: str = "none"
+) -> list[dict[str, Any]]:
+    """GET /slots: one entry per slot, in id order (`speculative.types`: the server's)."""
+    extras = TaskExtras(speculative_types=speculative_types)
+    return [slot_json(slot, debug=debug, extras=extras) for slot in slots]
 
 
 # ------------------------------------------------------------------------------------ /props
@@ -157,6 +160,7 @@ class PropsView:
     endpoint_metrics: bool = False
     is_sleeping: bool = False
     media_marker: str = "<__media__>"
+    speculative_types: str = "none"  # --spec-type
 
 
 def props_json(view: PropsView) -> dict[str, Any]:
@@ -166,7 +170,9 @@ def props_json(view: PropsView) -> dict[str, Any]:
     holding the server's sampling: n_predict -1, no stream, as llama-server.
     """
     defaults = GenerationRequest(prompt_tokens=(), sampling=view.default_sampling)
-    extras = TaskExtras(reasoning_format="none")  # a default task's chat parser params
+    # A default task's chat parser params, and the server's speculative type.
+    extras = TaskExtras(reasoning_format="none", speculative_types=view.speculative_types)
+
     props: dict[str, Any] = {
         "default_generation_settings": {
             "params": generation_settings_json(defaults, extras=extras, only_metrics=True),

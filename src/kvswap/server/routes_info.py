@@ -87,7 +87,9 @@ async def props(request: Request) -> JSONResponse:
         endpoint_props=state.config.http.props_write,
         endpoint_metrics=state.config.http.metrics,
         is_sleeping=snap.is_sleeping,
+        speculative_types=state.config.spec.spec_type,
     )
+
     return JSONResponse(props_json(view))
 
 
@@ -141,7 +143,8 @@ async def slots(request: Request) -> JSONResponse:
     snap = state.engine.snapshot
     if request.query_params.get("fail_on_no_slot") and snap.n_idle_slots == 0:
         raise KvswapError(ErrorKind.UNAVAILABLE, "no slot available")
-    return JSONResponse(slots_json([_slot_view(s) for s in snap.slots]))
+    views = [_slot_view(s) for s in snap.slots]
+    return JSONResponse(slots_json(views, speculative_types=state.config.spec.spec_type))
 
 
 @router.get("/metrics")
