@@ -59,7 +59,7 @@ from kvswap.engine.reprefill import reprefill_request
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import EngineConfig, Runtime
 from kvswap.engine.slot import Slot, SlotTable
-from kvswap.engine.snapshot import EngineSnapshot, take_snapshot
+from kvswap.engine.snapshot import EngineSnapshot, own_metrics, take_snapshot
 from kvswap.engine.spec.speculate import Speculator
 from kvswap.engine.step import StepOutcome, Stepper
 
@@ -525,31 +525,14 @@ class Engine:
     # -- snapshots --------------------------------------------------------------------------
 
     def _make_snapshot(self) -> EngineSnapshot:
-        rt = self.runtime
-        counters, budget = rt.counters, rt.memory.budget.counters
-        extra: dict[str, float] = {
-            "page_out_total": counters.page_out_total,
-            "page_in_total": counters.page_in_total,
-            "page_failed_total": counters.page_failed_total,
-            "ctx_checkpoint_bytes": rt.memory.total_bytes,
-            "ctx_checkpoints_evicted_budget_total": budget.evicted_budget_total,
-            "ctx_checkpoints_skipped_budget_total": budget.skipped_budget_total,
-            "reconfigure_total": self.reconfigurer.total,
-            "reconfigure_failed_total": self.reconfigurer.failed_total,
-        }
-        if self.store is not None:
-            extra["page_store_bytes"] = self.store.charged_bytes
-            extra["page_store_pages"] = self.store.n_pages
-            extra["page_spill_held_bytes"] = self.store.held_bytes
-        extra.update(self.registry.metrics())
-        extra.update(self.anon.metrics())
         return take_snapshot(
             slots=self.slots,
             last_run=self._last_run,
-            runtime=rt,
-            metrics=self.metrics.snapshot(
-                len(self.slots.busy()), len(self.waiting), spec=self.spec, **extra
-            ),
+            runtime=self.runtime,
+            metrics=self.metrics,
             n_waiting=len(self.waiting),
             crashed=self.crashed,
+            extra=own_metrics(
+                self.runtime, self.store, self.registry, self.anon, self.reconfigurer
+            ),
         )

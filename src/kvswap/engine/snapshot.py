@@ -12,8 +12,12 @@ from dataclasses import dataclass
 
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.pagefmt import PageGeometry
-from kvswap.engine.metrics import MetricsSnapshot
+from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.metrics import EngineMetrics, MetricsSnapshot
+from kvswap.engine.minds.anoncache import AnonCache
+from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.reconfigure import Reconfigurer
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import SlotTable
@@ -59,14 +63,43 @@ class EngineSnapshot:
         return sum(1 for s in self.slots if not s.is_processing)
 
 
+def own_metrics(
+    runtime: Runtime,
+    store: PageStore | None,
+    registry: MindRegistry,
+    anon: AnonCache,
+    reconfigurer: Reconfigurer,
+) -> dict[str, float]:
+    """kvswap's own counters and gauges (pages, checkpoints, reconfigures, minds, the cache)."""
+    counters, budget = runtime.counters, runtime.memory.budget.counters
+    out: dict[str, float] = {
+        "page_out_total": counters.page_out_total,
+        "page_in_total": counters.page_in_total,
+        "page_failed_total": counters.page_failed_total,
+        "ctx_checkpoint_bytes": runtime.memory.total_bytes,
+        "ctx_checkpoints_evicted_budget_total": budget.evicted_budget_total,
+        "ctx_checkpoints_skipped_budget_total": budget.skipped_budget_total,
+        "reconfigure_total": reconfigurer.total,
+        "reconfigure_failed_total": reconfigurer.failed_total,
+    }
+    if store is not None:
+        out["page_store_bytes"] = store.charged_bytes
+        out["page_store_pages"] = store.n_pages
+        out["page_spill_held_bytes"] = store.held_bytes
+    out.update(registry.metrics())
+    out.update(anon.metrics())
+    return out
+
+
 def take_snapshot(
     *,
     slots: SlotTable,
     last_run: Mapping[int, RunningRequest],
     runtime: Runtime,
-    metrics: MetricsSnapshot,
+    metrics: EngineMetrics,
     n_waiting: int,
     crashed: str | None,
+    extra: dict[str, float],
 ) -> EngineSnapshot:
     """The engine's state now (engine thread only: it reads live slots)."""
     views = []
@@ -95,7 +128,7 @@ def take_snapshot(
         n_ctx=runtime.ctx.n_ctx,
         n_ctx_slot=runtime.n_ctx_slot,
         page_geometry=runtime.page_geometry,
-        metrics=metrics,
+        metrics=metrics.snapshot(len(slots.busy()), n_waiting, spec=runtime.spec, **extra),
         n_waiting=n_waiting,
         crashed=crashed,
         minds=tuple((s.mind, s.id, len(s.tokens)) for s in slots if s.mind is not None),

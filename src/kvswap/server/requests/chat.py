@@ -31,7 +31,8 @@ from kvswap.server.requests.constraints import (
 from kvswap.server.requests.params import chat_messages
 from kvswap.server.requests.schemas import ChatCompletionRequest
 from kvswap.server.state import ServerState
-from kvswap.text.template import InvalidMessagesError, TemplateError
+from kvswap.text.messages import InvalidMessagesError
+from kvswap.text.template import TemplateError
 
 DEFAULT_REASONING_FORMAT = "auto"  # llama-server's --reasoning-format default
 
