@@ -50,6 +50,7 @@ def make_engine(
         n_threads_batch=n_threads,
         spec=spec,
         page_ram_bytes=page_ram_bytes,
+        check_integrity=True,  # every byte owner checks itself whenever the engine idles
     )
     engine = Engine(model, config, adapters=adapters, draft_model=draft_model)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvswap.core.errors import KvswapError
-from kvswap.core.types import Event, GenerationRequest
+from kvswap.core.types import EngineError, Event, GenerationRequest
 from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.plan.geometry import Geometry
@@ -154,6 +154,7 @@ class Shutdown:
 
 
 SlotVerb = SlotCapture | SlotApply | SlotErase | PageOut | PageIn
+SLOT_VERBS = (SlotCapture, SlotApply, SlotErase, PageOut, PageIn)
 Command = (
     Submit
     | Cancel
@@ -234,3 +235,18 @@ class ReconfigureReceipt:
     slots: list[SlotFate] = field(default_factory=list)
     rolled_back: bool = False
     reason: str = ""
+
+
+def refuse(cmd: object, error: KvswapError) -> None:
+    """Answer a command that will not run with `error`: a stream gets it as an EngineError
+    event, a command with a reply gets it as its result; a barrier is released, a shed frees
+    nothing; a Cancel or a report needs no answer."""
+    if isinstance(cmd, Submit):
+        cmd.sink(EngineError(cmd.req_id, error.kind, error.message, error.extra))
+    elif isinstance(cmd, Nudge):
+        if cmd.reply is not None:
+            cmd.reply(None)
+    elif isinstance(cmd, ShedCache):
+        cmd.reply(0)
+    elif isinstance(cmd, (*SLOT_VERBS, Reconfigure, FlushMinds)):
+        cmd.reply(error)

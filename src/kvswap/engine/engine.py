@@ -26,12 +26,13 @@ from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.types import Completion, EngineError
+from kvswap.engine.admission import check_request
 from kvswap.engine.commands import (
+    SLOT_VERBS,
     Cancel,
     Command,
     FlushMinds,
     Nudge,
-    PageIn,
     PageOut,
     Reconfigure,
     RoomReport,
@@ -42,6 +43,7 @@ from kvswap.engine.commands import (
     SlotErase,
     SlotVerb,
     Submit,
+    refuse,
 )
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
 from kvswap.engine.kv.checkpoints import CheckpointBudget
@@ -51,11 +53,9 @@ from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.minds.seating import SPARE_TAG, NoRoomYet, Seating
-from kvswap.engine.plan.lora import LoraSet, SetTurns
-from kvswap.engine.plan.planner import SlotWork, StepPlan, plan_step
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
-from kvswap.engine.reprefill import reprefill_request
+from kvswap.engine.reprefill import is_token_only, reprefill_request
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import EngineConfig, Runtime
 from kvswap.engine.slot import Slot, SlotTable
@@ -67,8 +67,6 @@ log = logging.getLogger("kvswap.engine")
 
 # While slots are busy, the snapshot read by /slots and /metrics is refreshed at most this often.
 _SNAPSHOT_EVERY_S = 0.05
-
-_VERBS = (SlotCapture, SlotApply, SlotErase, PageOut, PageIn)
 
 
 class Engine:
@@ -84,10 +82,8 @@ class Engine:
         self.model = model
         self.config = config
         self.vocab = model.vocab
-        # LoRA adapters (owned by the loader): a step batches only slots of one set.
+        # LoRA adapters (owned by the loader): a step batches only slots of one set (`step`).
         self.adapters = adapters if adapters is not None else Adapters()
-        self._turns = SetTurns()  # which set each step runs
-        self._lora_step: LoraSet = ()  # the set of the step being planned
         self.spec = Speculator(config.spec, draft_model) if config.spec is not None else None
         self.waiting = WaitQueue(config.slot_prompt_similarity)
         self.metrics = EngineMetrics()
@@ -169,9 +165,9 @@ class Engine:
         try:
             while self._drain(block=not self._busy()):
                 self._start_waiting()
-                plan = self._plan()
+                plan, lora = self.stepper.plan()
                 if plan.spans:
-                    self._apply(self.stepper.run(plan, self._lora_step, self._frozen()))
+                    self._apply(self.stepper.run(plan, lora, self._frozen()))
                 finished = self.reconfigurer.tick(captures_pending=bool(self._pending))
                 if finished is not None:
                     self._reconfigured(finished)
@@ -193,22 +189,12 @@ class Engine:
 
     def _refuse_forever(self, message: str) -> None:
         """After a crash: answer every command with a typed 500 until shutdown (no hang)."""
-        while True:
-            cmd = self.inbox.get()
-            if isinstance(cmd, Shutdown):
-                return
-            if isinstance(cmd, Submit):
-                cmd.sink(EngineError(cmd.req_id, ErrorKind.SERVER, message))
-            elif isinstance(cmd, BufferReady):
+        while not isinstance(cmd := self.inbox.get(), Shutdown):
+            if isinstance(cmd, BufferReady):
                 if cmd.buffer is not None:
                     cmd.buffer.close()
-            elif isinstance(cmd, Nudge):
-                if cmd.reply is not None:
-                    cmd.reply(None)
-            elif isinstance(cmd, ShedCache):
-                cmd.reply(0)
-            elif not isinstance(cmd, Cancel | RoomReport):
-                cmd.reply(KvswapError(ErrorKind.SERVER, message))
+            else:
+                refuse(cmd, KvswapError(ErrorKind.SERVER, message))
 
     def _busy(self) -> bool:
         return bool(self.slots.busy()) or not self.reconfigurer.admission_open
@@ -219,6 +205,8 @@ class Engine:
 
     def _drain(self, block: bool) -> bool:
         """Handle queued commands; False once asked to shut down."""
+        if block and self.config.check_integrity:
+            self.check_integrity()
         try:
             cmd = self.inbox.get() if block else self.inbox.get_nowait()
         except queue.Empty:
@@ -262,38 +250,21 @@ class Engine:
                 cmd.reply(self.seating.flush())
             except KvswapError as err:
                 cmd.reply(err)
-        elif isinstance(cmd, _VERBS):
+        elif isinstance(cmd, SLOT_VERBS):
             if not self.slots.valid(cmd.slot_id):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
                 return
             self.waiting.add(Job(cmd.req_id, cmd.slot_id, None, cmd))
 
     def _check_submit(self, cmd: Submit) -> EngineError | None:
-        req = cmd.request
-        n = len(req.prompt_tokens)
-        n_ctx_slot = self.runtime.n_ctx_slot
-        if req.id_slot != -1 and not self.slots.valid(req.id_slot):
-            return EngineError(
-                cmd.req_id, ErrorKind.INVALID_REQUEST, f"Invalid slot ID: {req.id_slot}"
-            )
-        if n == 0:
-            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, "the prompt is empty")
-        if n >= n_ctx_slot:
-            return EngineError(
-                cmd.req_id,
-                ErrorKind.EXCEED_CONTEXT,
-                f"request ({n} tokens) exceeds the available context size ({n_ctx_slot} "
-                "tokens), try increasing it",
-                {"n_prompt_tokens": n, "n_ctx": n_ctx_slot},
-            )
-        if any(not 0 <= i < len(self.adapters) for i, _ in req.lora):
-            return EngineError(cmd.req_id, ErrorKind.INVALID_REQUEST, "unknown LoRA adapter id")
-        bad = [t for t in req.prompt_tokens if not self.vocab.valid(t)]
-        if bad:
-            return EngineError(
-                cmd.req_id, ErrorKind.INVALID_REQUEST, f"invalid token id in prompt: {bad[0]}"
-            )
-        return None
+        return check_request(
+            cmd.req_id,
+            cmd.request,
+            n_slots=len(self.slots),
+            n_ctx_slot=self.runtime.n_ctx_slot,
+            n_adapters=len(self.adapters),
+            valid_token=self.vocab.valid,
+        )
 
     # -- admission --------------------------------------------------------------------------
 
@@ -308,19 +279,13 @@ class Engine:
                 self.waiting.jobs.insert(0, job)  # retried when the demoter has made room
                 break
             except KvswapError as err:
-                self._fail_job(cmd, err)
+                refuse(cmd, err)
                 continue
             if isinstance(cmd, Submit):
                 assert job.prompt is not None
                 self._admit(cmd, job.prompt, slot)
-            elif isinstance(cmd, _VERBS):
+            elif isinstance(cmd, SLOT_VERBS):
                 self._run_verb(cmd, slot)
-
-    def _fail_job(self, cmd: object, err: KvswapError) -> None:
-        if isinstance(cmd, Submit):
-            cmd.sink(EngineError(cmd.req_id, err.kind, err.message))
-        elif isinstance(cmd, _VERBS):
-            cmd.reply(err)
 
     def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:
         verbs = self.runtime.verbs
@@ -340,29 +305,21 @@ class Engine:
                 cmd.reply(verbs.apply(cmd, slot))
             elif isinstance(cmd, SlotErase):
                 cmd.reply(verbs.erase(cmd, slot))
-            elif self._token_only(cmd.name):
-                self._reprefill_page(cmd, slot)
+            elif self.store is not None and is_token_only(self.store, cmd.name):
+                # A KV type change dropped its state: the slot re-prefills its tokens.
+                submit = reprefill_request(
+                    cmd, slot, self.store, self.adapters.infos, self.runtime.n_ctx_slot,
+                    self.runtime.counters,
+                )  # fmt: skip
+                if submit is not None:
+                    tokens = np.asarray(submit.request.prompt_tokens, dtype=np.int32)
+                    self._admit(submit, tokens, slot)
                 return
             else:
                 cmd.reply(verbs.page_in(slot, cmd.name))
             slot.t_last_used = time.monotonic()
         except KvswapError as err:
             cmd.reply(err)
-
-    def _token_only(self, name: str) -> bool:
-        store = self.store
-        return store is not None and store.has(name) and store.get(name).layout.token_only
-
-    def _reprefill_page(self, cmd: PageIn, slot: Slot) -> None:
-        """page_in of a page that holds tokens only (a KV type change dropped its state): the
-        slot prefills them; the page leaves the store once they are in."""
-        assert self.store is not None
-        submit = reprefill_request(
-            cmd, slot, self.store, self.adapters.infos, self.runtime.n_ctx_slot,
-            self.runtime.counters,
-        )  # fmt: skip
-        if submit is not None:
-            self._admit(submit, np.asarray(submit.request.prompt_tokens, dtype=np.int32), slot)
 
     def _buffer_ready(self, ready: BufferReady) -> None:
         """The second half of a capture: copy into the buffer that just arrived."""
@@ -407,27 +364,6 @@ class Engine:
         self.metrics.on_prompt_cached(n_keep)
 
     # -- one step ---------------------------------------------------------------------------
-
-    def _plan(self) -> StepPlan:
-        busy = [(s, s.running) for s in self.slots.busy() if s.running is not None]
-        if busy:
-            # libllama applies adapters per context: one LoRA set per step, sets take turns.
-            self._lora_step = self._turns.pick(s.lora for s, _ in busy)
-        stepping = [(s, run) for s, run in busy if s.lora == self._lora_step]
-        if self.spec is not None:
-            # Only this step's slots draft (the draft context runs no adapters).
-            self.spec.prepare([s for s, _ in stepping], self.runtime.n_ctx_slot)
-        work = [
-            SlotWork(
-                slot_id=s.id,
-                n_decode=1 + len(run.draft) if run.pending is not None else 0,
-                n_prompt_left=run.n_prompt_left,
-                admitted=run.admitted,
-                chunk_limit=run.chunk_limit(),
-            )
-            for s, run in stepping
-        ]
-        return plan_step(work, self.runtime.step_budget)
 
     def _apply(self, outcome: StepOutcome) -> None:
         """End the requests the step finished; a full KV pool pages an idle resident out (the
@@ -476,15 +412,17 @@ class Engine:
         if finished.changed:
             for job in list(self.waiting.jobs):
                 cmd = job.payload
-                if isinstance(cmd, Submit):
-                    err = self._check_submit(cmd)
-                    if err is not None:
-                        self.waiting.remove(job.req_id)
-                        cmd.sink(err)
-                elif isinstance(cmd, _VERBS) and not self.slots.valid(cmd.slot_id):
+                if isinstance(cmd, Submit) and (err := self._check_submit(cmd)) is not None:
                     self.waiting.remove(job.req_id)
-                    message = "Invalid slot ID (the geometry changed)"
-                    cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, message))
+                    cmd.sink(err)
+                elif isinstance(cmd, SLOT_VERBS) and not self.slots.valid(cmd.slot_id):
+                    self.waiting.remove(job.req_id)
+                    refuse(
+                        cmd,
+                        KvswapError(
+                            ErrorKind.INVALID_REQUEST, "Invalid slot ID (the geometry changed)"
+                        ),
+                    )
             self.snapshot = self._make_snapshot()
         finished.cmd.reply(finished.result)
 
@@ -493,10 +431,11 @@ class Engine:
     def _cancel(self, req_id: int) -> None:
         job = self.waiting.remove(req_id)
         if job is not None:
-            if isinstance(job.payload, _VERBS):
+            if isinstance(job.payload, SLOT_VERBS):
                 # A verb's caller may hold buffers until the engine has answered.
-                job.payload.reply(
-                    KvswapError(ErrorKind.INVALID_REQUEST, "cancelled: the client went away")
+                refuse(
+                    job.payload,
+                    KvswapError(ErrorKind.INVALID_REQUEST, "cancelled: the client went away"),
                 )
             return
         for slot in self.slots.busy():
@@ -514,13 +453,16 @@ class Engine:
         for slot in self.slots.busy():
             if slot.running is not None:
                 self._release(slot, EngineError(slot.running.req_id, kind, message))
-        for job in list(self.waiting.jobs):
-            payload = job.payload
-            if isinstance(payload, Submit):
-                payload.sink(EngineError(job.req_id, kind, message))
-            elif isinstance(payload, _VERBS):
-                payload.reply(KvswapError(kind, message))
+        for job in self.waiting.jobs:
+            refuse(job.payload, KvswapError(kind, message))
         self.waiting.jobs.clear()
+
+    def check_integrity(self) -> None:
+        """Every byte owner's invariants (debug: run whenever the loop goes idle)."""
+        self.runtime.check_integrity(self.slots)
+        self.anon.check_integrity()
+        if self.store is not None:
+            self.store.check_integrity()
 
     # -- snapshots --------------------------------------------------------------------------
 

@@ -23,6 +23,11 @@ from kvswap.engine.plan.lora import resolve
 from kvswap.engine.slot import Slot
 
 
+def is_token_only(store: PageStore, name: str) -> bool:
+    """Page `name` holds tokens only (a missing page is not: page_in answers its 404)."""
+    return store.has(name) and store.get(name).layout.token_only
+
+
 def reprefill_request(
     cmd: PageIn,
     slot: Slot,

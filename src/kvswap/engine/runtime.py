@@ -9,6 +9,7 @@ live context through it and never keep a stale one. Engine thread only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvswap.backend.batch import Batch
@@ -23,6 +24,7 @@ from kvswap.engine.kv.slotstate import StateMover
 from kvswap.engine.kv.verbs import PageCounters, SlotVerbs
 from kvswap.engine.plan.geometry import Geometry
 from kvswap.engine.plan.lora import LoraSet
+from kvswap.engine.slot import Slot
 from kvswap.engine.spec.speculate import SpecConfig, Speculator
 
 
@@ -45,6 +47,8 @@ class EngineConfig:
     page_ram_bytes: int = 0  # the page store's ceiling (--page-ram-bytes); 0 = no store
     # A test seam: a reconfigure's context build fails, so its rollback path runs.
     fault_on_install: bool = False
+    # Debug: every byte owner checks its integrity whenever the engine goes idle.
+    check_integrity: bool = False
 
 
 class Runtime:
@@ -138,6 +142,15 @@ class Runtime:
         if lora != self.lora_applied:
             self.adapters.apply(self.ctx, lora)
             self.lora_applied = lora
+
+    def check_integrity(self, slots: Sequence[Slot]) -> None:
+        """Assert each slot's tokens are what the context holds for its sequence, and its
+        checkpoints agree with it (engine thread, between steps)."""
+        for slot in slots:
+            pos_max = self.ctx.seq_pos_max(slot.seq_id)
+            n = len(slot.tokens)
+            assert pos_max == n - 1, f"slot {slot.id} holds {n} tokens, its KV ends at {pos_max}"
+        self.memory.check_integrity({s.id: len(s.tokens) for s in slots})
 
     def close(self) -> None:
         """Free the context and what is bound to it (the weights stay)."""

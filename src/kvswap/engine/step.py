@@ -1,9 +1,12 @@
-"""One engine step: place the plan's spans into the batch, decode, then verify drafts and sample.
+"""One engine step: plan it, place the plan's spans into the batch, decode, then verify drafts
+and sample.
 
-`Stepper.run(plan, lora, frozen)` returns a `StepOutcome` that the engine applies: the slots whose
-request finished (with an error when it failed), and whether the KV pool was full. Step code never
-calls back into the engine and never ends a request itself; it streams token events to the
-requests' sinks as it samples.
+`Stepper.plan()` picks the step's LoRA set (libllama applies adapters per context, so a step runs
+the slots of one set; sets take turns), has the speculator draft for its decoding slots, and asks
+the pure planner for the batch. `Stepper.run(plan, lora, frozen)` returns a `StepOutcome` that the
+engine applies: the slots whose request finished (with an error when it failed), and whether the
+KV pool was full. Step code never calls back into the engine and never ends a request itself; it
+streams token events to the requests' sinks as it samples.
 
 A decode that fails is undone on every slot of the batch (tokens, prompt progress and the
 pending token put back; memory that cannot be cut is rolled back to its snapshot, or the request
@@ -24,8 +27,8 @@ from kvswap.backend.vocab import Vocab
 from kvswap.core.errors import ErrorKind
 from kvswap.core.types import EngineError
 from kvswap.engine.metrics import EngineMetrics
-from kvswap.engine.plan.lora import LoraSet
-from kvswap.engine.plan.planner import Span, StepPlan
+from kvswap.engine.plan.lora import LoraSet, SetTurns
+from kvswap.engine.plan.planner import SlotWork, Span, StepPlan, plan_step
 from kvswap.engine.probs import top_probs
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import Runtime
@@ -81,6 +84,29 @@ class Stepper:
         self.vocab = vocab
         self.metrics = metrics
         self.spec = spec
+        self._turns = SetTurns()  # which LoRA set each step runs
+        self._lora: LoraSet = ()  # the set of the last step planned
+
+    def plan(self) -> tuple[StepPlan, LoraSet]:
+        """The next step's batch plan and the LoRA set it runs under."""
+        busy = [(s, s.running) for s in self.slots.busy() if s.running is not None]
+        if busy:
+            self._lora = self._turns.pick(s.lora for s, _ in busy)
+        stepping = [(s, run) for s, run in busy if s.lora == self._lora]
+        if self.spec is not None:
+            # Only this step's slots draft (the draft context runs no adapters).
+            self.spec.prepare([s for s, _ in stepping], self.runtime.n_ctx_slot)
+        work = [
+            SlotWork(
+                slot_id=s.id,
+                n_decode=1 + len(run.draft) if run.pending is not None else 0,
+                n_prompt_left=run.n_prompt_left,
+                admitted=run.admitted,
+                chunk_limit=run.chunk_limit(),
+            )
+            for s, run in stepping
+        ]
+        return plan_step(work, self.runtime.step_budget), self._lora
 
     def run(self, plan: StepPlan, lora: LoraSet, frozen: set[int]) -> StepOutcome:
         """Decode `plan` under LoRA set `lora`; `frozen` slots (mid-capture) keep their

@@ -56,6 +56,7 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         spec=spec_config(config),
         page_ram_bytes=config.paging.page_ram_bytes,
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
+        check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
     )
 
 

@@ -90,6 +90,21 @@ class SlotMemory:
     def clear(self, slot: Slot) -> None:
         self.slots[slot.id] = []
 
+    def check_integrity(self, n_tokens: dict[int, int]) -> None:
+        """Assert the checkpoints agree with their slots (`n_tokens`: slot id -> tokens held)
+        and with the budget: each one's bytes are its buffer's, none lies past its slot's
+        tokens, they run oldest first, and both caps hold."""
+        budget = self.budget
+        for slot_id, cps in self.slots.items():
+            assert slot_id in n_tokens, f"checkpoints of a slot that does not exist: {slot_id}"
+            assert [c.n_tokens for c in cps] == sorted(c.n_tokens for c in cps), slot_id
+            for c in cps:
+                assert c.n_bytes == len(c.data), (slot_id, c.n_tokens)
+                assert c.n_tokens <= n_tokens[slot_id], (slot_id, c.n_tokens)
+            assert budget.max_per_slot <= 0 or len(cps) <= budget.max_per_slot, slot_id
+        if budget.max_bytes > 0:
+            assert self.total_bytes <= budget.max_bytes, (self.total_bytes, budget.max_bytes)
+
     # -- cutting ----------------------------------------------------------------------------
 
     def cut(self, slot: Slot, n: int) -> int:

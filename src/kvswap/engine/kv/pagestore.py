@@ -94,6 +94,8 @@ class PageStore:
         self._pages: dict[str, Page] = {}
         self._held: dict[int, Page] = {}  # generation -> page no longer listed, held by spills
         self._charged = 0  # pages (listed and held) + open reservations + closing buffers
+        self._reserved = 0  # bytes of open reservations (admitted, not yet committed)
+        self._closing = 0  # bytes of buffers given to the disposer and not yet unmapped
         self._ids = itertools.count(1)
 
     # -- reading ----------------------------------------------------------------------------
@@ -180,6 +182,7 @@ class PageStore:
                 old.buffer.close()
                 self._charged -= old.n_bytes
             self._charged += n_bytes
+            self._reserved += n_bytes
         return Reservation(name, n_bytes)
 
     def trim(self, res: Reservation, name: str, n_bytes: int) -> Reservation:
@@ -188,18 +191,21 @@ class PageStore:
         assert n_bytes <= res.n_bytes
         with self._lock:
             self._charged -= res.n_bytes - n_bytes
+            self._reserved -= res.n_bytes - n_bytes
         return Reservation(name, n_bytes)
 
     def cancel(self, res: Reservation) -> None:
         """The copy failed (or was abandoned): give the reserved bytes back."""
         with self._lock:
             self._charged -= res.n_bytes
+            self._reserved -= res.n_bytes
 
     def commit(self, res: Reservation, buffer: mmap.mmap, layout: PageLayout) -> Page:
         """Store the copied page under its name; a page it replaces loses the store's hold."""
         assert len(buffer) >= res.n_bytes
         page = Page(res.name, next(self._ids), buffer, res.n_bytes, layout)
         with self._lock:
+            self._reserved -= res.n_bytes
             old = self._pages.pop(res.name, None)
             self._pages[res.name] = page
             if old is not None:
@@ -243,11 +249,30 @@ class PageStore:
             return
         self._held.pop(page.generation, None)
         n_bytes = page.n_bytes
+        self._closing += n_bytes
         self._dispose(page.buffer, lambda: self._uncharge(n_bytes))
 
     def _uncharge(self, n_bytes: int) -> None:
         with self._lock:
             self._charged -= n_bytes
+            self._closing -= n_bytes
+
+    def check_integrity(self) -> None:
+        """Assert the one count is whole: charged = listed + held + reserved + closing, within
+        the ceiling; every listed page is owned, held pages are not listed."""
+        with self._lock:
+            listed = sum(p.n_bytes for p in self._pages.values())
+            held = sum(p.n_bytes for p in self._held.values())
+            parts = (listed, held, self._reserved, self._closing)
+            assert self._charged == sum(parts), f"charged {self._charged} != {parts}"
+            assert 0 <= self._charged <= self.ceiling_bytes, f"charged {self._charged}"
+            assert self._reserved >= 0 and self._closing >= 0, parts
+            for name, page in self._pages.items():
+                assert page.name == name and page.owners >= 1, (name, page.owners)
+                assert len(page.buffer) >= page.n_bytes, name
+            for generation, page in self._held.items():
+                assert page.generation == generation and page.owners >= 1, generation
+                assert self._pages.get(page.name) is not page, generation
 
     def close(self) -> None:
         with self._lock:

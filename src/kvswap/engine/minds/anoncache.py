@@ -202,6 +202,19 @@ class AnonCache:
                 if not names:
                     del self._index[h]
 
+    def check_integrity(self) -> None:
+        """Assert the index is exactly the entries' block hashes, and each entry is a page."""
+        expected: dict[bytes, set[str]] = {}
+        for name, entry in self._entries.items():
+            assert entry.name == name and entry.hashes == block_hashes(entry.tokens), name
+            for h in entry.hashes:
+                expected.setdefault(h, set()).add(name)
+            if self.store is not None:
+                assert self.store.has(name), f"cache entry {name} has no page"
+        assert self._index == expected, "the anonymous cache's index drifted from its entries"
+        if self.store is not None:
+            assert self.n_bytes() <= self._limit(), (self.n_bytes(), self._limit())
+
     def _forget_gone(self) -> None:
         store = self.store
         for name in [n for n in self._entries if store is None or not store.has(n)]:
