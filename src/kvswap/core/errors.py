@@ -43,3 +43,46 @@ class KvswapError(Exception):
         self.kind = kind
         self.message = message
         self.extra = extra  # extra fields llama-server puts beside code/message/type
+
+
+# Domain errors: raised where the fact is known, typed by class; each declares its kind once
+# here, and the HTTP layer answers `kind.code` (server.errors).
+
+
+class PageNotFound(KvswapError):
+    """No page is stored under the name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(ErrorKind.NOT_FOUND, f"no page named {name!r}")
+        self.name = name
+
+
+class PageTooLarge(KvswapError):
+    """A page larger than the whole page store: it can never be stored."""
+
+    def __init__(self, n_bytes: int, ceiling_bytes: int) -> None:
+        super().__init__(
+            ErrorKind.INVALID_REQUEST,
+            f"the page needs {n_bytes} bytes, more than the whole page store "
+            f"(--page-ram-bytes {ceiling_bytes})",
+        )
+        self.n_bytes, self.ceiling_bytes = n_bytes, ceiling_bytes
+
+
+class StoreFull(KvswapError):
+    """The page store cannot take the page now (it may later)."""
+
+    def __init__(self, charged_bytes: int, ceiling_bytes: int, n_bytes: int) -> None:
+        super().__init__(
+            ErrorKind.UNAVAILABLE,
+            f"the page store is full: {charged_bytes} of {ceiling_bytes} bytes held, the page "
+            f"needs {n_bytes}",
+        )
+        self.n_bytes = n_bytes
+
+
+class StoreOff(KvswapError):
+    """The feature needs the page store, and this server runs without one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.NOT_SUPPORTED, message)

@@ -13,6 +13,9 @@ from enum import StrEnum
 from kvswap.core.errors import ErrorKind
 from kvswap.core.sampling import SamplingParams
 
+# A LoRA set: (adapter id, scale) pairs, sorted by id, no zero scales.
+LoraSet = tuple[tuple[int, float], ...]
+
 
 class StopType(StrEnum):
     """Why generation ended, as llama-server's `stop_type`."""
@@ -41,8 +44,8 @@ class GenerationRequest:
     t_max_predict_ms: int = 0  # 0: no time limit on generation
     # The LoRA set it runs under (engine.lora.LoraSet: (adapter id, scale), sorted, no zeros),
     # and the request's own `lora` field as sent (reported in /slots and generation_settings).
-    lora: tuple[tuple[int, float], ...] = ()
-    lora_request: tuple[tuple[int, float], ...] = ()
+    lora: LoraSet = ()
+    lora_request: LoraSet = ()
     mind: str = ""  # the mind's key (engine.minds.mind_key); "": anonymous
 
 

@@ -16,6 +16,7 @@ from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
+from kvswap.core.types import LoraSet
 from kvswap.engine.kv.checkpoints import CheckpointBudget
 from kvswap.engine.kv.memory import SlotMemory
 from kvswap.engine.kv.pagefmt import PageGeometry
@@ -23,7 +24,6 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.slotstate import StateMover
 from kvswap.engine.kv.verbs import PageCounters, SlotVerbs
 from kvswap.engine.plan.geometry import Geometry
-from kvswap.engine.plan.lora import LoraSet
 from kvswap.engine.slot import Slot
 from kvswap.engine.spec.speculate import SpecConfig, Speculator
 

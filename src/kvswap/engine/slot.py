@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvswap.core.types import LoraSet
 from kvswap.engine.tokens import TokenBuffer
 
 if TYPE_CHECKING:
@@ -28,8 +29,8 @@ class Slot:
     running: RunningRequest | None = None
     t_last_used: float = 0.0
     locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
-    # The LoRA set its KV was computed under (engine.lora.LoraSet); only equal sets share it.
-    lora: tuple[tuple[int, float], ...] = ()
+    # The LoRA set its KV was computed under (core.types.LoraSet); only equal sets share it.
+    lora: LoraSet = ()
     mind: str | None = None  # the mind (engine.minds key) whose state the slot holds
 
     @property

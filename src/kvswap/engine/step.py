@@ -25,9 +25,9 @@ import numpy as np
 
 from kvswap.backend.vocab import Vocab
 from kvswap.core.errors import ErrorKind
-from kvswap.core.types import EngineError
+from kvswap.core.types import EngineError, LoraSet
 from kvswap.engine.metrics import EngineMetrics
-from kvswap.engine.plan.lora import LoraSet, SetTurns
+from kvswap.engine.plan.lora import SetTurns
 from kvswap.engine.plan.planner import SlotWork, Span, StepPlan, plan_step
 from kvswap.engine.probs import top_probs
 from kvswap.engine.running import RunningRequest

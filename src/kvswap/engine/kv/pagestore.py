@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import PageNotFound, PageTooLarge, StoreFull
 from kvswap.engine.kv.pagefmt import LoraRef, PageLayout
 
 # Closes a buffer, then calls `done` (possibly on another thread).
@@ -127,7 +127,7 @@ class PageStore:
     def _get(self, name: str) -> Page:
         page = self._pages.get(name)
         if page is None:
-            raise KvswapError(ErrorKind.NOT_FOUND, f"no page named {name!r}")
+            raise PageNotFound(name)
         return page
 
     def infos(self) -> list[PageInfo]:
@@ -156,24 +156,16 @@ class PageStore:
         """Admit and charge `n_bytes` for a page named `name` (the caller then allocates a
         buffer of that size, copies, and commits; or cancels).
 
-        Raises a typed 400 when the page is larger than the whole ceiling, a typed 503 when the
+        Raises PageTooLarge when the page is larger than the whole ceiling, StoreFull when the
         store cannot take it now; the page stored under `name` is untouched by a refusal.
         """
         if n_bytes > self.ceiling_bytes:
-            raise KvswapError(
-                ErrorKind.INVALID_REQUEST,
-                f"the page needs {n_bytes} bytes, more than the whole page store "
-                f"(--page-ram-bytes {self.ceiling_bytes})",
-            )
+            raise PageTooLarge(n_bytes, self.ceiling_bytes)
         with self._lock:
             old = self._pages.get(name)
             replaceable = old.n_bytes if old is not None and old.owners == 1 else 0
             if self._charged - replaceable + n_bytes > self.ceiling_bytes:
-                raise KvswapError(
-                    ErrorKind.UNAVAILABLE,
-                    f"the page store is full: {self._charged} of {self.ceiling_bytes} bytes "
-                    f"held, the page needs {n_bytes}",
-                )
+                raise StoreFull(self._charged, self.ceiling_bytes, n_bytes)
             if old is not None and self._charged + n_bytes > self.ceiling_bytes:
                 # It only fits without the old page: close it here and now (synchronously, so
                 # its bytes are really gone before they are counted for the new page).
@@ -227,7 +219,7 @@ class PageStore:
     def drop(self, name: str) -> None:
         """page_drop: a typed 404 when there is no such page."""
         if not self.remove(name):
-            raise KvswapError(ErrorKind.NOT_FOUND, f"no page named {name!r}")
+            raise PageNotFound(name)
 
     def hold(self, name: str) -> Page:
         """A spill (or a page_in) takes a hold: the page stays alive and counted until `release`."""

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from kvswap.backend.context import Context
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.engine.commands import (
     Applied,
     Captured,
@@ -96,7 +96,7 @@ class SlotVerbs:
 
     def _store(self) -> PageStore:
         if self.store is None:
-            raise KvswapError(ErrorKind.NOT_SUPPORTED, "the page store is off (--page-ram-bytes 0)")
+            raise StoreOff("the page store is off (--page-ram-bytes 0)")
         return self.store
 
     def _page_in(self, slot: Slot, name: str) -> PageMoved:

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.engine.commands import Captured, RoomReport, Submit
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
 from kvswap.engine.kv.pagestore import PageStore, Reservation
@@ -279,7 +279,5 @@ class Seating:
 
     def _store(self) -> PageStore:
         if self.store is None:
-            raise KvswapError(
-                ErrorKind.NOT_SUPPORTED, "minds need the page store (--page-ram-bytes > 0)"
-            )
+            raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
         return self.store

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 
 from kvswap.backend.lora import AdapterInfo
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.types import LoraSet
 from kvswap.engine.kv.pagefmt import LoraRef
 
-LoraSet = tuple[tuple[int, float], ...]
 STEPS_PER_TURN = 8
 
 

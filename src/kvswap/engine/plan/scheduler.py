@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvswap.core.types import LoraSet
 from kvswap.engine.slot import Slot
 
 
@@ -34,7 +35,7 @@ class Job:
     prompt: npt.NDArray[np.int32] | None = None  # for slot choice; None for slot verbs
     payload: object = None  # the command that created the job
     cancelled: bool = False
-    lora: tuple[tuple[int, float], ...] = ()  # a request's LoRA set: only its slots' prefixes count
+    lora: LoraSet = ()  # a request's LoRA set: only its slots' prefixes count
     mind: str = ""  # the mind the request names ("": anonymous)
 
 
@@ -43,7 +44,7 @@ def choose_slot(
     prompt: npt.NDArray[np.int32],
     similarity: float,
     taken: set[int],
-    lora: tuple[tuple[int, float], ...] = (),
+    lora: LoraSet = (),
     mind: str = "",
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import Nudge
@@ -72,9 +72,7 @@ class MindGate:
         key = request.mind
         store = self.store
         if store is None:
-            raise KvswapError(
-                ErrorKind.NOT_SUPPORTED, "minds need the page store (--page-ram-bytes > 0)"
-            )
+            raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if not self.demoter.own(key):

@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.engine.commands import (
     Applied,
     Captured,
@@ -69,7 +69,7 @@ def _publisher(state: ServerState) -> Publisher:
 
 def _store(state: ServerState) -> PageStore:
     if state.store is None:
-        raise KvswapError(ErrorKind.NOT_SUPPORTED, "the page store is off (--page-ram-bytes 0)")
+        raise StoreOff("the page store is off (--page-ram-bytes 0)")
     return state.store
 
 

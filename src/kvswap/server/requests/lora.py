@@ -18,7 +18,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from kvswap.backend.lora import AdapterInfo
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.plan.lora import LoraSet, lora_set
+from kvswap.core.types import LoraSet
+from kvswap.engine.plan.lora import lora_set
 from kvswap.server.requests.schemas import LoraEntry, validation_message
 
 _ENTRIES = TypeAdapter(list[LoraEntry])
