@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -367,30 +368,32 @@ class Engine:
 
     def _apply(self, outcome: StepOutcome) -> None:
         """End the requests the step finished; a full KV pool pages an idle resident out (the
-        step is then retried), else the most recently admitted request gives way."""
-        for slot_id, error in outcome.finished.items():
-            self._release(self.slots[slot_id], error)
-        if not outcome.kv_full or self.seating.page_out_idle_resident():
-            return
+        step is then retried), else the most recently admitted request gives way. The snapshot
+        is refreshed before any completion goes out: a client that has its answer reads /slots
+        and /pages as they are after it."""
+        ended = [self._end(self.slots[i], error) for i, error in outcome.finished.items()]
         running = [s for s in outcome.retry if s.running is not None]
-        if not running:
-            return
-        victim = max(running, key=lambda s: s.running.admitted if s.running else -1)
-        run = victim.running
-        assert run is not None
-        log.warning("KV pool full: refusing request %s on slot %d", run.req_id, victim.id)
-        self._release(
-            victim,
-            EngineError(
-                run.req_id,
-                ErrorKind.UNAVAILABLE,
+        if outcome.kv_full and running and not self.seating.page_out_idle_resident():
+            victim = max(running, key=lambda s: s.running.admitted if s.running else -1)
+            req_id = victim.running.req_id if victim.running else -1
+            log.warning("KV pool full: refusing request %s on slot %d", req_id, victim.id)
+            message = (
                 "the KV pool is full: no room for this request now (other slots hold their "
-                "conversations); retry later or erase a slot",
-            ),
-        )
+                "conversations); retry later or erase a slot"
+            )
+            ended.append(self._end(victim, EngineError(req_id, ErrorKind.UNAVAILABLE, message)))
+        if ended:
+            self.snapshot = self._make_snapshot()
+            self._t_snapshot = time.monotonic()
+        for deliver in ended:
+            deliver()
 
     def _release(self, slot: Slot, error: EngineError | None = None) -> None:
-        """End the slot's request: send its completion (or `error`) and free the slot."""
+        """End the slot's request and send its completion (or `error`) now."""
+        self._end(slot, error)()
+
+    def _end(self, slot: Slot, error: EngineError | None) -> Callable[[], None]:
+        """Free the slot of its request; returns the delivery of its completion (or `error`)."""
         run = slot.running
         assert run is not None
         slot.running = None
@@ -404,7 +407,7 @@ class Engine:
                 completion.timings.predicted_n, completion.timings.predicted_ms / 1e3
             )
         run.close()
-        run.sink(completion)
+        return lambda: run.sink(completion)
 
     def _reconfigured(self, finished: Finished) -> None:
         """A reconfigure ended: queued work that no longer fits fails, typed; /props shows the

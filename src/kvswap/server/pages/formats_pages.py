@@ -10,6 +10,7 @@ from typing import Any
 
 from kvswap.engine.commands import PageMoved
 from kvswap.engine.kv.pagestore import PageInfo
+from kvswap.engine.minds.anoncache import KEY_PREFIX as ANON_PREFIX
 from kvswap.engine.minds.registry import MindView
 
 
@@ -57,12 +58,15 @@ def _page_json(p: PageInfo) -> dict[str, Any]:
 
 
 def pages_json(infos: Sequence[PageInfo], n_bytes: int, ceiling_bytes: int) -> dict[str, Any]:
-    """Every page in the store, and the generations only running spills still hold."""
+    """Every named page in the store, the generations only running spills still hold, and the
+    anonymous prompt cache's pages as one summary (they are the server's, not a client's)."""
+    cached = [p for p in infos if p.in_store and p.name.startswith(ANON_PREFIX)]
     return {
         "n_bytes": n_bytes,
         "ceiling_bytes": ceiling_bytes,
-        "pages": [_page_json(p) for p in infos if p.in_store],
+        "pages": [_page_json(p) for p in infos if p.in_store and p not in cached],
         "held_by_spills": [_page_json(p) for p in infos if not p.in_store],
+        "anonymous_cache": {"n_pages": len(cached), "n_bytes": sum(p.n_bytes for p in cached)},
     }
 
 
