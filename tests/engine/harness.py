@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
+from kvswap.core.sampling import SamplingParams
+from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import Submit
-from kvswap.engine.engine import Engine, EngineConfig
-from kvswap.engine.geometry import resolve_geometry
-from kvswap.engine.sampling import SamplingParams
-from kvswap.engine.speculate import SpecConfig
-from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.engine.engine import Engine
+from kvswap.engine.plan.geometry import resolve_geometry
+from kvswap.engine.runtime import EngineConfig
+from kvswap.engine.spec.speculate import SpecConfig
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -43,8 +44,15 @@ def make_engine(
         cache_type_v="f16",
         n_ctx_train=model.info.n_ctx_train,
     )
-    config = EngineConfig(geometry=geo, n_threads=n_threads, n_threads_batch=n_threads, spec=spec)
-    engine = Engine(model, config, page_ram_bytes, adapters=adapters, draft_model=draft_model)
+    config = EngineConfig(
+        geometry=geo,
+        n_threads=n_threads,
+        n_threads_batch=n_threads,
+        spec=spec,
+        page_ram_bytes=page_ram_bytes,
+        check_integrity=True,  # every byte owner checks itself whenever the engine idles
+    )
+    engine = Engine(model, config, adapters=adapters, draft_model=draft_model)
 
     engine.start()
     return engine

@@ -6,8 +6,9 @@ import time
 
 import pytest
 
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.types import Completion, EngineError, StopType
 from kvswap.engine.commands import Cancel, Erased, PageIn, PageMoved, SlotErase
-from kvswap.engine.types import Completion, EngineError, ErrorKind, KvswapError, StopType
 from tests.engine.harness import (
     call,
     complete,

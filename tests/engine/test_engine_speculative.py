@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from kvswap.backend.model import Model
+from kvswap.core.errors import KvswapError
+from kvswap.core.types import Completion, GenerationRequest
 from kvswap.engine.commands import PageIn, PageMoved, PageOut
 from kvswap.engine.engine import Engine
-from kvswap.engine.speculate import DRAFT_SIMPLE, NGRAM_SIMPLE, SpecConfig, check_compatible
-from kvswap.engine.types import Completion, GenerationRequest, KvswapError
+from kvswap.engine.spec.speculate import DRAFT_SIMPLE, NGRAM_SIMPLE, SpecConfig, check_compatible
 from kvswap.tiny import tiny_model_path
 from tests.engine.harness import (
     call,

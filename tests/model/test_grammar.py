@@ -17,7 +17,7 @@ from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.grammar import GrammarError, check_grammar
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
-from kvswap.engine.sampling import SamplingParams
+from kvswap.core.sampling import SamplingParams
 from kvswap.grammar import json_schema_grammar
 from kvswap.grammar.gbnf import RuleSet, literal, text_until
 from tests.model.grammar_util import grammar_accepts

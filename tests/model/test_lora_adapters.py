@@ -11,10 +11,10 @@ import pytest
 
 from kvswap.backend.lora import AdapterLoadError, Adapters
 from kvswap.backend.model import Model
-from kvswap.engine.buffers import new_buffer
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.commands import PageIn, PageMoved, PageOut
 from kvswap.engine.engine import Engine
-from kvswap.engine.types import ErrorKind, KvswapError
+from kvswap.engine.kv.buffers import new_buffer
 from kvswap.tiny import tiny_model_path
 from kvswap.tiny.lora import tiny_lora_path
 from tests.engine.harness import call, complete, make_engine, request

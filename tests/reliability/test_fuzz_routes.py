@@ -22,7 +22,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvswap.engine.types import ErrorKind
+from kvswap.core.errors import ErrorKind
 from kvswap.tiny import tiny_model_path
 from tests.reliability.openapi_cases import Case, Fuzzer
 from tests.server.harness import ServerProcess

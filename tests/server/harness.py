@@ -39,7 +39,8 @@ class ServerProcess:
             [sys.executable, "-m", "kvswap", "serve", "--port", str(self.port), *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            # Every byte owner checks its integrity whenever the engine idles (debug mode).
+            env={**os.environ, "KVSWAP_CHECK_INTEGRITY": "1", **(env or {})},
             cwd=REPO,
         )
         self.client = httpx.Client(base_url=self.url, timeout=300)

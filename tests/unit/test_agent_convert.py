@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from kvswap.engine.types import KvswapError
-from kvswap.server.schemas import ChatCompletionRequest, parse_body
-from kvswap.server.schemas_anthropic import MessagesRequest
-from kvswap.server.schemas_anthropic import to_chat_body as anthropic_chat
-from kvswap.server.schemas_responses import ResponsesRequest
-from kvswap.server.schemas_responses import to_chat_body as responses_chat
+from kvswap.core.errors import KvswapError
+from kvswap.server.anthropic.schemas import MessagesRequest
+from kvswap.server.anthropic.schemas import to_chat_body as anthropic_chat
+from kvswap.server.openai.schemas_responses import ResponsesRequest
+from kvswap.server.openai.schemas_responses import to_chat_body as responses_chat
+from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 
 
 def anthropic(raw: dict) -> dict:

@@ -13,12 +13,12 @@ from openai.types.responses import Response
 
 from kvswap.chat.blocks import BlockKind, BlockStream
 from kvswap.chat.message import ChatMsg, MsgDiff, ToolCall
-from kvswap.engine.sampling import SamplingParams
-from kvswap.engine.types import Completion, GenerationRequest, StopType, Timings
-from kvswap.server import formats_anthropic as fa
-from kvswap.server import formats_responses as fr
-from kvswap.server.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
-from kvswap.server.formats_oai import OaiMeta
+from kvswap.core.sampling import SamplingParams
+from kvswap.core.types import Completion, GenerationRequest, StopType, Timings
+from kvswap.server.anthropic import formats as fa
+from kvswap.server.openai import formats_responses as fr
+from kvswap.server.openai.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
+from kvswap.server.openai.formats_oai import OaiMeta
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from kvswap.engine.checkpoints import Checkpoint, CheckpointBudget, boundaries, newest_usable
+from kvswap.engine.kv.checkpoints import Checkpoint, CheckpointBudget, boundaries, newest_usable
 
 
 def _ck(n_tokens: int, n_bytes: int = 100) -> Checkpoint:

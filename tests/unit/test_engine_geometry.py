@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvswap.engine.geometry import resolve_geometry
+from kvswap.engine.plan.geometry import resolve_geometry
 
 
 def _resolve(n_ctx: int, n_parallel: int, n_batch: int) -> object:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvswap.engine.ngram import ngram_simple_draft
+from kvswap.engine.spec.ngram import ngram_simple_draft
 
 
 def _arr(tokens: list[int]) -> np.ndarray:

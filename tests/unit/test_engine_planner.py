@@ -1,6 +1,6 @@
 """The step planner: decode first, prompt chunks under the budget, logits only where sampled."""
 
-from kvswap.engine.planner import SlotWork, Span, plan_step
+from kvswap.engine.plan.planner import SlotWork, Span, plan_step
 
 
 def test_decodes_come_first_and_prefill_fills_the_budget() -> None:

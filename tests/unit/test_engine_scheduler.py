@@ -2,8 +2,9 @@
 
 import numpy as np
 
-from kvswap.engine.scheduler import Job, WaitQueue, choose_slot
-from kvswap.engine.slot import Slot, TokenBuffer
+from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
+from kvswap.engine.slot import Slot
+from kvswap.engine.tokens import TokenBuffer
 
 
 def _slots(n: int) -> list[Slot]:

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from kvswap.backend.lora import AdapterInfo
-from kvswap.engine.lora import SetTurns, lora_set, next_group, refs_of, resolve
-from kvswap.engine.scheduler import choose_slot
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.engine.plan.lora import SetTurns, lora_set, next_group, refs_of, resolve
+from kvswap.engine.plan.scheduler import choose_slot
 from kvswap.engine.slot import Slot
-from kvswap.engine.types import ErrorKind, KvswapError
-from kvswap.server.lora import LoraScales, parse_entries
-from kvswap.server.schemas import LoraEntry
+from kvswap.server.requests.lora import LoraScales, parse_entries
+from kvswap.server.requests.schemas import LoraEntry
 
 
 def _info(i: int, name: str, scale: float = 1.0) -> AdapterInfo:

@@ -4,12 +4,12 @@ the anonymous cache's block hashes, and the page store's trim."""
 import numpy as np
 import pytest
 
-from kvswap.engine.anoncache import BLOCK_TOKENS, block_hashes
-from kvswap.engine.minds import mind_key, namespace_of, split_key
-from kvswap.engine.pagestore import PageStore
-from kvswap.engine.scheduler import Job, WaitQueue, choose_slot
+from kvswap.core.errors import KvswapError
+from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.minds.anoncache import BLOCK_TOKENS, block_hashes
+from kvswap.engine.minds.registry import mind_key, namespace_of, split_key
+from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
 from kvswap.engine.slot import Slot
-from kvswap.engine.types import KvswapError
 
 
 def _slots(n: int) -> list[Slot]:

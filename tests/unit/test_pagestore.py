@@ -7,10 +7,10 @@ import os
 import psutil
 import pytest
 
-from kvswap.engine.buffers import new_buffer
-from kvswap.engine.pagefmt import PageGeometry, plan_layout
-from kvswap.engine.pagestore import Page, PageStore
-from kvswap.engine.types import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.kv.pagefmt import PageGeometry, plan_layout
+from kvswap.engine.kv.pagestore import Page, PageStore
 
 MiB = 1 << 20
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=1024)

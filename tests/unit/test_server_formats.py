@@ -15,8 +15,8 @@ import openai.types as oai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from kvswap.engine.sampling import LLAMA_DEFAULT_SEED, SamplingParams
-from kvswap.engine.types import (
+from kvswap.core.sampling import LLAMA_DEFAULT_SEED, SamplingParams
+from kvswap.core.types import (
     Completion,
     GenerationRequest,
     PromptProgress,
@@ -26,8 +26,9 @@ from kvswap.engine.types import (
     TokenProb,
     TokenProbs,
 )
-from kvswap.server import formats, formats_info, formats_native, formats_oai
-from kvswap.server.formats_info import (
+from kvswap.server import formats
+from kvswap.server.llama import formats_info, formats_native
+from kvswap.server.llama.formats_info import (
     ContextGeometry,
     KvGeometry,
     ModelView,
@@ -35,7 +36,8 @@ from kvswap.server.formats_info import (
     SlotTaskView,
     SlotView,
 )
-from kvswap.server.formats_oai import OaiMeta
+from kvswap.server.openai import formats_oai
+from kvswap.server.openai.formats_oai import OaiMeta
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from kvswap.engine.sampling import DEFAULT_SAMPLERS, LLAMA_DEFAULT_SEED
-from kvswap.engine.types import ErrorKind, KvswapError
-from kvswap.server import params
-from kvswap.server.params import PromptPart
-from kvswap.server.schemas import (
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.sampling import DEFAULT_SAMPLERS, LLAMA_DEFAULT_SEED
+from kvswap.server.requests import params
+from kvswap.server.requests.params import PromptPart
+from kvswap.server.requests.schemas import (
     ApplyTemplateRequest,
     ChatCompletionRequest,
     CompletionRequest,

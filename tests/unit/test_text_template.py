@@ -9,19 +9,21 @@ from typing import Any
 
 import pytest
 
-from kvswap.text.template import (
-    CHATML_TEMPLATE,
-    ChatTemplate,
+from kvswap.text.messages import (
     InvalidMessagesError,
-    TemplateRaisedError,
-    TemplateRenderError,
-    TemplateSyntaxError,
     join_text_parts,
     normalize_messages,
     normalize_tools,
+    validate_messages,
+)
+from kvswap.text.template import (
+    CHATML_TEMPLATE,
+    ChatTemplate,
+    TemplateRaisedError,
+    TemplateRenderError,
+    TemplateSyntaxError,
     strip_leading_bos,
     strip_trailing_eos,
-    validate_messages,
 )
 
 FIXED = datetime(2024, 7, 26, 9, 30)

@@ -71,13 +71,14 @@ class Adapters:
         out = cls()
         try:
             for path, scale in specs:
-                out._load_one(model, path, scale if apply else 0.0)
+                out.add(model, path, scale if apply else 0.0)
         except BaseException:
             out.close()
             raise
         return out
 
-    def _load_one(self, model: Model, path: str, scale: float) -> None:
+    def add(self, model: Model, path: str, scale: float) -> None:
+        """Load one more adapter at global scale `scale`."""
         try:
             sha256 = file_sha256(path)
         except OSError as err:

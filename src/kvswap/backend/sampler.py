@@ -33,8 +33,8 @@ import numpy.typing as npt
 from kvswap.backend.context import Context
 from kvswap.backend.grammar import GrammarError, new_grammar_sampler
 from kvswap.backend.vocab import Vocab, utf8_prefix
-from kvswap.engine.sampling import SamplingParams
-from kvswap.engine.types import TokenProb, TokenProbs
+from kvswap.core.sampling import SamplingParams
+from kvswap.core.types import TokenProb, TokenProbs
 
 log = logging.getLogger("kvswap.sampler")
 

@@ -126,7 +126,7 @@ class BareLoop:
     def run(self, job: Job) -> float:
         """Seconds to prefill every prompt and generate `n_gen` tokens per stream."""
         from kvswap.backend.sampler import SamplerChain
-        from kvswap.engine.sampling import SamplingParams
+        from kvswap.core.sampling import SamplingParams
 
         ctx, batch, load = self.ctx, self.batch, self.load
         ctx.clear()

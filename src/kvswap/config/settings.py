@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvswap.config.machine import MachineInfo
-from kvswap.engine.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, DEFAULT_SAMPLERS
+from kvswap.core.sampling import DEFAULT_DRY_SEQUENCE_BREAKERS, DEFAULT_SAMPLERS
 
 N_PARALLEL_AUTO_SLOTS = 4  # llama-server: -np auto (-1) means 4 slots with unified KV
 N_GPU_LAYERS_AUTO = -1  # -ngl auto

@@ -11,7 +11,7 @@ import re
 
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag, set_bool, set_float, set_int
 from kvswap.config.values import read_float, read_int
-from kvswap.engine.sampling import LLAMA_DEFAULT_SEED
+from kvswap.core.sampling import LLAMA_DEFAULT_SEED
 
 VALUE, VOID = Kind.VALUE, Kind.VOID
 SAMPLING = Group.SAMPLING

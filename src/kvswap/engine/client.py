@@ -1,9 +1,10 @@
-"""The asyncio side of the engine: post commands, await results, stream events.
+"""The asyncio side of the engine: start it, post commands, await results, stream events.
 
-HTTP handlers use only this. Events cross from the engine thread to the event loop through
-`loop.call_soon_threadsafe`; nothing here blocks the loop. When the caller stops listening
-(client disconnect, task cancelled), the client posts `Cancel`, so the engine frees the slot or
-drops the waiting job.
+HTTP handlers use only this (and the snapshot and page handle it exposes); it is the one module
+above the engine that holds the `Engine`. Events cross from the engine thread to the event loop
+through `loop.call_soon_threadsafe`; nothing here blocks the loop. When the caller stops
+listening (client disconnect, task cancelled), the client posts `Cancel`, so the engine frees the
+slot or drops the waiting job.
 """
 
 from __future__ import annotations
@@ -11,57 +12,80 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from kvswap.backend.lora import Adapters
+from kvswap.backend.model import Model
+from kvswap.core.errors import KvswapError
+from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
-from kvswap.engine.slotstate import SlotState
+from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.slotstate import SlotState
+from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.snapshot import EngineSnapshot
-from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest, KvswapError
 
+T = TypeVar("T")
 Disconnected = Callable[[], Awaitable[bool]]
-# Holds a request's mind while it runs; yields the mind's state when it was read from disk.
-MindSession = Callable[[GenerationRequest], AbstractAsyncContextManager[SlotState | None]]
 
 # How often a waiting handler checks whether its client went away.
 _DISCONNECT_POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class PagesHandle:
+    """What the HTTP side and the tiers may touch of the engine's state directly: the page
+    store and the mind registry (both thread-safe owners)."""
+
+    store: PageStore | None
+    registry: MindRegistry
 
 
 class EngineClient:
     """Posts typed commands to the engine thread and receives its events."""
 
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine = engine
+        self._engine = engine
         self.loop = loop
         self._ids = itertools.count(1)
-        self.mind_session: MindSession | None = None  # set by the server when minds are on
+        self.pages = PagesHandle(engine.store, engine.registry)
+
+    @classmethod
+    def start(
+        cls,
+        model: Model,
+        config: EngineConfig,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        adapters: Adapters | None = None,
+        draft_model: Model | None = None,
+    ) -> EngineClient:
+        """Build the engine on the loaded model(s) and start its thread."""
+        engine = Engine(model, config, adapters=adapters, draft_model=draft_model)
+        engine.start()
+        return cls(engine, loop)
+
+    def close(self) -> None:
+        """Stop the engine thread and free its contexts (the model stays the caller's)."""
+        self._engine.close()
 
     @property
     def snapshot(self) -> EngineSnapshot:
-        return self.engine.snapshot
+        return self._engine.snapshot
 
     def new_id(self) -> int:
         return next(self._ids)
 
     def post(self, cmd: Command) -> None:
-        self.engine.post(cmd)
+        self._engine.post(cmd)
 
-    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
-        """Run a request and yield its events; the last is a Completion or an EngineError.
-
-        A request naming a mind runs inside the mind's session (one request per mind)."""
-        if request.mind and self.mind_session is not None:
-            async with self.mind_session(request) as restore:
-                async for event in self._stream(request, restore):
-                    yield event
-            return
-        async for event in self._stream(request, None):
-            yield event
-
-    async def _stream(
-        self, request: GenerationRequest, restore: SlotState | None
+    async def stream(
+        self, request: GenerationRequest, restore: SlotState | None = None
     ) -> AsyncGenerator[Event, None]:
+        """Run a request and yield its events; the last is a Completion or an EngineError.
+        `restore` is a mind's state read back from disk, applied before the prompt."""
         req_id = self.new_id()
         events: asyncio.Queue[Event] = asyncio.Queue()
         loop = self.loop
@@ -83,27 +107,12 @@ class EngineClient:
             if not finished:
                 self.post(Cancel(req_id))
 
-    async def complete(
-        self, request: GenerationRequest, disconnected: Disconnected | None = None
-    ) -> Completion:
-        """Run a request to its end; raises KvswapError on failure. A disconnect cancels it."""
-        agen = self.stream(request)
-        try:
-            while True:
-                event = await _next_or_disconnect(agen, disconnected)
-                if isinstance(event, EngineError):
-                    raise KvswapError(event.kind, event.message, **event.extra)
-                if isinstance(event, Completion):
-                    return event
-        finally:
-            await agen.aclose()
-
     async def call(
         self,
-        make: Callable[[int, Reply], Command],
+        make: Callable[[int, Reply[T]], Command],
         disconnected: Disconnected | None = None,
-        on_reply: Callable[[Any], None] | None = None,
-    ) -> Any:
+        on_reply: Callable[[T | KvswapError], None] | None = None,
+    ) -> T:
         """Post a command built by `make(req_id, reply)` and await its reply.
 
         `on_reply` runs on the event loop when the engine answers, even if the caller was
@@ -111,10 +120,10 @@ class EngineClient:
         engine may still read them.
         """
         req_id = self.new_id()
-        future: asyncio.Future[Any] = self.loop.create_future()
+        future: asyncio.Future[T | KvswapError] = self.loop.create_future()
         loop = self.loop
 
-        def reply(result: Any) -> None:
+        def reply(result: T | KvswapError) -> None:
             loop.call_soon_threadsafe(_resolve, future, result, on_reply)
 
         self.post(make(req_id, reply))
@@ -141,9 +150,7 @@ class ClientGone(Exception):
     """The HTTP client disconnected while its request waited."""
 
 
-async def _await_or_disconnect(
-    future: asyncio.Future[Any], disconnected: Disconnected | None
-) -> Any:
+async def _await_or_disconnect(future: asyncio.Future[T], disconnected: Disconnected | None) -> T:
     if disconnected is None:
         return await future
     while True:
@@ -154,9 +161,10 @@ async def _await_or_disconnect(
             raise ClientGone()
 
 
-async def _next_or_disconnect(
+async def next_or_disconnect(
     agen: AsyncIterator[Event], disconnected: Disconnected | None
 ) -> Event:
+    """The next event of a stream, or ClientGone when the client leaves first."""
     task = asyncio.ensure_future(agen.__anext__())
     try:
         return await _await_or_disconnect(task, disconnected)

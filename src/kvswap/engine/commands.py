@@ -1,22 +1,26 @@
-"""Typed commands that HTTP handlers post to the engine thread's inbox.
+"""Typed commands posted to the engine thread's inbox, and the results they reply with.
 
 Each command carries a `reply` (or a `sink` for streams) that the engine calls from its own
-thread; `EngineClient` turns those calls into asyncio results. Commands hold plain data and
-buffers, never libllama objects.
+thread, once, with the command's result type or a `KvswapError`; `EngineClient` turns those calls
+into asyncio results. Commands hold plain data and buffers, never libllama objects. HTTP handlers
+post them through the client; the demoter posts `RoomReport`.
 """
 
 from __future__ import annotations
 
 import mmap
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TypeVar
 
-from kvswap.engine.pagefmt import PageLayout
-from kvswap.engine.slotstate import SlotState
-from kvswap.engine.types import Event, GenerationRequest
+from kvswap.core.errors import KvswapError
+from kvswap.core.types import EngineError, Event, GenerationRequest
+from kvswap.engine.kv.pagefmt import PageLayout
+from kvswap.engine.kv.slotstate import SlotState
+from kvswap.engine.plan.geometry import Geometry
 
-Reply = Callable[[Any], None]  # called once with a result or a KvswapError
+T = TypeVar("T")
+Reply = Callable[[T | KvswapError], None]  # called once with a result or a KvswapError
 Sink = Callable[[Event], None]  # called per event; the last is a Completion or an EngineError
 
 
@@ -44,7 +48,7 @@ class SlotCapture:
 
     req_id: int
     slot_id: int
-    reply: Reply
+    reply: Reply[Captured]
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class SlotApply:
     req_id: int
     slot_id: int
     state: SlotState
-    reply: Reply
+    reply: Reply[Applied]
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,7 @@ class SlotErase:
 
     req_id: int
     slot_id: int
-    reply: Reply
+    reply: Reply[Erased]
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ class PageOut:
     req_id: int
     slot_id: int
     name: str
-    reply: Reply
+    reply: Reply[PageMoved]
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,7 @@ class PageIn:
     req_id: int
     slot_id: int
     name: str
-    reply: Reply
+    reply: Reply[PageMoved]
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ class Reconfigure:
 
     req_id: int
     spec: ReconfigureSpec
-    reply: Reply
+    reply: Reply[ReconfigureReceipt]
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ class FlushMinds:
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes."""
 
-    reply: Reply
+    reply: Reply[list[tuple[str, Captured]]]
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,25 @@ class Nudge:
     """Wake the engine to retry waiting work (the demoter made room). `reply`, when given, is
     called once every command posted before this one has been handled (a barrier)."""
 
-    reply: Reply | None = None
+    reply: Reply[None] | None = None
+
+
+@dataclass(frozen=True)
+class ShedCache:
+    """The demoter needs room: the anonymous prompt cache drops its least recently used states
+    until `n_bytes` are freed (or it is empty); replies with the bytes it freed."""
+
+    n_bytes: int
+    reply: Reply[int]
+
+
+@dataclass(frozen=True)
+class RoomReport:
+    """The demoter finished pass `pass_no` of making room in the page store; `refused` says why
+    it could not (empty: it could). A mind switch waiting for room reads it (minds.seating)."""
+
+    pass_no: int
+    refused: str = ""
 
 
 @dataclass(frozen=True)
@@ -132,6 +154,7 @@ class Shutdown:
 
 
 SlotVerb = SlotCapture | SlotApply | SlotErase | PageOut | PageIn
+SLOT_VERBS = (SlotCapture, SlotApply, SlotErase, PageOut, PageIn)
 Command = (
     Submit
     | Cancel
@@ -143,6 +166,8 @@ Command = (
     | Reconfigure
     | FlushMinds
     | Nudge
+    | ShedCache
+    | RoomReport
     | Shutdown
 )
 
@@ -184,3 +209,44 @@ class PageMoved:
     t_ms: float  # the whole verb, from its start on the slot
     n_discarded: int = 0  # page_in: cached tokens the slot lost
     copy_ms: float = 0.0  # page_out: the copy on the engine thread (its only stall)
+
+
+@dataclass(frozen=True)
+class SlotFate:
+    """What happened to one slot's contents."""
+
+    old_slot: int
+    kind: str  # "request" | "mind"
+    new_slot: int | None  # None: it stays a page
+    page: str | None  # the page that holds it (when it stays one)
+    fate: str  # "kept" | "moved" | "paged" | "token_only"
+    reason: str = ""
+
+
+@dataclass
+class ReconfigureReceipt:
+    """The answer of a reconfigure (or of its rollback)."""
+
+    old: Geometry
+    new: Geometry
+    n_ctx_slot: int
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    n_bytes_moved: int = 0
+    slots: list[SlotFate] = field(default_factory=list)
+    rolled_back: bool = False
+    reason: str = ""
+
+
+def refuse(cmd: object, error: KvswapError) -> None:
+    """Answer a command that will not run with `error`: a stream gets it as an EngineError
+    event, a command with a reply gets it as its result; a barrier is released, a shed frees
+    nothing; a Cancel or a report needs no answer."""
+    if isinstance(cmd, Submit):
+        cmd.sink(EngineError(cmd.req_id, error.kind, error.message, error.extra))
+    elif isinstance(cmd, Nudge):
+        if cmd.reply is not None:
+            cmd.reply(None)
+    elif isinstance(cmd, ShedCache):
+        cmd.reply(0)
+    elif isinstance(cmd, (*SLOT_VERBS, Reconfigure, FlushMinds)):
+        cmd.reply(error)

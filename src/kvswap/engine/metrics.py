@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvswap.engine.speculate import Speculator
+    from kvswap.engine.spec.speculate import Speculator
 
 
 @dataclass(frozen=True)

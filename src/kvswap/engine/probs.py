@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.engine.types import TokenProb, TokenProbs
+from kvswap.core.types import TokenProb, TokenProbs
 
 
 def top_probs(

@@ -9,8 +9,11 @@ is rewritten when the stream count changed), and admission reopens. Running requ
 sampler and RNG and go on as if nothing happened. A geometry libllama cannot build rolls back
 to the old one with every state restored.
 
-Owns the plan (pure: `plan_seats`, `target_geometry`) and the procedure (`Reconfigurer`),
-which drives the engine's own objects. The engine calls `submit`, `admission_open` and `tick`.
+Owns the plan (pure: `plan_seats`, `target_geometry`) and the procedure (`Reconfigurer`), which
+works on the narrow owners it is given (the runtime, the slot table, the page store, the mind
+registry) and never on the engine. The engine calls `submit`, `admission_open` and `tick`; a tick
+that ran a reconfigure hands back the command and its answer (`Finished`), and the engine then
+revalidates its waiting jobs, refreshes its snapshot and replies.
 """
 
 from __future__ import annotations
@@ -18,52 +21,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 import psutil
 
 from kvswap.backend.context import KV_CACHE_TYPES, ContextInitError
 from kvswap.backend.model import ModelInfo
-from kvswap.engine.buffers import new_buffer
-from kvswap.engine.commands import PageOut, Reconfigure, ReconfigureSpec
-from kvswap.engine.geometry import Geometry
-from kvswap.engine.pagefmt import plan_layout, read_tokens, write_tokens
-from kvswap.engine.pagestore import Page
-from kvswap.engine.slot import Slot
-from kvswap.engine.slotstate import state_of_page
-from kvswap.engine.types import ErrorKind, KvswapError
-
-if TYPE_CHECKING:
-    from kvswap.engine.engine import Engine
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
+from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.kv.pagefmt import plan_layout, read_tokens, write_tokens
+from kvswap.engine.kv.pagestore import Page, PageStore
+from kvswap.engine.kv.slotstate import state_of_page
+from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.running import RunningRequest
+from kvswap.engine.runtime import Runtime
+from kvswap.engine.slot import SlotTable
 
 log = logging.getLogger("kvswap.reconfigure")
-
-
-@dataclass(frozen=True)
-class SlotFate:
-    """What happened to one slot's contents."""
-
-    old_slot: int
-    kind: str  # "request" | "mind"
-    new_slot: int | None  # None: it stays a page
-    page: str | None  # the page that holds it (when it stays one)
-    fate: str  # "kept" | "moved" | "paged" | "token_only"
-    reason: str = ""
-
-
-@dataclass
-class ReconfigureReceipt:
-    """The answer of a reconfigure (or of its rollback)."""
-
-    old: Geometry
-    new: Geometry
-    n_ctx_slot: int
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    n_bytes_moved: int = 0
-    slots: list[SlotFate] = field(default_factory=list)
-    rolled_back: bool = False
-    reason: str = ""
 
 
 def target_geometry(current: Geometry, spec: ReconfigureSpec) -> Geometry:
@@ -173,11 +149,35 @@ class _Pending:
     t_start: float
 
 
-class Reconfigurer:
-    """Runs reconfigures on an engine; see the module docstring."""
+@dataclass(frozen=True)
+class Finished:
+    """A reconfigure that ended (ran, rolled back or was refused after waiting): the engine
+    revalidates waiting work and refreshes its snapshot, then sends `result` to `cmd`."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    cmd: Reconfigure
+    result: ReconfigureReceipt | KvswapError
+    changed: bool  # the contexts were rebuilt (queued work must be checked again)
+
+
+class Reconfigurer:
+    """Runs reconfigures; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        slots: SlotTable,
+        store: PageStore | None,
+        model_info: ModelInfo,
+        registry: MindRegistry,
+        fault_on_install: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.slots = slots
+        self.store = store
+        self.info = model_info
+        self.registry = registry
+        self.fault_on_install = fault_on_install  # a test seam: the new context fails to build
         self._pending: _Pending | None = None
         self.total = 0
         self.failed_total = 0
@@ -190,16 +190,15 @@ class Reconfigurer:
         if self._pending is not None:
             self._refuse(cmd, ErrorKind.UNAVAILABLE, "a reconfigure is already running")
             return
-        eng = self.engine
         try:
-            target = target_geometry(eng.geometry, cmd.spec)
+            target = target_geometry(self.runtime.geometry, cmd.spec)
             if self._kv_type_changes(target) and not cmd.spec.force:
                 raise KvswapError(
                     ErrorKind.INVALID_REQUEST,
                     'changing the KV cache types drops every resident state to tokens: send "force": true',
                 )
             self._check_streams(target)
-            check_memory(eng.model.info, target, psutil.virtual_memory().available)
+            check_memory(self.info, target, psutil.virtual_memory().available)
 
         except KvswapError as err:
             self._refuse(cmd, err.kind, err.message)
@@ -214,11 +213,11 @@ class Reconfigurer:
         cmd.reply(KvswapError(kind, message))
 
     def _kv_type_changes(self, target: Geometry) -> bool:
-        cur = self.engine.geometry
+        cur = self.runtime.geometry
         return (cur.cache_type_k, cur.cache_type_v) != (target.cache_type_k, target.cache_type_v)
 
     def _check_streams(self, target: Geometry) -> None:
-        cur, info = self.engine.geometry, self.engine.model.info
+        cur, info = self.runtime.geometry, self.info
         n_from = 1 if cur.kv_unified else cur.n_parallel
         n_to = 1 if target.kv_unified else target.n_parallel
         plain = not (info.is_recurrent or info.is_hybrid or info.n_swa > 0)
@@ -232,56 +231,56 @@ class Reconfigurer:
 
     # -- waiting for seats ------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """Called between steps: run the pending reconfigure once every request has a seat."""
+    def tick(self, captures_pending: bool) -> Finished | None:
+        """Called between steps: run the pending reconfigure once every request has a seat (and
+        no capture waits for its buffer). Returns what ended, for the engine to answer."""
         p = self._pending
         if p is None:
-            return
-        eng = self.engine
-        running = [s for s in eng.slots if s.running is not None]
+            return None
+        running = self.slots.busy()
         kv_change = self._kv_type_changes(p.target)
-        blocked = len(running) > p.target.n_parallel or (kv_change and running) or eng._pending
+        blocked = len(running) > p.target.n_parallel or (kv_change and running) or captures_pending
         if blocked:
             if time.monotonic() < p.deadline:
-                return  # keep decoding: requests drain
+                return None  # keep decoding: requests drain
             self._pending = None
-            self._refuse(
-                p.cmd, ErrorKind.UNAVAILABLE,
+            self.failed_total += 1
+            message = (
                 f"requests did not drain within {p.cmd.spec.drain_timeout_s} s "
-                f"({len(running)} running, {p.target.n_parallel} slots in the new geometry)",
-            )  # fmt: skip
-            return
+                f"({len(running)} running, {p.target.n_parallel} slots in the new geometry)"
+            )
+            log.warning("reconfigure refused: %s", message)
+            return Finished(p.cmd, KvswapError(ErrorKind.UNAVAILABLE, message), changed=False)
         self._pending = None
         try:
             receipt = self._run(p, time.monotonic())
         except KvswapError as err:
-            self._refuse(p.cmd, err.kind, err.message)
-            return
+            self.failed_total += 1
+            log.warning("reconfigure refused: %s", err.message)
+            return Finished(p.cmd, KvswapError(err.kind, err.message), changed=False)
         if receipt.rolled_back:
             self.failed_total += 1
-            p.cmd.reply(
-                KvswapError(
-                    ErrorKind.INVALID_REQUEST,
-                    f"reconfigure rolled back: {receipt.reason}",
-                    receipt=receipt,
-                )
+            error = KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                f"reconfigure rolled back: {receipt.reason}",
+                receipt=receipt,
             )
-            return
+            return Finished(p.cmd, error, changed=True)
         self.total += 1
-        p.cmd.reply(receipt)
+        return Finished(p.cmd, receipt, changed=True)
 
     # -- the pause --------------------------------------------------------------------------
 
     def _run(self, p: _Pending, t_drained: float) -> ReconfigureReceipt:
-        eng = self.engine
-        old = eng.geometry
+        rt, slots = self.runtime, self.slots
+        old = rt.geometry
         target = p.target
-        new_slot_ctx = target.n_ctx_slot(eng.model.info.n_ctx_train)
+        new_slot_ctx = target.n_ctx_slot(self.info.n_ctx_train)
         occupants = [
             Occupant(
                 s.id, s.running is not None, len(s.tokens) + (1 if s.running is not None else 0)
             )
-            for s in eng.slots
+            for s in slots
             if s.running is not None or len(s.tokens) > 0
         ]
         for occ in occupants:
@@ -302,49 +301,47 @@ class Reconfigurer:
         t1 = time.monotonic()
         timings["page_out_ms"] = (t1 - t_drained) * 1e3
         receipt.n_bytes_moved = sum(page.n_bytes for page in pages.values())
-        runs = {s.id: s.running for s in eng.slots if s.running is not None}
-        minds = {s.id: s.mind for s in eng.slots if s.mind is not None}
-        eng._uninstall()
+        runs = {s.id: s.running for s in slots.busy() if s.running is not None}
+        minds = {s.id: s.mind for s in slots if s.mind is not None}
+        rt.close()
         t2 = time.monotonic()
         timings["free_ms"] = (t2 - t1) * 1e3
         try:
-            if eng.fault_on_install:
+            if self.fault_on_install:
                 raise ContextInitError("injected fault (KVSWAP_FAULT_RECONFIGURE)")
-            eng._install(target)
-            geometry, seats = target, plan.seats
+            rt.install(target)
+            seats = plan.seats
         except ContextInitError as err:
             log.error("reconfigure: %s; rolling back to %s", err, old)
-            eng._install(old)  # the old geometry was built before: it builds again
-            geometry, seats = old, {o.slot_id: o.slot_id for o in occupants}
+            rt.install(old)  # the old geometry was built before: it builds again
+            seats = {o.slot_id: o.slot_id for o in occupants}
             receipt.rolled_back, receipt.reason = True, str(err)
             receipt.new = old
-            receipt.n_ctx_slot = eng.n_ctx_slot
+            receipt.n_ctx_slot = rt.n_ctx_slot
             kv_change = False
             plan = SeatPlan(seats, {})
         t3 = time.monotonic()
         timings["init_ms"] = (t3 - t2) * 1e3
         if kv_change:
             self._drop_states(pages)
-        eng.geometry = geometry
-        eng.slots = [Slot(i, eng.n_ctx_slot) for i in range(geometry.n_parallel)]
+        slots.rebuild(rt.geometry.n_parallel, rt.n_ctx_slot)
 
         receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change)
+        for mind in minds.values():
+            self.registry.unseated(mind)
         for fate in receipt.slots:  # a seated mind stays that mind's (engine.minds)
             if fate.new_slot is not None and fate.old_slot in minds:
-                eng.slots[fate.new_slot].mind = minds[fate.old_slot]
+                slots[fate.new_slot].mind = minds[fate.old_slot]
+                self.registry.seated(minds[fate.old_slot], fate.new_slot)
         t4 = time.monotonic()
         timings["page_in_ms"] = (t4 - t3) * 1e3
         timings["total_ms"] = (t4 - p.t_start) * 1e3
-        eng._revalidate_waiting()
-        eng.snapshot = eng._make_snapshot()  # /props shows the new geometry before the reply
-
-        log.info("reconfigure: %s -> %s in %.1f ms", old, geometry, timings["total_ms"])
+        log.info("reconfigure: %s -> %s in %.1f ms", old, rt.geometry, timings["total_ms"])
         return receipt
 
     def _page_out_all(self, occupants: list[Occupant], generation: int) -> dict[int, Page]:
         """Every occupied slot becomes a page; pre-checked against the ceiling first."""
-        eng = self.engine
-        store = eng.store
+        store, verbs = self.store, self.runtime.verbs
         if not occupants:
             return {}
         if store is None:
@@ -352,7 +349,7 @@ class Reconfigurer:
                 ErrorKind.INVALID_REQUEST,
                 "occupied slots need the page store to move (--page-ram-bytes > 0)",
             )
-        layouts = {o.slot_id: eng.verbs.mover.measure(eng.slots[o.slot_id]) for o in occupants}
+        layouts = {o.slot_id: verbs.mover.measure(self.slots[o.slot_id]) for o in occupants}
 
         needed = sum(lay.n_bytes for lay in layouts.values())
         room = store.ceiling_bytes - store.charged_bytes
@@ -364,14 +361,10 @@ class Reconfigurer:
             )
         pages: dict[int, Page] = {}
         for occ in occupants:
-            slot = eng.slots[occ.slot_id]
+            slot = self.slots[occ.slot_id]
             # A mind keeps its own page name: left without a seat, it stays findable in RAM.
             name = slot.mind or f"reconfigure-g{generation}-slot{slot.id}"
-            pending = eng.verbs.begin_capture(
-                PageOut(-1, slot.id, name, _ignore), slot, layouts[slot.id]
-            )
-            eng.verbs.finish_capture(pending, new_buffer(pending.layout.n_bytes))
-
+            verbs.capture_to_page(slot, name, layout=layouts[slot.id])
             pages[slot.id] = store.get(name)
         return pages
 
@@ -379,7 +372,7 @@ class Reconfigurer:
         """The new contexts are built with other KV types: each page keeps its tokens (and LoRA
         set) only, and re-prefills on page_in. Runs after the install, so a rollback never meets
         a page without its state."""
-        store = self.engine.store
+        store = self.store
         assert store is not None
         for slot_id, page in pages.items():
             with page.view() as view:
@@ -401,11 +394,10 @@ class Reconfigurer:
         occupants: list[Occupant],
         plan: SeatPlan,
         pages: dict[int, Page],
-        runs: Mapping[int, object],
+        runs: Mapping[int, RunningRequest],
         kv_change: bool,
     ) -> list[SlotFate]:
-        eng = self.engine
-        store = eng.store
+        store, mover = self.store, self.runtime.verbs.mover
         fates = []
         for occ in occupants:
             page = pages[occ.slot_id]
@@ -419,24 +411,20 @@ class Reconfigurer:
                 fate = "token_only" if kv_change else "paged"
                 fates.append(SlotFate(occ.slot_id, kind, None, page.name, fate, reason))
                 continue
-            slot = eng.slots[seat]
+            slot = self.slots[seat]
             with page.view() as view:
                 state = state_of_page(view, page.layout)
                 try:
-                    eng.verbs.mover.apply(slot, state)
+                    mover.apply(slot, state)
                 finally:
                     state.release()
             assert store is not None
             store.remove(page.name, page.generation)
             run = runs.get(occ.slot_id)
             if run is not None:
-                slot.running = run  # type: ignore[assignment]
+                slot.running = run
             slot.t_last_used = time.monotonic()
             fates.append(
                 SlotFate(occ.slot_id, kind, seat, None, "kept" if seat == occ.slot_id else "moved")
             )
         return fates
-
-
-def _ignore(_: object) -> None:
-    """The reply of a page_out the reconfigure runs for itself."""

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.engine.speculate import SpecCounters
-from kvswap.engine.types import (
+from kvswap.core.types import (
     Completion,
     Event,
     GenerationRequest,
@@ -32,6 +32,16 @@ if TYPE_CHECKING:
     from kvswap.backend.sampler import SamplerChain
 
 Sink = Callable[[Event], None]
+
+
+@dataclass
+class SpecCounters:
+    """One request's drafting, reported in its timings."""
+
+    enabled: bool = False  # the server speculates (timings then carry these fields)
+    draft_n: int = 0  # draft tokens sent to the target
+    draft_n_accepted: int = 0  # of those, accepted
+    draft_prompt_n: int = 0  # prompt tokens the draft model evaluated
 
 
 class RunningRequest:

@@ -8,57 +8,15 @@ replaces them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
+from kvswap.core.types import LoraSet
+from kvswap.engine.tokens import TokenBuffer
 
 if TYPE_CHECKING:
     from kvswap.engine.running import RunningRequest
-
-TokenArray = npt.NDArray[np.int32]
-
-
-class TokenBuffer:
-    """A growable int32 token list with vectorised prefix matching."""
-
-    def __init__(self, capacity: int = 256) -> None:
-        self._data = np.zeros(max(16, capacity), dtype=np.int32)
-        self.n = 0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def view(self) -> TokenArray:
-        """The tokens (a view: valid until the next change)."""
-        return self._data[: self.n]
-
-    def append(self, tokens: TokenArray | list[int]) -> None:
-        arr = np.asarray(tokens, dtype=np.int32)
-        end = self.n + len(arr)
-        if end > len(self._data):
-            grown = np.zeros(max(end, 2 * len(self._data)), dtype=np.int32)
-            grown[: self.n] = self._data[: self.n]
-            self._data = grown
-        self._data[self.n : end] = arr
-        self.n = end
-
-    def truncate(self, n: int) -> None:
-        assert 0 <= n <= self.n
-        self.n = n
-
-    def replace(self, tokens: TokenArray) -> None:
-        self.n = 0
-        self.append(tokens)
-
-    def common_prefix(self, other: TokenArray) -> int:
-        """Length of the longest common prefix with `other`."""
-        n = min(self.n, len(other))
-        if n == 0:
-            return 0
-        diff = np.flatnonzero(self._data[:n] != other[:n])
-        return int(diff[0]) if len(diff) else n
 
 
 @dataclass
@@ -71,8 +29,8 @@ class Slot:
     running: RunningRequest | None = None
     t_last_used: float = 0.0
     locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
-    # The LoRA set its KV was computed under (engine.lora.LoraSet); only equal sets share it.
-    lora: tuple[tuple[int, float], ...] = ()
+    # The LoRA set its KV was computed under (core.types.LoraSet); only equal sets share it.
+    lora: LoraSet = ()
     mind: str | None = None  # the mind (engine.minds key) whose state the slot holds
 
     @property
@@ -82,3 +40,41 @@ class Slot:
     @property
     def is_idle(self) -> bool:
         return self.running is None and not self.locked
+
+
+class SlotTable(Sequence[Slot]):
+    """The engine's slots, in slot id order: the one list every manager reads, rebuilt (never
+    reassigned) when a reconfigure changes the slot count."""
+
+    def __init__(self, n_parallel: int, n_ctx_slot: int) -> None:
+        self._slots: list[Slot] = []
+        self.rebuild(n_parallel, n_ctx_slot)
+
+    def rebuild(self, n_parallel: int, n_ctx_slot: int) -> None:
+        """Empty slots for a new geometry (their contents were moved out first)."""
+        self._slots[:] = [Slot(i, n_ctx_slot) for i in range(n_parallel)]
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __getitem__(self, slot_id: int) -> Slot:  # type: ignore[override]
+        return self._slots[slot_id]
+
+    def __iter__(self) -> Iterator[Slot]:
+        return iter(self._slots)
+
+    def valid(self, slot_id: int) -> bool:
+        return 0 <= slot_id < len(self._slots)
+
+    def busy(self) -> list[Slot]:
+        """Slots running a request."""
+        return [s for s in self._slots if s.running is not None]
+
+    def holding(self, mind: str) -> Slot | None:
+        """The slot whose state is mind `mind`'s, if any."""
+        return next((s for s in self._slots if s.mind == mind), None)
+
+    def idle_residents(self) -> list[Slot]:
+        """Idle slots that hold tokens, least recently used first."""
+        idle = [s for s in self._slots if s.is_idle and len(s.tokens) > 0]
+        return sorted(idle, key=lambda s: s.t_last_used)

@@ -15,19 +15,14 @@ from fastapi import FastAPI
 
 from kvswap import __version__
 from kvswap.config.settings import ServerConfig
-from kvswap.server import (
-    routes_anthropic,
-    routes_generate,
-    routes_info,
-    routes_lora,
-    routes_reconfigure,
-    routes_responses,
-    routes_slots,
-)
+from kvswap.server.anthropic import routes as routes_anthropic
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
+from kvswap.server.llama import routes_completion, routes_info, routes_lora
 from kvswap.server.loader import Loader
+from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs
+from kvswap.server.pages import routes_reconfigure, routes_slots
 from kvswap.server.sleep import Sleeper
 
 
@@ -54,7 +49,8 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
 
     install_error_handlers(app)
     app.include_router(routes_info.router)
-    app.include_router(routes_generate.router)
+    app.include_router(routes_completion.router)
+    app.include_router(routes_chat.router)
     app.include_router(routes_anthropic.router)
     app.include_router(routes_responses.router)
     app.include_router(routes_slots.router)

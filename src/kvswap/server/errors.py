@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.client import ClientGone
-from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.server.guard import BodyTooLarge
 
 log = logging.getLogger("kvswap.server")

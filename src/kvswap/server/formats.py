@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvswap.engine.sampling import SamplingParams
-from kvswap.engine.types import (
+from kvswap.core.sampling import SamplingParams
+from kvswap.core.types import (
     GenerationRequest,
     PromptProgress,
     Timings,

@@ -18,7 +18,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvswap.engine.types import ErrorKind
+from kvswap.core.errors import ErrorKind
 
 if TYPE_CHECKING:
     from kvswap.server.sleep import Sleeper

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,11 +18,10 @@ from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model, ModelParams
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
-from kvswap.engine.engine import Engine, EngineConfig
-from kvswap.engine.geometry import resolve_geometry
-from kvswap.engine.speculate import SpecConfig, check_compatible
+from kvswap.engine.plan.geometry import resolve_geometry
+from kvswap.engine.runtime import EngineConfig
+from kvswap.engine.spec.speculate import SpecConfig, check_compatible
 from kvswap.models import default_model_path
-from kvswap.server.minds import MindGate, MindPolicy
 from kvswap.server.state import ServerState, build_state
 
 log = logging.getLogger("kvswap.server")
@@ -54,6 +54,9 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         if config.paging.cache_ram_mib > 0
         else config.paging.cache_ram_mib,
         spec=spec_config(config),
+        page_ram_bytes=config.paging.page_ram_bytes,
+        fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
+        check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
     )
 
 
@@ -76,18 +79,6 @@ def spec_config(config: ServerConfig) -> SpecConfig | None:
     )
 
 
-def start_minds(config: ServerConfig, state: ServerState) -> MindGate:
-    """The minds' gate: serves the minds spilled under the save path, starts the demoter."""
-    gate = MindGate(
-        state.engine,
-        state.publisher,
-        state.save_dir,
-        MindPolicy(config.paging.page_disk_bytes, config.paging.page_disk_drop_lru),
-    )
-    gate.start()
-    return gate
-
-
 class Loader:
     """Loads in the background; see the module docstring."""
 
@@ -101,7 +92,7 @@ class Loader:
         self.draft_model: Model | None = None
 
     def ready(self) -> bool:
-        return self.state is not None and self.state.client is not None
+        return self.state is not None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._thread = threading.Thread(
@@ -141,29 +132,26 @@ class Loader:
                 log.info(
                     "draft model loaded: %s (%s)", spec.model_draft, self.draft_model.info.desc
                 )
-            engine = Engine(
+            client = EngineClient.start(
                 model,
                 engine_config(self.config, model.info.n_ctx_train),
-                page_ram_bytes=self.config.paging.page_ram_bytes,
+                loop,
                 adapters=self.adapters,
                 draft_model=self.draft_model,
             )
-            state = build_state(self.config, model, engine)
-            engine.start()
-            state.client = EngineClient(engine, loop)
-            state.minds = start_minds(self.config, state)
-            state.client.mind_session = state.minds.session
+            state = build_state(self.config, model, client, self.adapters.infos)
+            snap = client.snapshot
+            state.demoter.start(snap.page_geometry)
             self.state = state
-            geo = engine.config.geometry
             log.info(
                 "model loaded in %.0f ms: %s (%s); n_ctx = %d, n_parallel = %d, n_ctx_slot = %d, kv_unified = %s",
                 (time.perf_counter() - t0) * 1e3,
                 path,
                 model.info.desc,
-                engine.ctx.n_ctx,
-                geo.n_parallel,
-                engine.n_ctx_slot,
-                geo.kv_unified,
+                snap.n_ctx,
+                snap.geometry.n_parallel,
+                snap.n_ctx_slot,
+                snap.geometry.kv_unified,
             )
             log.info(
                 "server is listening on http://%s:%d", self.config.http.host, self.config.http.port
@@ -178,8 +166,8 @@ class Loader:
         if self._thread is not None:
             self._thread.join()
         state = self.state
-        if state is not None and state.minds is not None:
-            state.minds.close()
+        if state is not None:
+            state.demoter.close(engine_alive=state.snapshot.crashed is None)
 
     def sleep(self) -> None:
         """`--sleep-idle-seconds`: spill every mind, free the engine, contexts and models."""
@@ -199,9 +187,9 @@ class Loader:
 
         state = self.state
         if state is not None:
-            if state.minds is not None:
-                state.minds.close()  # spills every mind while the engine still runs
-            state.engine.close()
+            # Spills every mind while the engine still runs.
+            state.demoter.close(engine_alive=state.snapshot.crashed is None)
+            state.client.close()
             state.io.shutdown(wait=True)
             if self.adapters is not None:
                 self.adapters.close()

@@ -18,8 +18,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from kvswap.engine.anoncache import KEY_PREFIX as ANON_PREFIX
-from kvswap.engine.minds import KEY_PREFIX as MIND_PREFIX
+from kvswap.engine.minds.anoncache import KEY_PREFIX as ANON_PREFIX
+from kvswap.engine.minds.registry import KEY_PREFIX as MIND_PREFIX
 
 if TYPE_CHECKING:
     from kvswap.server.loader import Loader
@@ -71,10 +71,10 @@ class Sleeper:
         state = self.loader.state
         if state is None:
             return "loading"
-        snap = state.engine.snapshot
+        snap = state.snapshot
         if snap.n_waiting or any(s.is_processing for s in snap.slots):
             return "work in progress"
-        store = state.engine.store
+        store = state.store
         names = [p.name for p in store.infos()] if store is not None else []
         named = [n for n in names if not n.startswith((MIND_PREFIX, ANON_PREFIX))]
         if named:

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastapi import Request
 
+from kvswap.backend.lora import AdapterInfo
 from kvswap.backend.model import Model
 from kvswap.backend.vocab import TokenArray, Vocab
 from kvswap.config.settings import ServerConfig
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.client import EngineClient
-from kvswap.engine.engine import Engine
-from kvswap.engine.types import ErrorKind, KvswapError
+from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
-from kvswap.server.lora import LoraScales
-from kvswap.server.minds import MindGate
-from kvswap.server.prometheus import MetricsRenderer
+from kvswap.server.llama.prometheus import MetricsRenderer
+from kvswap.server.pages.minds import MindGate
+from kvswap.server.requests.lora import LoraScales
+from kvswap.server.streaming import Runner
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
+from kvswap.tiers.demoter import Demoter, MindPolicy
 
 log = logging.getLogger("kvswap.server")
 
@@ -36,25 +41,35 @@ class ServerState:
 
     config: ServerConfig
     model: Model
-    engine: Engine
+    client: EngineClient  # the engine, through its asyncio client
     template: ChatTemplate
     model_name: str
     save_dir: Path | None
     io: ThreadPoolExecutor  # file I/O off the engine thread and off the event loop
     publisher: Publisher | None  # slot files under --slot-save-path; None: save/restore off
     lora: LoraScales  # the loaded LoRA adapters and their global scales
+    demoter: Demoter  # minds between RAM and disk
+    minds: MindGate  # minds on the HTTP side
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
-    client: EngineClient | None = None  # set when the event loop starts
-    minds: MindGate | None = None  # named minds (needs the page store)
     t_start: float = field(default_factory=time.time)
 
     @property
     def vocab(self) -> Vocab:
         return self.model.vocab
 
-    def engine_client(self) -> EngineClient:
-        assert self.client is not None, "the event loop has not started"
-        return self.client
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's last published state."""
+        return self.client.snapshot
+
+    @property
+    def store(self) -> PageStore | None:
+        """The page store (thread-safe), None when `--page-ram-bytes` is 0."""
+        return self.client.pages.store
+
+    def runner(self) -> Runner:
+        """Runs a route's engine requests (a mind's inside its session)."""
+        return Runner(self.client, self.minds)
 
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True
@@ -91,16 +106,30 @@ def model_name(config: ServerConfig, model: Model) -> str:
     return config.model.alias or Path(model.info.path).name
 
 
-def build_state(config: ServerConfig, model: Model, engine: Engine) -> ServerState:
+def build_state(
+    config: ServerConfig, model: Model, client: EngineClient, adapters: Sequence[AdapterInfo]
+) -> ServerState:
+    """What handlers share, around a started engine; the demoter is built, not started."""
     save_dir = Path(config.http.slot_save_path) if config.http.slot_save_path else None
+    publisher = Publisher(save_dir) if save_dir is not None else None
+    io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io")
+    demoter = Demoter(
+        pages=client.pages,
+        post=client.post,
+        publisher=publisher,
+        save_dir=save_dir,
+        policy=MindPolicy(config.paging.page_disk_bytes, config.paging.page_disk_drop_lru),
+    )
     return ServerState(
         config=config,
         model=model,
-        engine=engine,
+        client=client,
         template=load_chat_template(config, model),
         model_name=model_name(config, model),
         save_dir=save_dir,
-        io=ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io"),
-        publisher=Publisher(save_dir) if save_dir is not None else None,
-        lora=LoraScales(engine.adapters.infos),
+        io=io,
+        publisher=publisher,
+        lora=LoraScales(adapters),
+        demoter=demoter,
+        minds=MindGate(client, demoter, publisher, io),
     )

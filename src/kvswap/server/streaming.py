@@ -1,8 +1,9 @@
 """Running generation requests for a route: one or several tasks, streamed or not.
 
-Owns the glue between `EngineClient` and HTTP responses: waiting for the first event before
-answering (an early error becomes a proper 4xx/5xx, as llama-server), merging the events of
-several tasks (a batch of prompts, `n` > 1) into one stream, and cancelling every task when
+Owns the glue between `EngineClient` and HTTP responses: the `Runner` (a request naming a mind
+runs inside the mind's session, `pages.minds.MindGate.session`), waiting for the first event
+before answering (an early error becomes a proper 4xx/5xx, as llama-server), merging the events
+of several tasks (a batch of prompts, `n` > 1) into one stream, and cancelling every task when
 the client goes away (the async generators' `finally` posts `Cancel`).
 """
 
@@ -14,8 +15,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, S
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from kvswap.engine.client import EngineClient
-from kvswap.engine.types import Completion, EngineError, Event, GenerationRequest, KvswapError
+from kvswap.core.errors import KvswapError
+from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.engine.client import Disconnected, EngineClient, next_or_disconnect
+from kvswap.server.pages.minds import MindGate
 from kvswap.server.sse import DONE, sse
 
 Indexed = tuple[int, Event]
@@ -27,11 +30,44 @@ def raise_error(event: EngineError) -> None:
     raise KvswapError(event.kind, event.message, **event.extra)
 
 
+class Runner:
+    """Runs engine requests for a route; a request naming a mind runs inside its session."""
+
+    def __init__(self, client: EngineClient, minds: MindGate) -> None:
+        self.client = client
+        self.minds = minds
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
+        """The request's events; the last is a Completion or an EngineError."""
+        if request.mind:
+            async with self.minds.session(request) as restore:
+                async for event in self.client.stream(request, restore):
+                    yield event
+            return
+        async for event in self.client.stream(request):
+            yield event
+
+    async def complete(
+        self, request: GenerationRequest, disconnected: Disconnected | None = None
+    ) -> Completion:
+        """Run a request to its end; raises KvswapError on failure. A disconnect cancels it."""
+        agen = self.stream(request)
+        try:
+            while True:
+                event = await next_or_disconnect(agen, disconnected)
+                if isinstance(event, EngineError):
+                    raise_error(event)
+                if isinstance(event, Completion):
+                    return event
+        finally:
+            await agen.aclose()
+
+
 async def complete_all(
-    client: EngineClient, requests: Sequence[GenerationRequest], http: Request
+    runner: Runner, requests: Sequence[GenerationRequest], http: Request
 ) -> list[Completion]:
     """Run every task to its end; the first failure is raised (the others are cancelled)."""
-    tasks = [asyncio.ensure_future(client.complete(r, http.is_disconnected)) for r in requests]
+    tasks = [asyncio.ensure_future(runner.complete(r, http.is_disconnected)) for r in requests]
     try:
         return list(await asyncio.gather(*tasks))
     finally:
@@ -40,17 +76,17 @@ async def complete_all(
 
 
 async def _merged(
-    client: EngineClient, requests: Sequence[GenerationRequest]
+    runner: Runner, requests: Sequence[GenerationRequest]
 ) -> AsyncGenerator[Indexed, None]:
     """Events of several tasks as they come, tagged with the task's index."""
     if len(requests) == 1:
-        async for event in client.stream(requests[0]):
+        async for event in runner.stream(requests[0]):
             yield 0, event
         return
     queue: asyncio.Queue[Indexed | None] = asyncio.Queue()
 
     async def pump(index: int, request: GenerationRequest) -> None:
-        async for event in client.stream(request):
+        async for event in runner.stream(request):
             await queue.put((index, event))
         await queue.put(None)
 
@@ -75,7 +111,7 @@ def _error_event(event: EngineError) -> bytes:
 
 
 async def open_stream(
-    client: EngineClient,
+    runner: Runner,
     requests: Sequence[GenerationRequest],
     render: Render,
     *,
@@ -90,7 +126,7 @@ async def open_stream(
     writes each rendered object (default `data: <json>`; the Anthropic and Responses routes
     name their events).
     """
-    events = _merged(client, requests)
+    events = _merged(runner, requests)
     try:
         first = await events.__anext__()
     except BaseException:

@@ -7,22 +7,24 @@
   llama-server's context, and the message validation that precedes rendering.
 """
 
+from kvswap.text.messages import (
+    InvalidMessagesError,
+    normalize_messages,
+    normalize_tools,
+    validate_messages,
+)
 from kvswap.text.output import TextAssembler
 from kvswap.text.stops import StopMatcher, StopResult, apply_stops
 from kvswap.text.template import (
     CHATML_TEMPLATE,
     ChatTemplate,
-    InvalidMessagesError,
     TemplateCaps,
     TemplateError,
     TemplateRaisedError,
     TemplateRenderError,
     TemplateSyntaxError,
-    normalize_messages,
-    normalize_tools,
     strip_leading_bos,
     strip_trailing_eos,
-    validate_messages,
 )
 from kvswap.text.utf8 import Utf8Decoder
 

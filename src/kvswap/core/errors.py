@@ -1,0 +1,88 @@
+"""The typed errors of the domain: `ErrorKind` names llama-server's error types, and
+`KvswapError` carries one to the HTTP layer, which answers `{"error": {code, message, type}}`
+with the status `kind.code`. The bottom of the tree: imports nothing of kvswap.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    """llama-server's error types; the HTTP status is `code`."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    EXCEED_CONTEXT = "exceed_context_size_error"
+    AUTHENTICATION = "authentication_error"
+    NOT_FOUND = "not_found_error"
+    SERVER = "server_error"
+    NOT_SUPPORTED = "not_supported_error"
+    UNAVAILABLE = "unavailable_error"
+
+    @property
+    def code(self) -> int:
+        return _ERROR_CODES[self]
+
+
+_ERROR_CODES = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.EXCEED_CONTEXT: 400,
+    ErrorKind.AUTHENTICATION: 401,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.SERVER: 500,
+    ErrorKind.NOT_SUPPORTED: 501,
+    ErrorKind.UNAVAILABLE: 503,
+}
+
+
+class KvswapError(Exception):
+    """A typed error for the outside world: becomes `{"error": {code, message, type}}`."""
+
+    def __init__(self, kind: ErrorKind, message: str, **extra: object) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.extra = extra  # extra fields llama-server puts beside code/message/type
+
+
+# Domain errors: raised where the fact is known, typed by class; each declares its kind once
+# here, and the HTTP layer answers `kind.code` (server.errors).
+
+
+class PageNotFound(KvswapError):
+    """No page is stored under the name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(ErrorKind.NOT_FOUND, f"no page named {name!r}")
+        self.name = name
+
+
+class PageTooLarge(KvswapError):
+    """A page larger than the whole page store: it can never be stored."""
+
+    def __init__(self, n_bytes: int, ceiling_bytes: int) -> None:
+        super().__init__(
+            ErrorKind.INVALID_REQUEST,
+            f"the page needs {n_bytes} bytes, more than the whole page store "
+            f"(--page-ram-bytes {ceiling_bytes})",
+        )
+        self.n_bytes, self.ceiling_bytes = n_bytes, ceiling_bytes
+
+
+class StoreFull(KvswapError):
+    """The page store cannot take the page now (it may later)."""
+
+    def __init__(self, charged_bytes: int, ceiling_bytes: int, n_bytes: int) -> None:
+        super().__init__(
+            ErrorKind.UNAVAILABLE,
+            f"the page store is full: {charged_bytes} of {ceiling_bytes} bytes held, the page "
+            f"needs {n_bytes}",
+        )
+        self.n_bytes = n_bytes
+
+
+class StoreOff(KvswapError):
+    """The feature needs the page store, and this server runs without one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.NOT_SUPPORTED, message)

@@ -1,0 +1,165 @@
+"""The typed data that crosses the boundary between HTTP handlers and the engine thread.
+
+Requests go in as `GenerationRequest`; results come out as events (`PromptProgress`,
+`TokenEvent`, `Completion`, `EngineError`). Everything here is immutable plain data: no
+pointers, no locks, no libllama.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kvswap.core.errors import ErrorKind
+from kvswap.core.sampling import SamplingParams
+
+# A LoRA set: (adapter id, scale) pairs, sorted by id, no zero scales.
+LoraSet = tuple[tuple[int, float], ...]
+
+
+class StopType(StrEnum):
+    """Why generation ended, as llama-server's `stop_type`."""
+
+    NONE = "none"  # cancelled or not finished
+    EOS = "eos"  # an end-of-generation token
+    LIMIT = "limit"  # n_predict reached, or the slot's window is full
+    WORD = "word"  # a stop string matched
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One completion request, tokenized, as the engine runs it."""
+
+    prompt_tokens: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1  # -1: until EOS, a stop string or the slot's window
+    stop: tuple[str, ...] = ()
+    id_slot: int = -1  # -1: choose by prefix similarity, then LRU
+    cache_prompt: bool = True
+    n_probs: int = 0  # top-N probabilities per generated token
+    post_sampling_probs: bool = False
+    return_progress: bool = False
+    timings_per_token: bool = False
+    stream: bool = False
+    t_max_predict_ms: int = 0  # 0: no time limit on generation
+    # The LoRA set it runs under (engine.lora.LoraSet: (adapter id, scale), sorted, no zeros),
+    # and the request's own `lora` field as sent (reported in /slots and generation_settings).
+    lora: LoraSet = ()
+    lora_request: LoraSet = ()
+    mind: str = ""  # the mind's key (engine.minds.mind_key); "": anonymous
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama-server's `timings` object."""
+
+    cache_n: int  # prompt tokens reused from the slot's cache
+    prompt_n: int  # prompt tokens evaluated
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float  # from the end of the prompt to the last token
+    speculative: bool = False  # the server drafts: the draft fields below are reported
+    draft_n: int = 0  # draft tokens sent to the target
+    draft_n_accepted: int = 0  # draft tokens the target accepted
+    draft_prompt_n: int = 0  # prompt tokens the draft model evaluated (its own prefill)
+
+    @property
+    def prompt_per_token_ms(self) -> float:
+        return self.prompt_ms / self.prompt_n if self.prompt_n > 0 else 0.0
+
+    @property
+    def prompt_per_second(self) -> float:
+        return 1e3 / self.prompt_ms * self.prompt_n if self.prompt_ms > 0 else 0.0
+
+    @property
+    def predicted_steps(self) -> int:
+        # The first generated token comes from the prompt's logits: it costs no decode step.
+        return max(0, self.predicted_n - 1)
+
+    @property
+    def predicted_per_token_ms(self) -> float:
+        steps = self.predicted_steps
+        return self.predicted_ms / steps if steps > 0 else 0.0
+
+    @property
+    def predicted_per_second(self) -> float:
+        steps = self.predicted_steps
+        return 1e3 / self.predicted_ms * steps if self.predicted_ms > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    """One candidate token and its probability (or log-probability)."""
+
+    token: int
+    piece: bytes
+    prob: float  # probability in [0, 1]
+
+
+@dataclass(frozen=True)
+class TokenProbs:
+    """The sampled token and the top candidates at its position."""
+
+    token: int
+    piece: bytes
+    prob: float
+    top: tuple[TokenProb, ...]
+
+
+@dataclass(frozen=True)
+class PromptProgress:
+    """Prefill progress (`return_progress`), as llama-server's `prompt_progress`."""
+
+    req_id: int
+    total: int  # prompt tokens in all
+    cache: int  # reused from the cache
+    processed: int  # cache + evaluated so far
+    time_ms: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Text produced by one step for one request (may be empty while text is held back)."""
+
+    req_id: int
+    id_slot: int
+    text: str
+    tokens: tuple[int, ...]
+    n_decoded: int
+    n_prompt_tokens: int
+    probs: tuple[TokenProbs, ...] = ()
+    timings: Timings | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The final result of a request."""
+
+    req_id: int
+    id_slot: int
+    content: str
+    tokens: tuple[int, ...]
+    n_decoded: int
+    n_prompt_tokens: int
+    n_tokens_cached: int  # tokens held in the slot at the end
+    stop_type: StopType
+    stopping_word: str
+    timings: Timings
+    seed: int  # the seed the sampler actually used
+    sampling: SamplingParams
+    n_predict: int
+    probs: tuple[TokenProbs, ...] = ()
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class EngineError:
+    """A request failed; the error is typed for the HTTP layer."""
+
+    req_id: int
+    kind: ErrorKind
+    message: str
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+Event = PromptProgress | TokenEvent | Completion | EngineError

@@ -1,0 +1,283 @@
+"""Seating minds in slots, on the engine thread: evict, bring in, make room, flush.
+
+Before any job starts on a slot, `seat` makes the slot right for it:
+- a slot holding another mind pages that mind out to its RAM page first (a memcpy into the
+  page store), so no request, named or anonymous, and no slot verb ever destroys a mind;
+- a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
+  state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
+  starts from an empty slot).
+
+A switch copies into a spare buffer prepared ahead (reserved in the page store, mapped and
+faulted in by the buffer worker, a little larger than the largest mind page): faulting fresh
+memory in costs several times the copy, so it is done before the switch, not during it. The
+part of the spare a page does not use is given back to the OS and to the store's count.
+
+When the page store cannot take the evicted mind now, the job waits: the demoter is woken to
+spill least recently used pages to disk, and answers each pass with a `RoomReport`; when a pass
+that ran after the switch began waiting could not make room, the job fails with its typed
+reason instead of waiting forever.
+
+`page_out_idle_resident` is the engine's answer to a full KV pool: the least recently used idle
+resident moves to a page (a mind under its own name, an anonymous slot under `auto-slot...`).
+
+Owns the spare and the wait for room; slots carry their mind, the registry the rest. Called only
+by the engine thread; does no file I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import time
+
+import numpy as np
+
+from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
+from kvswap.engine.commands import Captured, RoomReport, Submit
+from kvswap.engine.kv.buffers import BufferReady, BufferWorker
+from kvswap.engine.kv.pagestore import PageStore, Reservation
+from kvswap.engine.minds.anoncache import AnonCache
+from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.runtime import Runtime
+from kvswap.engine.slot import Slot, SlotTable
+
+log = logging.getLogger("kvswap.minds")
+
+SPARE_TAG = -1  # the buffer worker's tag for the spare (the engine's own tags are positive)
+_SPARE_SLACK = 1.25  # the spare's size over the largest mind page seen (pages grow each turn)
+_SPARE_ROUND = 2 << 20  # ... rounded up to whole huge pages
+
+
+class NoRoomYet(Exception):
+    """The page store cannot take an evicted mind now: the job waits for the demoter."""
+
+
+class Seating:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        store: PageStore | None,
+        slots: SlotTable,
+        runtime: Runtime,
+        buffers: BufferWorker,
+        registry: MindRegistry,
+        anon: AnonCache,
+    ) -> None:
+        self.store = store
+        self.slots = slots
+        self.runtime = runtime
+        self.buffers = buffers
+        self.registry = registry
+        self.anon = anon
+        self._n_reported = 0  # the last demoter pass that reported
+        self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
+        self._room_refused = ""  # why such a pass could not make room
+        self._spare: tuple[mmap.mmap, Reservation] | None = None
+        self._spare_pending: Reservation | None = None  # asked of the buffer worker
+
+    def seat(self, slot: Slot, cmd: object) -> None:
+        """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
+
+        Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
+        mind = cmd.request.mind if isinstance(cmd, Submit) else ""
+        if slot.mind is not None and slot.mind != mind:
+            self.evict(slot)
+        if not mind:
+            if isinstance(cmd, Submit) and cmd.request.cache_prompt:
+                prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
+                self.anon.prepare(slot, prompt)
+            return
+        reg = self.registry
+        reg.touch(mind)
+        if slot.mind == mind:
+            reg.count(hits_slot_total=1)
+            return
+        assert isinstance(cmd, Submit)
+        t0 = time.perf_counter()
+        if slot.mind is None:
+            self.anon.save(slot)  # the anonymous prompt it held stays findable
+        self._bring_in(slot, mind, cmd)
+        slot.mind = mind
+        reg.seated(mind, slot.id)
+        reg.count(switch_ms_total=(time.perf_counter() - t0) * 1e3)
+        # The next switch's buffer is faulted in now, not while this one copied.
+        self.ask_spare()
+
+    def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
+        store, reg, verbs = self.store, self.registry, self.runtime.verbs
+        if store is not None and store.has(mind) and store.get(mind).layout.token_only:
+            # A KV-type reconfigure left it tokens only; the request carries its whole prompt,
+            # so the mind starts from that prompt (a re-prefill) rather than failing.
+            store.remove(mind)
+            log.warning("mind %s held tokens only (the KV types changed): re-prefilled", mind)
+            verbs.clear(slot)
+            reg.count(new_total=1)
+        elif store is not None and store.has(mind):
+            verbs.page_in(slot, mind)
+            reg.count(hits_ram_total=1)
+        elif cmd.restore is not None:
+            verbs.mover.apply(slot, cmd.restore)
+            reg.count(hits_disk_total=1)
+        else:
+            verbs.clear(slot)
+            reg.count(new_total=1)
+        slot.t_last_used = time.monotonic()
+
+    def evict(self, slot: Slot) -> None:
+        """Page the slot's mind out under its key (the slot is then empty)."""
+        mind = slot.mind
+        assert mind is not None and slot.is_idle
+        store = self._store()
+        if len(slot.tokens) == 0:
+            self._left(slot, mind)
+            return
+        verbs = self.runtime.verbs
+        t0 = time.perf_counter()
+        layout = verbs.mover.measure(slot)
+        spare = self._take_spare(mind, layout.n_bytes)
+        try:
+            if spare is not None:
+                buffer, reservation = spare
+                moved = verbs.capture_to_page(
+                    slot, mind, layout=layout, reservation=reservation, buffer=buffer
+                )
+            else:
+                moved = verbs.capture_to_page(slot, mind, layout=layout)
+        except KvswapError as err:
+            if err.kind is not ErrorKind.UNAVAILABLE or spare is not None:
+                raise
+            self._no_room(err)
+        self._room_ticket, self._room_refused = None, ""
+        self._left(slot, mind)
+        self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
+        self.registry.saw_page(layout.n_bytes)
+        if store.charged_bytes > store.ceiling_bytes - self.registry.headroom_bytes(
+            store.ceiling_bytes
+        ):
+            self.registry.need_room()
+        log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
+
+    def _left(self, slot: Slot, mind: str) -> None:
+        slot.mind = None
+        self.registry.unseated(mind)
+
+    # -- a full KV pool ---------------------------------------------------------------------
+
+    def page_out_idle_resident(self) -> bool:
+        """Page out the least recently used idle slot that holds tokens; True when one moved."""
+        if self.store is None:
+            return False
+        idle = self.slots.idle_residents()
+        if not idle:
+            return False
+        slot = idle[0]
+        if slot.mind is not None:
+            try:
+                self.evict(slot)  # the mind keeps its own page name
+            except (KvswapError, NoRoomYet):
+                log.warning("KV pool full and idle mind slot %d could not be paged out", slot.id)
+                return False
+            return True
+        name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
+        try:
+            # An emergency: map the buffer here rather than wait a step for the worker.
+            moved = self.runtime.verbs.capture_to_page(slot, name)
+        except KvswapError as err:
+            log.warning(
+                "KV pool full and idle slot %d could not be paged out: %s", slot.id, err.message
+            )
+            return False
+        log.warning(
+            "KV pool full: paged out idle slot %d (%d tokens) as page %r",
+            slot.id,
+            moved.n_tokens,
+            name,
+        )
+        return True
+
+    # -- waiting for room -------------------------------------------------------------------
+
+    def _no_room(self, err: KvswapError) -> None:
+        """The store cannot take an evicted mind: wait for a demoter pass that reports after
+        this moment; when such a pass could not make room, fail with its reason."""
+        if self._room_ticket is not None and self._room_refused:
+            reason = self._room_refused
+            self._room_ticket, self._room_refused = None, ""
+            raise KvswapError(
+                ErrorKind.UNAVAILABLE,
+                f"cannot make room for a mind switch: the page store is full and {reason}",
+            ) from err
+        if self._room_ticket is None:
+            self._room_ticket = self._n_reported + 1
+        self.registry.need_room()
+        raise NoRoomYet() from err
+
+    def on_room_report(self, report: RoomReport) -> None:
+        """A demoter pass ended: a waiting switch learns whether room could be made."""
+        self._n_reported = report.pass_no
+        ticket = self._room_ticket
+        if ticket is not None and report.pass_no >= ticket and report.refused:
+            self._room_refused = report.refused
+
+    # -- the spare buffer -------------------------------------------------------------------
+
+    def ask_spare(self) -> None:
+        """Have a spare buffer prepared for the next switch (when the store has room for it)."""
+        store = self.store
+        if self._spare is not None or self._spare_pending is not None or store is None:
+            return
+        largest = self.registry.largest_page_bytes
+        if largest == 0:
+            return
+        n_bytes = -(-int(largest * _SPARE_SLACK) // _SPARE_ROUND) * _SPARE_ROUND
+        try:
+            self._spare_pending = store.reserve("", n_bytes)
+        except KvswapError:
+            return  # no room now: the next switch allocates its own buffer
+        self.buffers.allocate(n_bytes, SPARE_TAG)
+
+    def spare_ready(self, ready: BufferReady) -> None:
+        reservation, self._spare_pending = self._spare_pending, None
+        assert reservation is not None and self.store is not None
+        if ready.buffer is None:
+            self.store.cancel(reservation)
+            return
+        self._spare = (ready.buffer, reservation)
+
+    def _take_spare(self, name: str, n_bytes: int) -> tuple[mmap.mmap, Reservation] | None:
+        """The spare, trimmed to `n_bytes` and reserved for page `name`, if it is large enough."""
+        if self._spare is None or len(self._spare[0]) < n_bytes:
+            return None
+        store = self._store()
+        buffer, reservation = self._spare
+        self._spare = None
+        kept = -(-n_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        if kept < len(buffer):
+            buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
+        return buffer, store.trim(reservation, name, min(kept, reservation.n_bytes))
+
+    def close(self) -> None:
+        """Give the spare back (the engine is closing)."""
+        if self._spare is not None and self.store is not None:
+            buffer, reservation = self._spare
+            self._spare = None
+            buffer.close()
+            self.store.cancel(reservation)
+
+    # -- the flush before exit --------------------------------------------------------------
+
+    def flush(self) -> list[tuple[str, Captured]]:
+        """Copies of every idle resident mind's state (the slots keep theirs)."""
+        out = []
+        for slot in self.slots:
+            if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
+                continue
+            out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
+        return out
+
+    def _store(self) -> PageStore:
+        if self.store is None:
+            raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
+        return self.store

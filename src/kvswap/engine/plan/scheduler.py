@@ -1,0 +1,134 @@
+"""Waiting work and slot choice: which queued job starts on which idle slot, in what order.
+
+Pure (slots are read, never changed). Rules, as llama-server plus ordering it lacks:
+- A job pinned to a slot (`id_slot`, or a slot verb) starts when that slot is idle and no
+  earlier job for the same slot is still waiting: work on one slot runs in arrival order.
+- An unpinned request takes the idle slot whose cached tokens share the longest prefix with its
+  prompt (as a fraction of the prompt, above `--slot-prompt-similarity`), else the least recently
+  used idle slot. Unpinned requests start in arrival order: when one finds no slot, the later
+  ones wait behind it (it is never dropped or overtaken).
+- Minds (engine.minds): a request naming a mind resident in a slot waits for that slot; one
+  naming a mind not resident takes an idle slot, preferring an empty one, then one holding an
+  anonymous cache, then the least recently used idle mind's (the engine pages that mind out
+  first). An anonymous request never matches a prefix in a mind's slot and takes a mind's slot
+  only when every idle slot holds a mind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvswap.core.types import LoraSet
+from kvswap.engine.slot import Slot
+
+
+@dataclass
+class Job:
+    """A queued unit of work for the engine thread."""
+
+    req_id: int
+    slot_id: int  # -1: any slot (generation requests only)
+    prompt: npt.NDArray[np.int32] | None = None  # for slot choice; None for slot verbs
+    payload: object = None  # the command that created the job
+    cancelled: bool = False
+    lora: LoraSet = ()  # a request's LoRA set: only its slots' prefixes count
+    mind: str = ""  # the mind the request names ("": anonymous)
+
+
+def choose_slot(
+    slots: Sequence[Slot],
+    prompt: npt.NDArray[np.int32],
+    similarity: float,
+    taken: set[int],
+    lora: LoraSet = (),
+    mind: str = "",
+) -> Slot | None:
+    """The idle slot an unpinned request should take, or None when none is idle. A slot's
+    cached prefix counts only when it was computed under the request's LoRA set."""
+    idle = [s for s in slots if s.is_idle and s.id not in taken]
+    if mind:
+        home = next((s for s in slots if s.mind == mind), None)
+        if home is not None:
+            return home if home in idle else None
+        return min(idle, key=_seat_order, default=None)
+    if not idle:
+        return None
+    free = [s for s in idle if s.mind is None]
+    if similarity > 0.0 and len(prompt) > 0:
+        best: Slot | None = None
+        best_sim = 0.0
+        for slot in free:
+            if len(slot.tokens) == 0 or slot.lora != lora:
+                continue
+            sim = slot.tokens.common_prefix(prompt) / len(prompt)
+            if sim > best_sim and sim > similarity:
+                best, best_sim = slot, sim
+        if best is not None:
+            return best
+    return min(free or idle, key=lambda s: s.t_last_used)
+
+
+def _seat_order(slot: Slot) -> tuple[bool, bool, float]:
+    """A mind's seat: empty slots, then anonymous caches, then minds; each by least recent use."""
+    return (slot.mind is not None, len(slot.tokens) > 0, slot.t_last_used)
+
+
+@dataclass
+class WaitQueue:
+    """Jobs waiting for a slot, in arrival order."""
+
+    similarity: float
+    jobs: list[Job] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job: Job) -> None:
+        self.jobs.append(job)
+
+    def remove(self, req_id: int) -> Job | None:
+        for i, job in enumerate(self.jobs):
+            if job.req_id == req_id:
+                return self.jobs.pop(i)
+        return None
+
+    def startable(self, slots: Sequence[Slot]) -> Iterator[tuple[Job, Slot]]:
+        """Yield (job, slot) pairs that may start now, removing them from the queue.
+
+        The caller starts each job before asking for the next pair: a slot verb finishes at once
+        and leaves its slot idle, so the next job for that slot can start in the same pass.
+        """
+        waiting_on: set[int] = set()  # slots with an earlier job still waiting
+        taken: set[int] = set()  # slots given to a generation in this pass
+        unpinned_blocked = False
+        i = 0
+        while i < len(self.jobs):
+            job = self.jobs[i]
+            slot: Slot | None
+            if job.slot_id >= 0:
+                slot = slots[job.slot_id]
+                if job.slot_id in waiting_on or job.slot_id in taken or not slot.is_idle:
+                    waiting_on.add(job.slot_id)
+                    i += 1
+                    continue
+            else:
+                if unpinned_blocked:
+                    i += 1
+                    continue
+                assert job.prompt is not None
+                # A mind's home slot is found even when other work waits on it (then it waits).
+                slot = choose_slot(
+                    slots, job.prompt, self.similarity, taken | waiting_on, job.lora, job.mind
+                )
+                if slot is None:
+                    unpinned_blocked = True
+                    i += 1
+                    continue
+            self.jobs.pop(i)
+            yield job, slot
+            if not slot.is_idle:
+                taken.add(slot.id)

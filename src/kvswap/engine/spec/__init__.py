@@ -1,0 +1,1 @@
+"""Speculative decoding: drafts (a draft model or n-grams), verification, rollback."""

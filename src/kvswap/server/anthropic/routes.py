@@ -1,0 +1,88 @@
+"""Anthropic's Messages API: POST /v1/messages (streamed or not) and /v1/messages/count_tokens.
+
+The body becomes the equivalent chat body (`schemas_anthropic.to_chat_body`), which runs
+exactly as /v1/chat/completions does (same template, tools, grammar, engine, slots and prefix
+reuse); the answer is parsed (`ChatParser`) and shaped as Anthropic's (`formats_anthropic`).
+The API-key guard accepts `x-api-key`, as Anthropic's clients send it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from kvswap.chat.blocks import BlockStream
+from kvswap.chat.parser import ChatParser
+from kvswap.core.types import Completion, Event, TokenEvent
+from kvswap.server.anthropic import formats as fa
+from kvswap.server.anthropic.schemas import MessagesRequest, to_chat_body
+from kvswap.server.openapi import body_schema
+from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
+from kvswap.server.state import get_state
+from kvswap.server.streaming import complete_all, open_stream
+
+router = APIRouter()
+
+
+def _chat_body(raw: bytes) -> ChatCompletionRequest:
+    req = parse_body(MessagesRequest, raw)
+    data = json.loads(raw)  # valid: parse_body accepted it
+    return parse_body(ChatCompletionRequest, to_chat_body(req, data))
+
+
+@router.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
+async def messages(request: Request) -> Response:
+    state = get_state(request)
+    body = _chat_body(await request.body())
+    plan = plan_chat(state, body)
+    reqs = generation_requests(
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+    )
+    runner = state.runner()
+    msg_id = fa.new_message_id()
+    model = state.model_name
+    if not body.stream:
+        [c] = await complete_all(runner, reqs, request)
+        msg = ChatParser(plan.spec).parse_all(c.content)
+        return JSONResponse(fa.message_json(c, msg, msg_id=msg_id, model=model))
+
+    # Token events carry timings, so message_start can report the cached prompt tokens.
+    reqs = [dataclasses.replace(r, timings_per_token=True) for r in reqs]
+    parser = ChatParser(plan.spec)
+    blocks = BlockStream()
+    started = False
+
+    def render(_: int, event: Event) -> Iterable[dict[str, Any]]:
+        nonlocal started
+        if not isinstance(event, TokenEvent | Completion):
+            return
+        if not started:
+            started = True
+            cached = event.timings.cache_n if event.timings is not None else 0
+            yield fa.message_start(
+                msg_id=msg_id, model=model, n_prompt_tokens=event.n_prompt_tokens, n_cached=cached
+            )
+        if isinstance(event, TokenEvent):
+            yield from fa.block_events(blocks.feed(parser.feed(event.text)))
+        else:
+            yield from fa.block_events(blocks.feed(parser.finish()) + blocks.close())
+            yield from fa.message_end(event, parser.msg)
+
+    return await open_stream(
+        runner, reqs, render, done_marker=False, encode=fa.encode, encode_error=fa.encode_error
+    )
+
+
+@router.post("/v1/messages/count_tokens", openapi_extra=body_schema(MessagesRequest))
+async def count_tokens(request: Request) -> Response:
+    state = get_state(request)
+    body = _chat_body(await request.body())
+    plan = plan_chat(state, body)
+    return JSONResponse({"input_tokens": len(prompt_tokens(state, plan.prompt))})

@@ -1,0 +1,2 @@
+"""llama-server's own API: /completion, /apply-template, /health, /props, /slots, /metrics,
+/tokenize, /detokenize, /lora-adapters, and their response shapes."""

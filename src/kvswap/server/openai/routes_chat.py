@@ -1,0 +1,186 @@
+"""OpenAI's generation routes: /v1/completions, /v1/chat/completions, /chat/completions (and their
+/input_tokens count).
+
+Each route validates its body, turns it into engine requests (tokenizing, template rendering and
+grammar checks happen here, off the engine thread), runs them (`streaming`), and shapes the answer
+as OpenAI (and llama-server) do. Chat answers are parsed for tool calls and reasoning
+(`kvswap.chat`), whole or as stream deltas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from kvswap.chat.parser import ChatParser
+from kvswap.core.types import (
+    Completion,
+    Event,
+    GenerationRequest,
+    PromptProgress,
+    TokenEvent,
+    TokenProbs,
+)
+from kvswap.server.openai.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
+from kvswap.server.openai.formats_oai import (
+    OaiMeta,
+    chat_progress_chunk,
+    completion_chunk,
+    completion_final,
+    completion_progress_chunk,
+    merge_choices,
+)
+from kvswap.server.openapi import body_schema
+from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.constraints import (
+    completion_constraint,
+)
+from kvswap.server.requests.jobs import (
+    checked_constraint,
+    generation_requests,
+    oai_meta,
+    prompt_tokens,
+    tokenizer,
+)
+from kvswap.server.requests.params import (
+    parse_prompt,
+    tokenize_prompt,
+)
+from kvswap.server.requests.schemas import (
+    ChatCompletionRequest,
+    OaiCompletionRequest,
+    parse_body,
+)
+from kvswap.server.state import get_state
+from kvswap.server.streaming import Runner, complete_all, open_stream
+
+router = APIRouter()
+
+
+async def _finals(
+    runner: Runner,
+    reqs: list[GenerationRequest],
+    request: Request,
+    shape: Callable[..., dict[str, Any]],
+    meta: OaiMeta,
+) -> list[dict[str, Any]]:
+    """Run every task to its end and shape each final result (OpenAI routes)."""
+    results = await complete_all(runner, reqs, request)
+    return [shape(c, r, meta, index=i) for i, (c, r) in enumerate(zip(results, reqs, strict=True))]
+
+
+# ---------------------------------------------------------------------------- /v1/completions
+
+
+@router.post("/v1/completions", openapi_extra=body_schema(OaiCompletionRequest))
+async def oai_completion(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_body(OaiCompletionRequest, await request.body())
+    tokenize = tokenizer(state)
+    prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
+    constraint = checked_constraint(state, completion_constraint(body, body.response_format))
+    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
+    runner = state.runner()
+    meta = oai_meta(state)
+    if not body.stream:
+        return JSONResponse(
+            merge_choices(await _finals(runner, reqs, request, completion_final, meta))
+        )
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
+        if isinstance(event, TokenEvent):
+            yield completion_chunk(
+                event, meta, index=index, post_sampling=reqs[index].post_sampling_probs
+            )
+        elif isinstance(event, PromptProgress):
+            yield completion_progress_chunk(event, meta, index=index)
+        elif isinstance(event, Completion):
+            final = completion_final(event, reqs[index], meta, index=index)
+            if not include_usage:
+                final.pop("usage", None)
+            yield final
+
+    return await open_stream(runner, reqs, render, done_marker=True)
+
+
+# ----------------------------------------------------------------------- /v1/chat/completions
+
+
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+@router.post("/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_completion(request: Request) -> Response:
+    state = get_state(request)
+    body = parse_body(ChatCompletionRequest, await request.body())
+    plan = plan_chat(state, body)
+    reqs = generation_requests(
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+    )
+    runner = state.runner()
+    meta = oai_meta(state)
+    if not body.stream:
+        results = await complete_all(runner, reqs, request)
+        finals = [
+            chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
+            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
+        ]
+        return JSONResponse(merge_choices(finals))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    parsers = [ChatParser(plan.spec) for _ in reqs]
+    unsent: list[tuple[TokenProbs, ...]] = [() for _ in reqs]  # probs of steps sent no chunk
+    started: set[int] = set()
+
+    def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
+        parser = parsers[index]
+        post_sampling = reqs[index].post_sampling_probs
+        if isinstance(event, TokenEvent):
+            first = index not in started
+            started.add(index)
+            probs = unsent[index] + event.probs
+            chunks = chat_diff_chunks(
+                parser.feed(event.text),
+                meta,
+                first=first,
+                index=index,
+                probs=probs,
+                timings=event.timings,
+                post_sampling=post_sampling,
+            )
+            unsent[index] = () if chunks else probs
+            yield from chunks
+        elif isinstance(event, PromptProgress):
+            yield chat_progress_chunk(event, meta, index=index)
+        elif isinstance(event, Completion):
+            chunks = chat_diff_chunks(
+                parser.finish(),
+                meta,
+                first=False,
+                index=index,
+                probs=unsent[index],
+                post_sampling=post_sampling,
+            )
+            yield from chunks
+            yield from chat_finish_chunks(
+                event,
+                meta,
+                parser.msg,
+                include_usage=include_usage,
+                index=index,
+                probs=() if chunks else unsent[index],
+                post_sampling=post_sampling,
+            )
+
+    return await open_stream(runner, reqs, render, done_marker=True)
+
+
+@router.post("/v1/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
+@router.post("/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
+async def chat_input_tokens(request: Request) -> Response:
+    """The prompt's token count for a chat body (llama-server's `handle_count_tokens`)."""
+    state = get_state(request)
+    body = parse_body(ChatCompletionRequest, await request.body())
+    n = len(prompt_tokens(state, plan_chat(state, body).prompt))
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

@@ -1,0 +1,109 @@
+"""OpenAI's Responses API: POST /v1/responses and /responses (streamed or not), and
+POST /v1/responses/input_tokens.
+
+The body becomes the equivalent chat body (`schemas_responses.to_chat_body`), which runs exactly
+as /v1/chat/completions does; the answer is parsed (`ChatParser`) and shaped as Responses
+output items (`formats_responses`). Nothing is stored: `previous_response_id` is refused, as
+llama-server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from kvswap.chat.blocks import BlockStream
+from kvswap.chat.parser import ChatParser
+from kvswap.core.types import Completion, EngineError, Event, TokenEvent
+from kvswap.server.openai import formats_responses as fr
+from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
+from kvswap.server.openapi import body_schema
+from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
+from kvswap.server.state import get_state
+from kvswap.server.streaming import complete_all, open_stream
+
+router = APIRouter()
+
+
+def _bodies(raw: bytes) -> tuple[ResponsesRequest, ChatCompletionRequest]:
+    req = parse_body(ResponsesRequest, raw)
+    data = json.loads(raw)  # valid: parse_body accepted it
+    return req, parse_body(ChatCompletionRequest, to_chat_body(data, req))
+
+
+def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
+    """The request settings a response object repeats."""
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": req.tools or [],
+        "text": req.text or {"format": {"type": "text"}},
+    }
+
+
+@router.post("/v1/responses", openapi_extra=body_schema(ResponsesRequest))
+@router.post("/responses", openapi_extra=body_schema(ResponsesRequest))
+async def responses(request: Request) -> Response:
+    state = get_state(request)
+    req, body = _bodies(await request.body())
+    plan = plan_chat(state, body)
+    reqs = generation_requests(
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+    )
+    runner = state.runner()
+    meta = fr.ResponseMeta(
+        id=fr.new_response_id(),
+        model=state.model_name,
+        created_at=int(time.time()),
+        params=_echo(req, body),
+    )
+    if not body.stream:
+        [c] = await complete_all(runner, reqs, request)
+        msg = ChatParser(plan.spec).parse_all(c.content)
+        return JSONResponse(
+            fr.response_json(meta, status="completed", output=fr.output_items(msg), c=c)
+        )
+
+    parser = ChatParser(plan.spec)
+    blocks = BlockStream()
+    events = fr.ResponseEvents(meta)
+    started = False
+
+    def render(_: int, event: Event) -> Iterable[dict[str, Any]]:
+        nonlocal started
+        if not started:
+            started = True
+            yield from events.start()
+        if isinstance(event, TokenEvent):
+            yield from events.blocks(blocks.feed(parser.feed(event.text)))
+        elif isinstance(event, Completion):
+            yield from events.blocks(blocks.feed(parser.finish()) + blocks.close())
+            yield from events.complete(event)
+
+    def encode_error(err: EngineError) -> bytes:
+        return fr.encode(events.error(err))
+
+    return await open_stream(
+        runner, reqs, render, done_marker=False, encode=fr.encode, encode_error=encode_error
+    )
+
+
+@router.post("/v1/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))
+@router.post("/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))
+async def input_tokens(request: Request) -> Response:
+    state = get_state(request)
+    _, body = _bodies(await request.body())
+    plan = plan_chat(state, body)
+    n = len(prompt_tokens(state, plan.prompt))
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

@@ -1,0 +1,1 @@
+"""kvswap's own API: page verbs and slot files, GET /pages, minds on the HTTP side, /reconfigure."""

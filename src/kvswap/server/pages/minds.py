@@ -1,0 +1,147 @@
+"""Minds on the HTTP side: which mind a request names, one request per mind at a time, the disk
+read-back, and the minds view of GET /pages.
+
+- `request_mind(headers, body_mind, keyed)`: the mind key a request names, in its API key's
+  namespace.
+- `session(request)`: the per-mind asyncio lock (two requests for one mind run in order); the
+  mind is marked busy so the demoter never drops its RAM page meanwhile; a mind found only on
+  disk is read back on an I/O worker and handed to the engine with the request
+  (`Submit.restore`); the engine seats it (`engine.minds.seating`). The server's `Runner`
+  (`server.streaming`) runs every mind's request inside its session.
+- `views()`: every mind with its live tier, for GET /pages.
+
+RAM-to-disk movement (the demoter, the disk budget, ownership, the spill before exit) lives in
+`kvswap.tiers.demoter`. Owns the per-mind locks. File reads happen on the I/O executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import Executor
+from contextlib import asynccontextmanager
+
+from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
+from kvswap.core.types import GenerationRequest
+from kvswap.engine.client import EngineClient
+from kvswap.engine.commands import Nudge
+from kvswap.engine.kv.slotstate import SlotState
+from kvswap.engine.minds.registry import MindView, is_mind_key, mind_key, namespace_of, split_key
+from kvswap.files import FilesError, Publisher
+from kvswap.tiers.demoter import Demoter
+from kvswap.tiers.slotfiles import ReadState, files_error, read_state
+
+log = logging.getLogger("kvswap.minds")
+
+
+def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool) -> str:
+    """The mind key a request names (`"mind"` in the body, else `X-Mind-Id`), in the namespace
+    of its API key when the server has keys; "" when it names none."""
+    name = body_mind if body_mind is not None else headers.get("x-mind-id")
+    if name is None:
+        return ""
+    api_key = ""
+    if keyed:
+        raw = headers.get("authorization") or headers.get("x-api-key") or ""
+        api_key = raw.removeprefix("Bearer ")
+    return mind_key(namespace_of(api_key), name)
+
+
+class MindGate:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        demoter: Demoter,
+        publisher: Publisher | None,
+        io: Executor,
+    ) -> None:
+        self.client = client
+        self.store = client.pages.store
+        self.registry = client.pages.registry
+        self.demoter = demoter
+        self.publisher = publisher
+        self.io = io
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @asynccontextmanager
+    async def session(self, request: GenerationRequest) -> AsyncIterator[SlotState | None]:
+        """Hold the mind for one request; yields the state read from disk, if it must be."""
+        key = request.mind
+        store = self.store
+        if store is None:
+            raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if not self.demoter.own(key):
+                raise KvswapError(
+                    ErrorKind.UNAVAILABLE,
+                    "this mind is served by another server sharing the save path",
+                )
+            on_disk_only = self.registry.begin_use(key, store.has)
+            read: ReadState | None = None
+            try:
+                if on_disk_only:
+                    read = await self._read(key)
+                yield read.state if read is not None else None
+            finally:
+                self.registry.set_busy(key, False)
+                if read is not None:
+                    await self._after_engine()  # the engine is done with the restored state
+                    read.close()
+
+    async def _after_engine(self) -> None:
+        """Wait until the engine has handled every command posted so far (a seat that applies a
+        restored state runs before the next command is read, so its buffers are then free)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def settle() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def reply(_: object) -> None:
+            loop.call_soon_threadsafe(settle)
+
+        self.client.post(Nudge(reply))
+        await asyncio.shield(done)
+
+    async def _read(self, key: str) -> ReadState:
+        assert self.publisher is not None
+        loop = asyncio.get_running_loop()
+        geometry = self.client.snapshot.page_geometry
+        try:
+            return await loop.run_in_executor(self.io, read_state, self.publisher, key, geometry)
+        except FilesError as err:
+            raise files_error(err, "read the mind back") from err
+
+    def views(self) -> list[MindView]:
+        """Every mind this server serves, with its live tier."""
+        store = self.store
+        resident = {key: (slot_id, n) for key, slot_id, n in self.client.snapshot.minds}
+        ram = {
+            i.name: (i.n_tokens, i.n_bytes)
+            for i in (store.infos() if store is not None else [])
+            if i.in_store and is_mind_key(i.name)
+        }
+        disk = self.registry.disk_copies()
+        last = self.registry.last_used()
+        out = []
+        for key in sorted(set(resident) | set(ram) | set(disk)):
+            namespace, name = split_key(key)
+            copy = disk.get(key)
+            if key in resident:
+                slot_id, n_tokens = resident[key]
+                tier, n_bytes = "slot", 0
+            elif key in ram:
+                slot_id, (n_tokens, n_bytes), tier = -1, ram[key], "ram"
+            else:
+                assert copy is not None
+                slot_id, n_tokens, n_bytes, tier = -1, copy.n_tokens, copy.n_bytes, "disk"
+            out.append(
+                MindView(key, namespace, name, tier, slot_id, n_tokens, n_bytes,
+                         last.get(key, 0.0), copy is not None)
+            )  # fmt: skip
+        return out

@@ -1,0 +1,1 @@
+"""Moving state between RAM and disk, off the engine thread: slot and page files, the demoter."""

@@ -1,0 +1,216 @@
+"""The one writer and reader of slot files and page files (SPEC §4), on worker threads.
+
+A captured slot and a page share one layout (`pagefmt.PageLayout`), so `save` and `spill`
+write through `publish_state` and `restore` reads through `read_state`: `F` in libllama's
+sequence-file format straight from the RAM bytes (no copy), sidecars for the parts libllama's
+file has no room for (`.ckpt` checkpoints, `.lora` the LoRA set), and the commit record with the
+model and KV-type fingerprint. A `.ckpt` that cannot be read restores cold; a `.lora` that cannot
+be read refuses the restore (typed 400): the KV must never be served under a set it was not
+computed under. No `.lora` (a file saved without adapters, or by llama-server) means no adapters.
+
+Never called on the engine thread or the event loop: callers run these in the I/O executor.
+Buffers given to `publish_state` are not referenced once it returns, even when it raises, so the
+caller can close them.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.engine.kv.pagefmt import LoraRef, PageGeometry, PageLayout, read_tokens
+from kvswap.engine.kv.slotstate import CheckpointView, SlotState
+from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
+from kvswap.files.seqfile import file_parts
+
+log = logging.getLogger("kvswap.files")
+
+Buffer = Any  # an mmap or anything else with the buffer protocol
+
+_FILES_KINDS = {
+    "invalid": ErrorKind.INVALID_REQUEST,
+    "not_found": ErrorKind.NOT_FOUND,
+    "corrupt": ErrorKind.INVALID_REQUEST,
+    "io": ErrorKind.SERVER,
+}
+
+
+def files_error(err: FilesError, verb: str) -> KvswapError:
+    return KvswapError(_FILES_KINDS[err.kind], f"Unable to {verb}: {err}")
+
+
+def drop_frames(err: BaseException | None) -> None:
+    """Clear the locals of the frames an exception (and its causes) carries, so the views of
+    a buffer they held die now rather than whenever the exception does."""
+    while err is not None:
+        traceback.clear_frames(err.__traceback__)
+        err = err.__cause__ or err.__context__
+
+
+CKPT_FORMAT = (
+    1  # the .ckpt sidecar's header: {"format", "checkpoints": [{n_tokens, pos_min, pos_max}]}
+)
+DFT_FORMAT = 1  # the .dft sidecar's header: {"format", "n_tokens"}; one section, the state
+
+
+LORA_FORMAT = 1  # the .lora sidecar's header: {"format", "adapters": [{sha256, path, scale}]}
+
+
+def _files(view: memoryview, layout: PageLayout) -> dict[str, Any]:
+    """`F` and the sidecars of one generation, as buffers over `view` (no copy)."""
+    t = layout.target
+    files: dict[str, Any] = {"": file_parts(read_tokens(view, layout), view[t.offset : t.end])}
+    if layout.checkpoints:
+        header = {
+            "format": CKPT_FORMAT,
+            "checkpoints": [
+                {"n_tokens": c.n_tokens, "pos_min": c.pos_min, "pos_max": c.pos_max}
+                for c in layout.checkpoints
+            ],
+        }
+        sections = [view[c.span.offset : c.span.end] for c in layout.checkpoints]
+        files[".ckpt"] = sidecar.encode(".ckpt", header, sections)
+    if layout.lora:
+        adapters = [{"sha256": r.sha256, "path": r.path, "scale": r.scale} for r in layout.lora]
+        files[".lora"] = sidecar.encode(".lora", {"format": LORA_FORMAT, "adapters": adapters}, [])
+    d = layout.draft
+    if d is not None:
+        dft_header = {"format": DFT_FORMAT, "n_tokens": layout.draft_n_tokens}
+        files[".dft"] = sidecar.encode(".dft", dft_header, [view[d.offset : d.end]])
+    return files
+
+
+def publish_state(
+    publisher: Publisher, filename: str, buffer: Buffer, layout: PageLayout
+) -> PublishReceipt:
+    """Write one generation of `filename` from a captured slot or a page (`buffer` laid out by
+    `layout`); no view of `buffer` outlives the call."""
+    view = memoryview(buffer)[: layout.n_bytes]
+    files = _files(view, layout)
+    try:
+        return publisher.publish(filename, files, layout.geometry.file_fingerprint())
+    except BaseException as err:
+        drop_frames(err)
+        raise
+    finally:
+        del files
+        view.release()
+
+
+@dataclass
+class ReadState:
+    """A generation read back: the state to apply, and the buffers to close afterwards."""
+
+    state: SlotState
+    generation: Generation
+    n_bytes_read: int
+
+    def close(self) -> None:
+        self.state.release()
+        self.generation.close()
+
+
+def readable_bytes() -> int:
+    """The largest generation a restore reads: half the memory available now. A larger file
+    (a sparse 64 GiB file planted in the save path, say) is a typed 400 before any buffer is
+    allocated, not an allocation that fails with a 500 or succeeds and starves the machine."""
+    return int(psutil.virtual_memory().available) // 2
+
+
+def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> ReadState:
+    """Read and verify one generation of `filename` (a foreign file has no fingerprint).
+
+    A missing, torn or malformed sidecar restores that part cold, with a warning.
+    """
+    gen = publisher.read_generation(
+        filename, geometry.file_fingerprint(), max_bytes=readable_bytes()
+    )
+    try:
+        lora = _lora(filename, gen.sidecars.get(".lora"))
+    except KvswapError:
+        gen.close()
+        raise
+
+    checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
+    draft, draft_n_tokens = _draft(filename, gen.sidecars.get(".dft"), len(gen.tokens))
+    state = SlotState(
+        tokens=gen.tokens.copy(),
+        target=gen.state[:],
+        draft=draft,
+        draft_n_tokens=draft_n_tokens,
+        checkpoints=checkpoints,
+        lora=lora,
+    )
+
+    return ReadState(state, gen, gen.n_bytes_read)
+
+
+def _lora(filename: str, read: SidecarRead | None) -> tuple[LoraRef, ...]:
+    if read is None or read.status == "absent":
+        return ()
+    try:
+        if read.status != "ok" or read.sidecar is None:
+            raise ValueError(f"{read.status}: {read.reason}")
+        header = read.sidecar.header
+        if header.get("format") != LORA_FORMAT:
+            raise ValueError(f"format {header.get('format')!r}")
+        return tuple(
+            LoraRef(str(a["sha256"]), str(a["path"]), float(a["scale"])) for a in header["adapters"]
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f"Unable to restore slot: {filename}.lora, the LoRA set its KV was computed under, "
+            f"cannot be read ({err})",
+        ) from err
+
+
+def _draft(filename: str, read: SidecarRead | None, n_tokens: int) -> tuple[memoryview | None, int]:
+    """The draft state of a generation and how many tokens it holds; (None, 0): cold draft."""
+    if read is None or read.status == "absent":
+        return None, 0
+    if read.status != "ok" or read.sidecar is None:
+        log.warning(
+            "%s.dft %s (%s): restoring with a cold draft", filename, read.status, read.reason
+        )
+        return None, 0
+    header, sections = read.sidecar.header, read.sidecar.sections
+    try:
+        n = int(header["n_tokens"])
+        if header.get("format") != DFT_FORMAT or len(sections) != 1 or not 0 < n <= n_tokens:
+            raise ValueError("header does not match its section or the tokens")
+    except (KeyError, TypeError, ValueError) as err:
+        log.warning("%s.dft is malformed (%s): restoring with a cold draft", filename, err)
+        return None, 0
+    return sections[0], n
+
+
+def _checkpoints(filename: str, read: SidecarRead | None) -> tuple[CheckpointView, ...]:
+    if read is None or read.status == "absent":
+        return ()
+    if read.status != "ok" or read.sidecar is None:
+        log.warning(
+            "%s.ckpt %s (%s): restoring without context checkpoints",
+            filename,
+            read.status,
+            read.reason,
+        )
+        return ()
+    header, sections = read.sidecar.header, read.sidecar.sections
+    try:
+        if header.get("format") != CKPT_FORMAT or len(header["checkpoints"]) != len(sections):
+            raise ValueError("header does not match its sections")
+        return tuple(
+            CheckpointView(int(c["n_tokens"]), int(c["pos_min"]), int(c["pos_max"]), data)
+            for c, data in zip(header["checkpoints"], sections, strict=True)
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        log.warning(
+            "%s.ckpt is malformed (%s): restoring without context checkpoints", filename, err
+        )
+        return ()
