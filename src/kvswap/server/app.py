@@ -23,12 +23,14 @@ from kvswap.server import (
     routes_reconfigure,
     routes_responses,
     routes_slots,
+    routes_web,
 )
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
 from kvswap.server.loader import Loader
 from kvswap.server.openapi import hoist_defs
 from kvswap.server.sleep import Sleeper
+from kvswap.web import page_paths
 
 
 def create_app(config: ServerConfig, loader: Loader) -> Guard:
@@ -60,6 +62,7 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.include_router(routes_slots.router)
     app.include_router(routes_reconfigure.router)
     app.include_router(routes_lora.router)
+    app.include_router(routes_web.router(config.http))  # last: a --path folder takes the rest
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -74,4 +77,5 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         max_body_bytes=config.http.max_body_bytes,
         is_ready=loader.ready,
         sleeper=sleeper,
+        page_paths=page_paths(),
     )

@@ -386,6 +386,11 @@ class MindGate:
 
     # -- /pages -----------------------------------------------------------------------------
 
+    def disk_bytes(self) -> int:
+        """The bytes of every mind's spilled copy: what `--page-disk-bytes` bounds."""
+        with self.registry.lock:
+            return sum(copy.n_bytes for copy in self.registry.disk.values())
+
     def views(self) -> list[MindView]:
         """Every mind this server serves, with its live tier."""
         reg = self.registry
