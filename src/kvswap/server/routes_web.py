@@ -113,7 +113,9 @@ def router(http: HttpSettings) -> APIRouter:
             if own is not None:
                 return FileResponse(own, headers={"Cache-Control": "no-cache"})
         return Response(
-            _SW_REMOVE_JS, media_type="application/javascript", headers={"Cache-Control": "no-cache"}
+            _SW_REMOVE_JS,
+            media_type="application/javascript",
+            headers={"Cache-Control": "no-cache"},
         )
 
     if folder is not None:
