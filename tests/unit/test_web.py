@@ -4,6 +4,10 @@ reads them, the packaged files and their paths, and the guard letting page paths
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
+import sys
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,3 +128,24 @@ def test_loading_the_page_does_not_wake_a_sleeping_server() -> None:
     assert sleeper.n_entered == 0
     assert _serve(guard, "/pages", [(b"x-api-key", b"k")]) == 200
     assert sleeper.n_entered == 1  # the page's API calls do
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_wheel_carries_the_page(tmp_path: Path) -> None:
+    """Built from a copy of the sources (the tree stays clean): every page file is inside."""
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(
+        repo / "src", tmp_path / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, tmp_path / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(tmp_path / "dist"), str(tmp_path)],
+        check=True, capture_output=True, timeout=170,
+    )  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("kvswap-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        shipped = {n.removeprefix("kvswap/web/assets/") for n in z.namelist() if "/assets/" in n}
+    assert shipped == set(load_assets())

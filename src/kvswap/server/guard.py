@@ -8,9 +8,10 @@ A plain ASGI middleware (no per-request task or body buffering of its own):
   the model loads and never wake a sleeping server, as llama-server serves its UI; the page
   then asks for the key its API calls need.
 - `--max-body-bytes`: a larger body (by Content-Length, or counted as it streams in) is a 413.
-- While the model loads, every route (/health included) answers 503, as llama-server.
-- `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health counts as activity and
-  wakes a sleeping server first; /health answers 200 while asleep without waking it.
+- While the model loads, every route (/health included) but the page's answers 503, as
+  llama-server.
+- `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health and the page's counts as
+  activity and wakes a sleeping server first; /health answers 200 while asleep without waking it.
 
 """
 
