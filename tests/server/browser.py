@@ -99,15 +99,21 @@ class Browser:
 
     def click(self, selector: str) -> None:
         """Click what `selector` finds, again if the page redrew it meanwhile (a poll)."""
+        self._on(selector, "a click", lambda e: e.click())
 
-        def clicked() -> bool:
+    def press(self, selector: str, key: str) -> None:
+        """Focus what `selector` finds and press `key`, again if the page redrew it."""
+        self._on(selector, f"key {key!r}", lambda e: e.send_keys(key))
+
+    def _on(self, selector: str, what: str, act: Callable[[WebElement], None]) -> None:
+        def done() -> bool:
             try:
-                self.css(selector).click()
+                act(self.css(selector))
             except StaleElementReferenceException:
                 return False
             return True
 
-        self.wait(f"a click on {selector}", clicked, timeout_s=10)
+        self.wait(f"{what} on {selector}", done, timeout_s=10)
 
     def requests(self) -> list[Request]:
         """Every request since the last call (reading the log empties it)."""

@@ -347,6 +347,11 @@ def test_mind_action_asks_first_and_shows_the_answer(
     b.shot("confirm-page-out")
     b.css("#confirm-cancel").click()
     assert not b.css("#confirm-dialog").is_displayed()
+    b.press(button, Keys.ENTER)  # the keyboard's way in, and Escape's way out
+    b.wait("the dialog again", lambda: b.css("#confirm-dialog").is_displayed())
+    assert b.js("return document.activeElement.id") == "confirm-cancel"  # the safe choice first
+    b.driver.switch_to.active_element.send_keys(Keys.ESCAPE)
+    b.wait("Escape to cancel", lambda: not b.css("#confirm-dialog").is_displayed())
     assert [r for r in b.requests() if "/minds/" in r.url] == []  # cancelled: nothing sent
 
     b.click(button)
@@ -402,14 +407,14 @@ def test_api_key_is_asked_for_and_a_wrong_one_is_refused(
     b.wait("the page to connect", lambda: b.css("#conn").text.startswith("connected"))
     assert not b.css("#key-dialog").is_displayed()
     set_settings(b, max_tokens="4", temperature="0")
-    open_mind(b, "keyed")
+    open_mind(b, "zoë ü")  # not ASCII: named in the body, as no header can carry it
     answer = send(b, "Hello!")
     assert answer["text"] and "cache_n" in answer["meta"]
-    b.wait("the mind in the key's namespace", lambda: tier_shown(b, "keyed") == "slot")
+    b.wait("the mind in the key's namespace", lambda: tier_shown(b, "zoë ü") == "slot")
     listed = b.js(
         "return [...document.querySelectorAll('#minds-table tbody tr')].map(r => r.dataset.mind)"
     )
-    assert listed == ["keyed"]  # someone-else belongs to another key
+    assert listed == ["zoë ü"]  # someone-else belongs to another key
     b.shot("key-accepted")
     assert b.js("return sessionStorage.getItem('kvswap.apiKey')") == "right-key"
     stored = b.js("return Object.keys(localStorage).map(k => k + localStorage.getItem(k)).join()")

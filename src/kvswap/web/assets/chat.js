@@ -172,7 +172,9 @@ export class ChatView {
     this.say("…");
     await this.refresh().catch(() => null); // the tier before the turn, as fresh as can be
     const switchBefore = await this.switchMsTotal();
-    const history = messages.filter((m) => m.content).map((m) => ({ role: m.role, content: m.content }));
+    const history = messages
+      .filter((m) => m.content)
+      .map((m) => ({ role: m.role, content: m.content }));
     const user = { role: "user", content: text };
     const answer = { role: "assistant", content: "", meta: { tier_before: this.tierOf(mind) } };
     messages.push(user, answer);

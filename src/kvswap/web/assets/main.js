@@ -108,12 +108,16 @@ function start(props) {
     if (refused) {
       poller.stop();
       setApiKey("");
-      askKey(`The server no longer takes this key: ${refused.describe()}`).then(() => location.reload());
+      askKey(`The server no longer takes this key: ${refused.describe()}`).then(() =>
+        location.reload(),
+      );
       return;
     }
     minds.update(snapshot);
     plot.addMetrics(snapshot.metrics, snapshot.at);
-    const down = Object.values(snapshot.errors).find((e) => e && (e.status === 0 || e.status === 503));
+    const down = Object.values(snapshot.errors).find(
+      (e) => e && (e.status === 0 || e.status === 503),
+    );
     if (down) showConn(down.describe(), true);
     else showConn(`connected · ${props.total_slots} slot${props.total_slots === 1 ? "" : "s"}`);
   });

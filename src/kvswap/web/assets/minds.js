@@ -112,7 +112,9 @@ export class MindsView {
     if (this.signatures[id] === signature) return;
     this.signatures[id] = signature;
     const tbody = document.querySelector(`#${id} tbody`);
-    const focused = tbody.contains(document.activeElement) ? document.activeElement.dataset.key : null;
+    const focused = tbody.contains(document.activeElement)
+      ? document.activeElement.dataset.key
+      : null;
     tbody.replaceChildren(...rows);
     if (focused) {
       const again = tbody.querySelector(`[data-key="${CSS.escape(focused)}"]`);
@@ -128,7 +130,9 @@ export class MindsView {
     const signature = JSON.stringify([this.current, sorted.map((n) => [n, this.tierOf(n)])]);
     if (list.dataset.signature === signature) return;
     list.dataset.signature = signature;
-    const focused = list.contains(document.activeElement) ? document.activeElement.dataset.key : null;
+    const focused = list.contains(document.activeElement)
+      ? document.activeElement.dataset.key
+      : null;
     list.replaceChildren(
       ...sorted.map((name) => {
         const li = document.createElement("li");
@@ -185,7 +189,7 @@ export class MindsView {
         const button = document.createElement("button");
         button.type = "button";
         button.textContent = a.label;
-        button.dataset.key = `${m.mind}\u0000${a.action}`;
+        button.dataset.key = `${a.action}:${m.mind}`; // unique: no action has a colon
         button.dataset.action = a.action;
         button.setAttribute("aria-label", `${a.label} ${m.mind}`);
         button.addEventListener("click", () => this.act(m.mind, a));
@@ -199,7 +203,9 @@ export class MindsView {
       tr.append(cell(lastUse), actionsCell);
       return tr;
     });
-    const signature = JSON.stringify(minds.map((m) => [m.mind, m.tier, m.id_slot, m.n_tokens, m.n_bytes, m.last_used_unix_s]));
+    const signature = JSON.stringify(
+      minds.map((m) => [m.mind, m.tier, m.id_slot, m.n_tokens, m.n_bytes, m.last_used_unix_s]),
+    );
     this.replaceRows("minds-table", rows, signature);
   }
 
@@ -212,7 +218,9 @@ export class MindsView {
       this.replaceRows("slots-table", [tr], `error:${error && error.message}`);
       return;
     }
-    const bySlot = new Map([...this.minds.values()].filter((m) => m.tier === "slot").map((m) => [m.id_slot, m.mind]));
+    const bySlot = new Map(
+      [...this.minds.values()].filter((m) => m.tier === "slot").map((m) => [m.id_slot, m.mind]),
+    );
     const rows = slots.map((s) => {
       const tr = document.createElement("tr");
       tr.dataset.slot = String(s.id);
@@ -227,7 +235,9 @@ export class MindsView {
       );
       return tr;
     });
-    const signature = JSON.stringify(slots.map((s) => [s.id, s.is_processing, s.n_ctx, bySlot.get(s.id), s.next_token]));
+    const signature = JSON.stringify(
+      slots.map((s) => [s.id, s.is_processing, s.n_ctx, bySlot.get(s.id), s.next_token]),
+    );
     this.replaceRows("slots-table", rows, signature);
   }
 

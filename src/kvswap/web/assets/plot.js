@@ -8,7 +8,11 @@ const W = 320;
 const H = 140;
 const PAD = { left: 30, right: 30, top: 10, bottom: 18 };
 const SWITCH_MS = "llamacpp:mind_switch_ms_total";
-const SEATED = ["llamacpp:mind_hits_ram_total", "llamacpp:mind_hits_disk_total", "llamacpp:mind_new_total"];
+const SEATED = [
+  "llamacpp:mind_hits_ram_total",
+  "llamacpp:mind_hits_disk_total",
+  "llamacpp:mind_new_total",
+];
 
 function el(name, attrs, text) {
   const node = document.createElementNS(SVG, name);
@@ -58,13 +62,26 @@ export class Plot {
     this.switchMs = keep(this.switchMs);
     const maxTps = Math.max(1, ...this.tps.map((p) => p.value));
     const maxMs = Math.max(1, ...this.switchMs.map((p) => p.value));
-    const x = (at) => PAD.left + ((at - (now - WINDOW_MS)) / WINDOW_MS) * (W - PAD.left - PAD.right);
+    const x = (at) =>
+      PAD.left + ((at - (now - WINDOW_MS)) / WINDOW_MS) * (W - PAD.left - PAD.right);
     const y = (v, max) => H - PAD.bottom - (v / max) * (H - PAD.top - PAD.bottom);
 
     const nodes = [
-      el("line", { class: "axis", x1: PAD.left, y1: H - PAD.bottom, x2: W - PAD.right, y2: H - PAD.bottom }),
+      el("line", {
+        class: "axis",
+        x1: PAD.left,
+        y1: H - PAD.bottom,
+        x2: W - PAD.right,
+        y2: H - PAD.bottom,
+      }),
       el("line", { class: "axis", x1: PAD.left, y1: PAD.top, x2: PAD.left, y2: H - PAD.bottom }),
-      el("line", { class: "axis", x1: W - PAD.right, y1: PAD.top, x2: W - PAD.right, y2: H - PAD.bottom }),
+      el("line", {
+        class: "axis",
+        x1: W - PAD.right,
+        y1: PAD.top,
+        x2: W - PAD.right,
+        y2: H - PAD.bottom,
+      }),
       el("text", { class: "label", x: 2, y: PAD.top + 8 }, maxTps.toFixed(0)),
       el("text", { class: "label", x: 2, y: H - PAD.bottom }, "0"),
       el("text", { class: "label", x: W - PAD.right + 3, y: PAD.top + 8 }, `${maxMs.toFixed(1)}`),
