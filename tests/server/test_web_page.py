@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,15 @@ def shots(
             reporter.write_line(f"\nweb page screenshots ({n_shots}): {folder}")
 
 
+def _server(tmp_path_factory: pytest.TempPathFactory, args: Sequence[str]) -> ServerProcess:
+    return ServerProcess(list(args), tmp_path_factory.mktemp("log") / "server.log")
+
+
 @pytest.fixture(scope="module")
-def page_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
-    return server_factory(*PAGE_ARGS)
+def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = _server(tmp_path_factory, PAGE_ARGS)  # stopped with the module, not the session
+    yield server
+    server.stop()
 
 
 @pytest.fixture()
@@ -78,6 +84,13 @@ def set_settings(b: Browser, max_tokens: str, temperature: str) -> None:
 def open_mind(b: Browser, name: str) -> None:
     b.css("#new-mind-name").send_keys(name, Keys.ENTER)
     b.wait(f"the chat with {name}", lambda: b.css("#chat-heading").text == f"Chat with {name}")
+
+
+def chat_page(b: Browser, server: ServerProcess, mind: str, max_tokens: str) -> None:
+    """The page open on `mind`'s chat, answering at temperature 0 (SmolLM2 is deterministic)."""
+    open_page(b, server)
+    set_settings(b, max_tokens=max_tokens, temperature="0")
+    open_mind(b, mind)
 
 
 def watch_answers(b: Browser) -> None:
@@ -168,9 +181,7 @@ def test_chat_with_two_minds_and_watch_them_move(
     browser: Browser, page_server: ServerProcess
 ) -> None:
     b = browser
-    open_page(b, page_server)
-    set_settings(b, max_tokens="24", temperature="0")
-    open_mind(b, "alice")
+    chat_page(b, page_server, "alice", max_tokens="24")
     first = send(b, "Tell me about cats.")
     b.shot("alice-answered")
     # Streamed: the answer grew through several texts before its last one.
@@ -223,9 +234,7 @@ def test_stop_cancels_the_answer_and_frees_the_slot(
     browser: Browser, page_server: ServerProcess
 ) -> None:
     b = browser
-    open_page(b, page_server)
-    set_settings(b, max_tokens="", temperature="0")  # no limit: it would fill the slot's window
-    open_mind(b, "storyteller")
+    chat_page(b, page_server, "storyteller", max_tokens="")  # no limit: it would fill the slot
     b.css("#prompt").send_keys(
         "Write a very long story about a dragon, with many chapters.", Keys.ENTER
     )
@@ -254,9 +263,7 @@ def test_stop_cancels_the_answer_and_frees_the_slot(
 
 def test_html_from_the_model_is_text(browser: Browser, page_server: ServerProcess) -> None:
     b = browser
-    open_page(b, page_server)
-    set_settings(b, max_tokens="40", temperature="0")
-    open_mind(b, "html")
+    chat_page(b, page_server, "html", max_tokens="40")
     prompt = "Print this HTML snippet verbatim: <img src=x onerror=alert(1)><script>window.pwned=1</script>"
     answer = send(b, prompt)
     b.shot("html-as-text")
@@ -334,9 +341,7 @@ def test_mind_action_asks_first_and_shows_the_answer(
     browser: Browser, page_server: ServerProcess
 ) -> None:
     b = browser
-    open_page(b, page_server)
-    set_settings(b, max_tokens="4", temperature="0")
-    open_mind(b, "carol")
+    chat_page(b, page_server, "carol", max_tokens="4")
     send(b, "Hi.")
     b.wait("carol in the minds table", lambda: tier_shown(b, "carol") == "slot")
     button = "#minds-table tr[data-mind='carol'] button[data-action='page_out']"
@@ -378,13 +383,14 @@ def test_mind_action_asks_first_and_shows_the_answer(
 
 
 @pytest.fixture(scope="module")
-def keyed_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
-    server = server_factory(*KEYED_ARGS)
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = _server(tmp_path_factory, KEYED_ARGS)
     # A mind of another key: the page must not list it.
     other = {"Authorization": "Bearer other-key", "X-Mind-Id": "someone-else"}
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     assert server.post("/v1/chat/completions", body, headers=other).status_code == 200
-    return server
+    yield server
+    server.stop()
 
 
 def test_api_key_is_asked_for_and_a_wrong_one_is_refused(

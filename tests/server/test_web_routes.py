@@ -9,7 +9,7 @@ import http.client
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -41,9 +41,22 @@ def _raw_get(server: ServerProcess, target: str, headers: dict[str, str]) -> tup
         conn.close()
 
 
+@contextlib.contextmanager
+def serving(
+    tmp_path_factory: pytest.TempPathFactory, *args: str, kind: type[ServerProcess] = ServerProcess
+) -> Iterator[ServerProcess]:
+    """A server for this module's tests only (stopped when done, not at the session's end)."""
+    server = kind([*TINY, *args], tmp_path_factory.mktemp("log") / "server.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
-def page(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
-    return server_factory(*TINY)
+def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with serving(tmp_path_factory) as server:
+        yield server
 
 
 def test_the_page_and_its_files(page: ServerProcess) -> None:
@@ -77,12 +90,12 @@ def test_sw_js_unregisters_a_cached_llama_server_ui(page: ServerProcess) -> None
     assert "registration.unregister()" in resp.text
 
 
-def test_no_webui_serves_no_page(server_factory: Callable[..., ServerProcess]) -> None:
-    server = server_factory(*TINY, "--no-webui")
-    _not_found(server.client.get("/"))
-    _not_found(server.client.get("/web/main.js"))
-    assert "registration.unregister()" in server.client.get("/sw.js").text
-    assert server.client.get("/props").json()["ui"] is False
+def test_no_webui_serves_no_page(tmp_path_factory: pytest.TempPathFactory) -> None:
+    with serving(tmp_path_factory, "--no-webui") as server:
+        _not_found(server.client.get("/"))
+        _not_found(server.client.get("/web/main.js"))
+        assert "registration.unregister()" in server.client.get("/sw.js").text
+        assert server.client.get("/props").json()["ui"] is False
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +111,16 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_path_serves_a_folder_instead(
-    server_factory: Callable[..., ServerProcess], folder: Path
-) -> None:
-    server = server_factory(*TINY, "--path", str(folder), "--api-key", "k")
+@pytest.fixture(scope="module")
+def folder_server(
+    tmp_path_factory: pytest.TempPathFactory, folder: Path
+) -> Iterator[ServerProcess]:
+    with serving(tmp_path_factory, "--path", str(folder), "--api-key", "k") as server:
+        yield server
+
+
+def test_path_serves_a_folder_instead(folder_server: ServerProcess) -> None:
+    server = folder_server
     assert server.client.get("/").text == "<p>my own page</p>"  # the page path needs no key
     assert server.client.get("/", headers={"X-Api-Key": "k"}).text == "<p>my own page</p>"
     keyed = {"Authorization": "Bearer k"}
@@ -136,10 +155,9 @@ class PrefixedServer(ServerProcess):
 
 @pytest.fixture(scope="module")
 def prefixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("log") / "server.log"
-    server = PrefixedServer([*TINY, "--api-key", "k", "--api-prefix", "/p"], log)
-    yield server
-    server.stop()
+    args = ("--api-key", "k", "--api-prefix", "/p")
+    with serving(tmp_path_factory, *args, kind=PrefixedServer) as server:
+        yield server
 
 
 def test_page_paths_need_no_key_under_an_api_prefix(prefixed: ServerProcess) -> None:
