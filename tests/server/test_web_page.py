@@ -425,3 +425,31 @@ def test_api_key_is_asked_for_and_a_wrong_one_is_refused(
     assert b.js("return sessionStorage.getItem('kvswap.apiKey')") == "right-key"
     stored = b.js("return Object.keys(localStorage).map(k => k + localStorage.getItem(k)).join()")
     assert "right-key" not in stored
+
+
+def test_the_disk_tier_and_its_budget_are_shown(
+    browser: Browser, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A mind spilled at exit is on disk after a restart: the page shows it and the disk bar."""
+    save = tmp_path_factory.mktemp("slots")
+    args = (*PAGE_ARGS, "--slot-save-path", str(save), "--page-disk-bytes", "64M")
+    first = _server(tmp_path_factory, args)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert first.post("/v1/chat/completions", body, headers={"X-Mind-Id": "archived"}).is_success
+    first.stop()  # SIGTERM: every mind is spilled before the exit
+    server = _server(tmp_path_factory, args)
+    try:
+        pages = server.client.get("/pages").json()
+        assert [(m["mind"], m["tier"]) for m in pages["minds"]] == [("archived", "disk")]
+        assert pages["disk_ceiling_bytes"] == 64 << 20
+        assert pages["disk_n_bytes"] == pages["minds"][0]["n_bytes"] > 0
+        open_page(browser, server)
+        browser.wait("the spilled mind", lambda: tier_shown(browser, "archived") == "disk")
+        meter = browser.js(
+            "const m = document.getElementById('disk-meter'); return [m.value, m.max, m.hidden]"
+        )
+        assert meter == [pages["disk_n_bytes"], 64 << 20, False]
+        assert browser.css("#disk-text").text.endswith("of 64.0 MiB (--page-disk-bytes)")
+        browser.shot("disk-tier")
+    finally:
+        server.stop()
