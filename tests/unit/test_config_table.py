@@ -50,7 +50,8 @@ SAMPLES = {
     "--max-body-bytes": "1M",
     "-sps": "0.5",
 }
-NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file"}
+NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file", "--path"}
+NEEDS_DIR = {"--slot-save-path", "--path"}
 FAILS_BY_DESIGN = {"--spec-default"}  # asks for ngram-mod, which kvswap refuses
 
 
@@ -76,7 +77,7 @@ def test_entries_are_consistent() -> None:
 
 def _sample(primary: str, tmp_path: Path) -> str:
     if primary in NEEDS_PATH:
-        if primary == "--slot-save-path":
+        if primary in NEEDS_DIR:
             return str(tmp_path)
         path = tmp_path / "file.txt"
         path.write_text("x\n")

@@ -15,13 +15,14 @@ flags live in data tables (`table_*.py`), one entry per flag; this module runs t
 4. Derived values are settled once, as llama-server settles them before loading the model:
    thread counts, the KV pool sized by `--kv-unified-per-slot`, the speculative type.
 
-Reads the files named by `--api-key-file`, checks `--slot-save-path` and
+Reads the files named by `--api-key-file`, checks `--slot-save-path`, `--path` and
 `--chat-template-file`, and probes the host for defaults (`machine.MachineInfo`) unless given
 one. It does not read llama.cpp's `config.ini` files.
 """
 
 from __future__ import annotations
 
+import os
 import textwrap
 from collections.abc import Mapping, Sequence
 
@@ -253,6 +254,9 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
         b.update("sampling", dry_sequence_breakers=breakers)
     b.update("model", alias=b.model.aliases[0] if b.model.aliases else None)
     b.update("spec", spec_type=_spec_type(b))
+    static_path = b.http.static_path
+    if b.http.webui and static_path is not None and not os.path.isdir(static_path):
+        raise ConfigError(f"--path: static assets path not found: {static_path}")
     return ServerConfig(
         model=b.model,
         context=b.context,

@@ -220,6 +220,11 @@ class HttpSettings:
     # --slot-save-path (no env var): an existing directory, as given; None: save/restore off.
     slot_save_path: str | None = None
     api_prefix: str = ""  # --api-prefix (LLAMA_ARG_API_PREFIX), no trailing slash
+    # --ui/--webui, --no-ui/--no-webui (LLAMA_ARG_UI): serve the web page at / (kvswap.web).
+    webui: bool = True
+    # --path (LLAMA_ARG_STATIC_PATH): serve this folder's files at / instead of the page; None
+    # (or an empty value): the page. With the UI on it must be a directory (checked at parse).
+    static_path: str | None = None
     # kvswap-only --max-body-bytes (KVSWAP_ARG_MAX_BODY_BYTES): request bodies past this: 413.
     max_body_bytes: int = 32 << 20
     # kvswap-only --max-n-predict (KVSWAP_ARG_MAX_N_PREDICT): caps every request's n_predict;

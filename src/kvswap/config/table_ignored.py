@@ -2,10 +2,11 @@
 
 Owns the list of the pinned llama-server's server-example flags (`common/arg.cpp`, filtered as
 `common_params_parser_init(LLAMA_EXAMPLE_SERVER)`) that kvswap does not implement: multimodal,
-devices and offload tuning, RoPE/YaRN overrides, CORS and web UI, router mode, reasoning and
-tools, grammar defaults, Hugging Face downloads and model presets, and the draft model's CPU
-and ngram variants kvswap does not run. Each is accepted with its value(s) consumed and its
-spelling reported in `ServerConfig.ignored_flags`, so a llama-server command line starts kvswap.
+devices and offload tuning, RoPE/YaRN overrides, CORS, the web UI's settings and MCP proxy,
+router mode, reasoning and tools, grammar defaults, Hugging Face downloads and model presets,
+and the draft model's CPU and ngram variants kvswap does not run. Each is accepted with its
+value(s) consumed and its spelling reported in `ServerConfig.ignored_flags`, so a llama-server
+command line starts kvswap.
 """
 
 from __future__ import annotations
@@ -99,7 +100,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("-hft --hf-token", VALUE, env="HF_TOKEN"),
     ign("--embd-normalize", VALUE),
     ign("--reuse-port", VOID, env="LLAMA_ARG_REUSE_PORT"),
-    ign("--path", VALUE, env="LLAMA_ARG_STATIC_PATH"),
     ign("--cors-origins", VALUE, env="LLAMA_ARG_CORS_ORIGINS"),
     ign("--cors-methods", VALUE, env="LLAMA_ARG_CORS_METHODS"),
     ign("--cors-headers", VALUE, env="LLAMA_ARG_CORS_HEADERS"),
@@ -114,7 +114,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("--mcp-servers-config", VALUE, env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
     ign("--mcp-servers-json", VALUE, env="LLAMA_ARG_MCP_SERVERS_JSON"),
     ign("-ag --agent", TOGGLE, neg="-no-ag --no-agent", env="LLAMA_ARG_AGENT"),
-    ign("--ui --webui", TOGGLE, neg="--no-ui --no-webui", env="LLAMA_ARG_UI"),
     ign("--embedding --embeddings", VOID, env="LLAMA_ARG_EMBEDDINGS"),
     ign("--rerank --reranking", VOID, env="LLAMA_ARG_RERANKING"),
     ign("--ssl-key-file", VALUE, env="LLAMA_ARG_SSL_KEY_FILE"),

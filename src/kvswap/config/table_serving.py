@@ -1,8 +1,9 @@
 """Flag table: llama-server's server-specific flags kvswap implements, and kvswap's own flags.
 
-Owns the entries and setters for the HTTP front end, slots, checkpoints, the prompt cache, the
-page store and the request limits. kvswap-only flags take `KVSWAP_ARG_*` environment variables.
-`--api-key-file`, `--chat-template-file` and `--slot-save-path` look at the file system.
+Owns the entries and setters for the HTTP front end (the web page included), slots,
+checkpoints, the prompt cache, the page store and the request limits. kvswap-only flags take
+`KVSWAP_ARG_*` environment variables. `--api-key-file`, `--chat-template-file` and
+`--slot-save-path` look at the file system (`--path` is checked once parsing is done).
 """
 
 from __future__ import annotations
@@ -133,6 +134,11 @@ FLAGS: tuple[Flag, ...] = (
     flag("--api-prefix", VALUE, SERVER, lambda b, v: b.update("http", api_prefix=v),
          env="LLAMA_ARG_API_PREFIX", hint="PREFIX",
          help="prefix path the server serves from, without the trailing slash (default: '')"),
+    flag("--path", VALUE, SERVER, lambda b, v: b.update("http", static_path=v or None),
+         env="LLAMA_ARG_STATIC_PATH", hint="PATH",
+         help="path to serve static files from, instead of kvswap's page (default: none)"),
+    flag("--ui --webui", TOGGLE, SERVER, set_bool("http", "webui"), neg="--no-ui --no-webui",
+         env="LLAMA_ARG_UI", help="whether to enable the Web UI (default: enabled)"),
     flag("--api-key", VALUE, SERVER, _add_api_keys, env="LLAMA_API_KEY", hint="KEY",
          help="API key for authentication, several as a comma-separated list (default: none)"),
     flag("--api-key-file", VALUE, SERVER, _add_api_key_file, env="LLAMA_ARG_API_KEY_FILE",

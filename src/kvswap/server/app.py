@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from kvswap import __version__
 from kvswap.config.settings import ServerConfig
+from kvswap.server import routes_web
 from kvswap.server.anthropic import routes as routes_anthropic
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
@@ -24,6 +25,7 @@ from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs
 from kvswap.server.pages import routes_reconfigure, routes_slots
 from kvswap.server.sleep import Sleeper
+from kvswap.web import page_paths
 
 
 def create_app(config: ServerConfig, loader: Loader) -> Guard:
@@ -56,6 +58,7 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.include_router(routes_slots.router)
     app.include_router(routes_reconfigure.router)
     app.include_router(routes_lora.router)
+    app.include_router(routes_web.router(config.http))  # last: a --path folder takes the rest
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -70,4 +73,5 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         max_body_bytes=config.http.max_body_bytes,
         is_ready=loader.ready,
         sleeper=sleeper,
+        page_paths=page_paths(),
     )

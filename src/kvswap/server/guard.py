@@ -4,10 +4,14 @@ A plain ASGI middleware (no per-request task or body buffering of its own):
 - `--api-prefix`: paths under the prefix are served with it stripped; others are 404.
 - `--api-key`/`--api-key-file`: every route but /health and /v1/health needs a key, in
   `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time against every key.
+- The web page's paths (`page_paths`: `/`, its files, `/sw.js`) need no key, are served while
+  the model loads and never wake a sleeping server, as llama-server serves its UI; the page
+  then asks for the key its API calls need.
 - `--max-body-bytes`: a larger body (by Content-Length, or counted as it streams in) is a 413.
-- While the model loads, every route (/health included) answers 503, as llama-server.
-- `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health counts as activity and
-  wakes a sleeping server first; /health answers 200 while asleep without waking it.
+- While the model loads, every route (/health included) but the page's answers 503, as
+  llama-server.
+- `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health and the page's counts as
+  activity and wakes a sleeping server first; /health answers 200 while asleep without waking it.
 
 """
 
@@ -84,8 +88,10 @@ class Guard:
         max_body_bytes: int,
         is_ready: Callable[[], bool],
         sleeper: Sleeper | None = None,
+        page_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.sleeper = sleeper
+        self.page_paths = page_paths
 
         self.app = app
         self.api_keys = tuple(api_keys)
@@ -112,7 +118,7 @@ class Guard:
         if sleeper is not None and path in PUBLIC_PATHS and sleeper.sleeping:
             await _respond(send, 200, json.dumps({"status": "ok"}).encode())  # asleep, not down
             return
-        if sleeper is not None and path not in PUBLIC_PATHS:
+        if sleeper is not None and path not in PUBLIC_PATHS and path not in self.page_paths:
             await sleeper.enter()  # activity; wakes a sleeping server first
             try:
                 await self._serve(scope, receive, send, path)
@@ -122,12 +128,14 @@ class Guard:
         await self._serve(scope, receive, send, path)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        if not self.is_ready():
+        page = path in self.page_paths
+        if not self.is_ready() and not page:
             await _respond(send, *_body(ErrorKind.UNAVAILABLE, "Loading model"))
             return
 
         if (
             self.api_keys
+            and not page
             and path not in PUBLIC_PATHS
             and scope.get("method") != "OPTIONS"
             and not key_matches(_request_key(scope), self.api_keys)

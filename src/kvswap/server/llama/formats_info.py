@@ -159,6 +159,7 @@ class PropsView:
     endpoint_props: bool = False
     endpoint_metrics: bool = False
     is_sleeping: bool = False
+    ui: bool = False  # --webui/--no-webui
     media_marker: str = "<__media__>"
     speculative_types: str = "none"  # --spec-type
 
@@ -187,7 +188,7 @@ def props_json(view: PropsView) -> dict[str, Any]:
         "endpoint_slots": view.endpoint_slots,
         "endpoint_props": view.endpoint_props,
         "endpoint_metrics": view.endpoint_metrics,
-        "ui": False,
+        "ui": view.ui,
         "ui_settings": {},
         "chat_template": view.chat_template,
         "chat_template_caps": dict(view.chat_template_caps),

@@ -92,6 +92,7 @@ async def props(request: Request) -> JSONResponse:
         endpoint_props=state.config.http.props_write,
         endpoint_metrics=state.config.http.metrics,
         is_sleeping=snap.is_sleeping,
+        ui=state.config.http.webui,
         speculative_types=state.config.spec.spec_type,
     )
 

@@ -117,6 +117,10 @@ class MindGate:
         except FilesError as err:
             raise files_error(err, "read the mind back") from err
 
+    def disk_bytes(self) -> int:
+        """The bytes of every mind's spilled copy: what `--page-disk-bytes` bounds."""
+        return sum(copy.n_bytes for copy in self.registry.disk_copies().values())
+
     def views(self) -> list[MindView]:
         """Every mind this server serves, with its live tier."""
         store = self.store

@@ -204,6 +204,7 @@ async def pages(request: Request) -> JSONResponse:
     state = get_state(request)
     store = _store(state)
     body = pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes)
-    if state.minds is not None:
-        body["minds"] = minds_json(state.minds.views(), time.time())
+    body["minds"] = minds_json(state.minds.views(), time.time())
+    body["disk_n_bytes"] = state.minds.disk_bytes()
+    body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
     return JSONResponse(body)

@@ -1,0 +1,139 @@
+// The page's start: reach the server (/props; ask for the API key when it answers 401, wait
+// while the model loads), then wire the minds list, the chat and the live view together.
+
+import { ApiError, apiKey, getJson, namespace, setApiKey } from "./api.js";
+import { ChatView } from "./chat.js";
+import { MindsView } from "./minds.js";
+import { Plot } from "./plot.js";
+import { Poller } from "./poll.js";
+import { knownMinds, lastMind } from "./store.js";
+
+const POLL_MS = 1000;
+const conn = document.getElementById("conn");
+
+function showConn(text, bad = false) {
+  conn.textContent = text;
+  conn.classList.toggle("bad", bad);
+}
+
+const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Ask for a key until the server takes one; resolves to /props read with it.
+function askKey(why) {
+  const dialog = document.getElementById("key-dialog");
+  const form = document.getElementById("key-form");
+  const input = document.getElementById("key-input");
+  const error = document.getElementById("key-error");
+  error.textContent = why;
+  showConn("API key needed", true);
+  return new Promise((resolve) => {
+    const onSubmit = async (event) => {
+      event.preventDefault();
+      setApiKey(input.value);
+      error.textContent = "";
+      try {
+        const props = await getJson("props");
+        form.removeEventListener("submit", onSubmit);
+        dialog.close();
+        input.value = "";
+        resolve(props);
+      } catch (err) {
+        setApiKey("");
+        error.textContent =
+          err instanceof ApiError && err.status === 401
+            ? `The server refused this key: ${err.describe()}`
+            : `Could not check the key: ${err instanceof ApiError ? err.describe() : err}`;
+        input.select();
+      }
+    };
+    form.addEventListener("submit", onSubmit);
+    dialog.addEventListener("cancel", (event) => event.preventDefault()); // nothing works without it
+    dialog.showModal();
+    input.focus();
+  });
+}
+
+async function connect() {
+  for (;;) {
+    try {
+      return await getJson("props");
+    } catch (err) {
+      if (!(err instanceof ApiError)) throw err;
+      if (err.status === 401) {
+        const why = apiKey() ? `The server refused the key of this tab: ${err.describe()}` : "";
+        setApiKey("");
+        return askKey(why);
+      }
+      showConn(err.status === 503 ? `${err.message}…` : `${err.describe()}, retrying…`, true);
+      await pause(err.status === 503 ? 500 : 2000);
+    }
+  }
+}
+
+function start(props) {
+  const ns = namespace();
+  document.getElementById("model").textContent = props.model_alias || "";
+  const keyButton = document.getElementById("key-button");
+  keyButton.hidden = !apiKey();
+  keyButton.addEventListener("click", () => {
+    setApiKey(""); // the next load asks for another key
+    location.reload();
+  });
+
+  const plot = new Plot(document.getElementById("plot"), document.getElementById("plot-caption"), {
+    metrics: Boolean(props.endpoint_metrics),
+  });
+  plot.draw();
+  const poller = new Poller({ intervalMs: POLL_MS, metrics: Boolean(props.endpoint_metrics) });
+  let chat = null;
+  const minds = new MindsView({
+    namespace: ns,
+    onOpen: (name) => {
+      chat.open(name);
+      minds.setCurrent(name);
+    },
+    onActed: () => poller.refresh(),
+    knownMinds: () => knownMinds(ns),
+  });
+  chat = new ChatView({
+    namespace: ns,
+    tierOf: (name) => minds.tierOf(name),
+    refresh: () => poller.refresh(),
+    metrics: Boolean(props.endpoint_metrics),
+    plot,
+  });
+
+  poller.subscribe((snapshot) => {
+    const refused = Object.values(snapshot.errors).find((e) => e && e.status === 401);
+    if (refused) {
+      poller.stop();
+      setApiKey("");
+      askKey(`The server no longer takes this key: ${refused.describe()}`).then(() =>
+        location.reload(),
+      );
+      return;
+    }
+    minds.update(snapshot);
+    plot.addMetrics(snapshot.metrics, snapshot.at);
+    const down = Object.values(snapshot.errors).find(
+      (e) => e && (e.status === 0 || e.status === 503),
+    );
+    if (down) showConn(down.describe(), true);
+    else showConn(`connected · ${props.total_slots} slot${props.total_slots === 1 ? "" : "s"}`);
+  });
+
+  document.getElementById("new-mind").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = document.getElementById("new-mind-name");
+    const name = input.value.trim();
+    if (!name) return;
+    input.value = "";
+    minds.onOpen(name);
+  });
+
+  poller.start();
+  const last = lastMind(ns);
+  if (last) minds.onOpen(last);
+}
+
+connect().then(start);
