@@ -1,0 +1,505 @@
+"""The shared tier: minds' pages and token logs in Redis, readable by every replica.
+
+Publishing a page (`SharedStore.publish`, by the mind's lease holder):
+
+1. `BEGIN` (a script: lease and fence checked) allocates a generation number from
+   `kv:{h}:gens` and returns the current manifest;
+2. the page is planned against that manifest (`segments`): a page that grew by appending
+   writes only its new columns, anything else what changed;
+3. the new generation's blob goes to `kv:{h}:g<gen>:<i>` in chunks with a TTL (orphans of a
+   writer that dies here expire by themselves);
+4. `COMMIT` (lease, fence, and "the manifest is still the one planned against") persists the
+   chunks, writes the manifest, and unlinks chunks no longer referenced, all at once.
+
+A reader (`fetch`) takes the manifest, then the chunks, verifying each chunk's length and
+CRC-32, so it rebuilds a whole generation or reports a `Miss`; no exception escapes a read.
+The token log (`append_tokens`, write-through at the end of a turn) is fenced the same way and
+applies a replayed turn id once. The tier's byte budget is enforced here after each publish: the
+least recently used minds are degraded to tokens-only (manifest first, its chunks unlinked in
+the same script), never left half-deleted.
+
+Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner`, `TierUnavailable` and
+`TokenLogGap` (kvswap.cluster.errors) from mutations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+import redis
+
+from kvswap.cluster import manifest as mf
+from kvswap.cluster import store_scripts as lua
+from kvswap.cluster.budget import TierBudget
+from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
+from kvswap.cluster.errors import (
+    Miss,
+    MissReason,
+    StaleOwner,
+    TierUnavailable,
+    TokenLogGap,
+    translating,
+)
+from kvswap.cluster.lease import Lease
+from kvswap.cluster.segments import (
+    BlobScatter,
+    PagePlan,
+    plan_generation,
+    split_page,
+    write_literals,
+)
+from kvswap.cluster.shared_keys import MindKeys, TierKeys
+from kvswap.engine.pagefmt import PageLayout
+
+DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
+_MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again
+Alloc = Callable[[int], memoryview]
+
+
+@dataclass(frozen=True)
+class PublishReceipt:
+    gen: int
+    fence: int
+    n_tokens: int
+    n_bytes_page: int
+    n_bytes_written: int  # chunk bytes sent for this generation
+    n_bytes_manifest: int
+    n_bytes_reused: int  # page bytes served by older generations' chunks
+    n_chunks: int
+    delta: bool  # some older generation's chunks were reused
+    tokens_only: bool
+    n_degraded: int  # other minds degraded to tokens-only to keep the budget
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fetched:
+    page: memoryview  # the page's bytes (n_bytes of the caller's buffer)
+    layout: PageLayout
+    manifest: mf.Manifest
+    n_bytes_read: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TokenAppend:
+    applied: bool  # False: this turn id was applied already (a replayed turn)
+    n_tokens: int  # the log's length afterwards
+
+
+@dataclass
+class StoreCounters:
+    """What /metrics and /pages report about the shared tier (phase 2)."""
+
+    n_publish: int = 0
+    n_publish_delta: int = 0
+    n_publish_tokens_only: int = 0
+    n_publish_stale: int = 0  # refused inside Redis: lease lost or fence moved
+    n_publish_failed: int = 0  # Redis unavailable, or chunks lost before the commit
+    n_publish_replanned: int = 0  # the manifest moved under a publish (eviction)
+    bytes_written: int = 0
+    bytes_reused: int = 0
+    publish_s: float = 0.0
+    n_fetch: int = 0
+    n_fetch_hit: int = 0
+    misses: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    fetch_s: float = 0.0
+    n_degraded: int = 0
+    n_token_appends: int = 0
+    n_token_duplicates: int = 0
+    n_token_stale: int = 0
+
+
+class SharedStore:
+    """Pages and token logs of minds in one Redis database."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        replica_id: str,
+        budget_bytes: int | None = None,
+        prefix: str = "kv",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        n_connections: int = 4,
+        pipeline_depth: int = 4,
+        pending_ttl_ms: int = DEFAULT_PENDING_TTL_MS,
+        after_chunks: Callable[[int], None] | None = None,
+    ) -> None:
+        """`after_chunks(gen)` is a seam for crash tests: it runs between a generation's
+        chunks and its commit."""
+        if chunk_bytes < 4096:
+            raise ValueError(f"chunk size {chunk_bytes} is below 4096 bytes")
+        self.replica_id = replica_id
+        self.prefix = prefix
+        self.chunk_bytes = chunk_bytes
+        self.pending_ttl_ms = pending_ttl_ms
+        self.budget = (
+            TierBudget(client, TierKeys(prefix), budget_bytes) if budget_bytes is not None else None
+        )
+        self._client = client
+        self._io = ChunkIO(client, n_connections, pipeline_depth)
+        self._after_chunks = after_chunks
+        self._lock = threading.Lock()
+        self._counters = StoreCounters()
+        self._begin = client.register_script(lua.BEGIN)
+        self._commit = client.register_script(lua.COMMIT)
+        self._degrade_script = client.register_script(lua.DEGRADE)
+        self._append = client.register_script(lua.APPEND_TOKENS)
+        self._drop = client.register_script(lua.DROP)
+
+    def close(self) -> None:
+        self._io.close()
+
+    def counters(self) -> dict[str, object]:
+        with self._lock:
+            snap = asdict(self._counters)
+        return snap
+
+    def _count(self, **deltas: float) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self._counters, name, getattr(self._counters, name) + delta)
+
+    def _miss(self, reason: MissReason, detail: str, gen: int = 0) -> Miss:
+        with self._lock:
+            misses = self._counters.misses
+            misses[reason.value] = misses.get(reason.value, 0) + 1
+        return Miss(reason, detail, gen)
+
+    # -- publish -----------------------------------------------------------------------------
+
+    def publish(
+        self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout
+    ) -> PublishReceipt:
+        """Publish the page as the mind's next generation (a delta when it grew by appending)."""
+        if MindKeys.of(mind_key, self.prefix) != lease.keys:
+            raise ValueError("the lease is for another mind")
+        t0 = time.perf_counter()
+        try:
+            for _ in range(_MAX_ATTEMPTS):
+                receipt = self._publish_once(lease, mind_key, page, layout, t0)
+                if receipt is not None:
+                    return receipt
+                self._count(n_publish_replanned=1)
+            raise TierUnavailable("the manifest kept moving under the publish (evictions)")
+        except StaleOwner:
+            self._count(n_publish_stale=1)
+            raise
+        except TierUnavailable:
+            self._count(n_publish_failed=1)
+            raise
+
+    def _publish_once(
+        self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout, t0: float
+    ) -> PublishReceipt | None:
+        keys = lease.keys
+        owner: list[str | int] = [lease.holder.value, lease.fence]
+        with translating("publish begin"):
+            reply = self._begin(keys=[keys.lease, keys.fence, keys.gens, keys.manifest], args=owner)
+        if int(reply[0]) != lua.DONE:
+            raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
+        gen, base_gen, base_body = int(reply[1]), int(reply[2]), reply[3]
+        base = _decode_or_none(base_body)
+        fingerprint = layout.geometry.file_fingerprint()
+        tokens_only = layout.token_only or (
+            self.budget is not None and layout.n_bytes > self.budget.budget_bytes
+        )
+        plan: PagePlan | None = None
+        chunk_keys: list[str] = []
+        crcs: list[int] = []
+        n_reused = 0
+        if not tokens_only:
+            previous = None
+            if base is not None and base.plan is not None and base.fingerprint == fingerprint:
+                previous = base.plan
+            write = plan_generation(
+                memoryview(page), split_page(memoryview(page), layout), previous, gen
+            )
+            plan, n_reused = write.plan, write.n_reused_bytes
+            chunks = list(cut(write.blob, self.chunk_bytes))
+            chunk_keys = [keys.chunk(gen, i) for i in range(len(chunks))]
+            crcs = self._io.write(chunk_keys, chunks, self.pending_ttl_ms)
+            n_blob = write.n_blob_bytes
+        else:
+            n_blob = 0
+        if self._after_chunks is not None:
+            self._after_chunks(gen)
+        blobs = []
+        if plan is not None:
+            old = {b.gen: b for b in base.blobs} if base is not None else {}
+            blobs = [old[g] for g in sorted(plan.gens() - {gen})]
+            if n_blob:
+                blobs.append(mf.BlobRef(gen, n_blob, self.chunk_bytes, tuple(crcs)))
+        record = mf.Manifest(
+            mind_key=mind_key,
+            gen=gen,
+            fence=lease.fence,
+            replica_id=lease.holder.replica_id,
+            n_tokens=layout.n_tokens,
+            fingerprint=fingerprint,
+            layout=layout,
+            tokens_only=tokens_only,
+            plan=plan,
+            blobs=tuple(blobs),
+            t_unix_ms=int(time.time() * 1000),
+        )
+        body = mf.encode(record)
+        kept = {b.gen for b in blobs}
+        drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept] if base else []
+        with translating("publish commit"):
+            reply = self._commit(
+                keys=[keys.lease, keys.fence, keys.manifest, *chunk_keys, *drop],
+                args=[*owner, gen, base_gen, body, len(chunk_keys)],
+            )
+        outcome = int(reply[0])
+        if outcome == lua.NOT_OWNER:
+            self._unlink(chunk_keys)
+            raise StaleOwner(f"lease on {keys.tag} lost before the commit (fence {lease.fence})")
+        if outcome in (lua.BASE_MOVED, lua.CHUNK_LOST):
+            self._unlink(chunk_keys)
+            return None
+        n_degraded = self._settle_budget(keys.tag, record.n_bytes_stored)
+        seconds = time.perf_counter() - t0
+        self._count(
+            n_publish=1,
+            n_publish_delta=int(n_reused > 0),
+            n_publish_tokens_only=int(tokens_only),
+            bytes_written=n_blob,
+            bytes_reused=n_reused,
+            publish_s=seconds,
+        )
+        return PublishReceipt(
+            gen=gen,
+            fence=lease.fence,
+            n_tokens=layout.n_tokens,
+            n_bytes_page=layout.n_bytes,
+            n_bytes_written=n_blob,
+            n_bytes_manifest=len(body),
+            n_bytes_reused=n_reused,
+            n_chunks=len(chunk_keys),
+            delta=n_reused > 0,
+            tokens_only=tokens_only,
+            n_degraded=n_degraded,
+            seconds=seconds,
+        )
+
+    def _unlink(self, keys: Sequence[str]) -> None:
+        """Best effort: chunks of a refused generation (their TTL removes them otherwise)."""
+        if keys:
+            # on failure they expire after pending_ttl_ms
+            with contextlib.suppress(
+                redis.exceptions.ConnectionError, redis.exceptions.TimeoutError
+            ):
+                self._client.unlink(*keys)
+
+    # -- budget ------------------------------------------------------------------------------
+
+    def _settle_budget(self, tag: str, n_bytes: int) -> int:
+        """Charge the mind's stored bytes; degrade LRU minds while the tier is over budget."""
+        if self.budget is None:
+            return 0
+        total = self.budget.charge(tag, n_bytes) if n_bytes else self.budget.uncharge(tag)
+        n_degraded = 0
+        while total > self.budget.budget_bytes:
+            victims = [t for t in self.budget.oldest(2) if t != tag]
+            if not victims:
+                break
+            self._degrade(MindKeys(victims[0], self.prefix))
+            total = self.budget.uncharge(victims[0])
+            n_degraded += 1
+        self._count(n_degraded=n_degraded)
+        return n_degraded
+
+    def _degrade(self, keys: MindKeys) -> None:
+        """Mark the mind's manifest tokens-only and unlink its chunks, in one script."""
+        for _ in range(_MAX_ATTEMPTS):
+            with translating("budget eviction"):
+                current = _decode_or_none(_bytes(self._client.hget(keys.manifest, "body")))
+                if current is None or current.tokens_only:
+                    return
+                gen = int(self._client.incr(keys.gens))
+                degraded = mf.Manifest(
+                    **{
+                        **current.__dict__,
+                        "gen": gen,
+                        "tokens_only": True,
+                        "plan": None,
+                        "blobs": (),
+                    }
+                )
+                reply = self._degrade_script(
+                    keys=[keys.manifest, *_chunk_keys(keys, current)],
+                    args=[current.gen, gen, mf.encode(degraded)],
+                )
+            if int(reply[0]) == lua.DONE:
+                return
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    def read_manifest(self, keys: MindKeys) -> mf.Manifest | Miss:
+        """The mind's current manifest, or a miss (absent, unreadable, Redis down)."""
+        try:
+            with translating("manifest read"):
+                body = _bytes(self._client.hget(keys.manifest, "body"))
+        except TierUnavailable as err:
+            return self._miss(MissReason.UNAVAILABLE, str(err))
+        if body is None:
+            return self._miss(MissReason.ABSENT, f"no manifest for {keys.tag}")
+        try:
+            return mf.decode(body)
+        except mf.ManifestError as err:
+            return self._miss(MissReason.MANIFEST_CORRUPT, str(err))
+
+    def fetch(
+        self, keys: MindKeys, *, fingerprint: str | None = None, alloc: Alloc | None = None
+    ) -> Fetched | Miss:
+        """The mind's latest page, verified chunk by chunk, or a miss saying why not.
+
+        `alloc(n_bytes)` provides the buffer (default: a new bytearray); after a miss its
+        content is undefined. `fingerprint` (PageGeometry.file_fingerprint()) refuses a page
+        made with another model or KV types before any chunk is read.
+        """
+        t0 = time.perf_counter()
+        self._count(n_fetch=1)
+        record = self.read_manifest(keys)
+        if isinstance(record, Miss):
+            return record
+        if record.tokens_only or record.plan is None:
+            return self._miss(MissReason.TOKENS_ONLY, "the tier holds its tokens only", record.gen)
+        if fingerprint is not None and record.fingerprint != fingerprint:
+            return self._miss(MissReason.FINGERPRINT, f"made with {record.fingerprint}", record.gen)
+        plan = record.plan
+        out = alloc(plan.n_bytes) if alloc is not None else memoryview(bytearray(plan.n_bytes))
+        page = out.cast("B") if out.format != "B" else out
+        failure = self._read_blobs(keys, record, page)
+        if failure is not None:
+            return self._miss(failure[0], failure[1], record.gen)
+        write_literals(page, plan.literals)
+        if self.budget is not None:
+            # the page is whole; a missed LRU touch only ages it
+            with contextlib.suppress(TierUnavailable):
+                self.budget.touch(keys.tag)
+        seconds = time.perf_counter() - t0
+        n_read = record.n_bytes_stored
+        self._count(n_fetch_hit=1, bytes_read=n_read, fetch_s=seconds)
+        return Fetched(page[: plan.n_bytes], record.layout, record, n_read, seconds)
+
+    def _read_blobs(
+        self, keys: MindKeys, record: mf.Manifest, page: memoryview
+    ) -> tuple[MissReason, str] | None:
+        assert record.plan is not None
+        places: list[tuple[mf.BlobRef, int, int, BlobScatter]] = []
+        for blob in record.blobs:
+            scatter = BlobScatter(record.plan, blob.gen)
+            pos = 0
+            for i, size in enumerate(blob.chunk_sizes()):
+                places.append((blob, i, pos, scatter))
+                pos += size
+        failures: list[tuple[MissReason, str]] = []
+
+        def on_chunk(index: int, value: bytes | None) -> None:
+            blob, i, pos, scatter = places[index]
+            key = keys.chunk(blob.gen, i)
+            if value is None:
+                failures.append((MissReason.CHUNK_MISSING, f"{key} is gone"))
+                return
+            size = min(blob.chunk_bytes, blob.n_bytes - pos)
+            if len(value) != size or zlib.crc32(value) != blob.crcs[i]:
+                failures.append((MissReason.CHUNK_CORRUPT, f"{key} fails its length or CRC-32"))
+                return
+            if not failures:
+                scatter.scatter(page, pos, memoryview(value))
+
+        chunk_keys = [keys.chunk(blob.gen, i) for blob, i, _, _ in places]
+        try:
+            self._io.read(chunk_keys, on_chunk)
+        except TierUnavailable as err:
+            return (MissReason.UNAVAILABLE, str(err))
+        return failures[0] if failures else None
+
+    # -- token log ---------------------------------------------------------------------------
+
+    def append_tokens(
+        self, lease: Lease, turn_id: str, n_base: int, tokens: npt.ArrayLike
+    ) -> TokenAppend:
+        """Write a turn's tokens through: the log becomes its first `n_base` tokens + `tokens`.
+
+        A turn id already applied changes nothing (`applied` False). Raises `TokenLogGap`
+        when the log holds fewer than `n_base` tokens, `StaleOwner`, `TierUnavailable`.
+        """
+        data = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+        keys = lease.keys
+        with translating("token append"):
+            reply = self._append(
+                keys=[keys.lease, keys.fence, keys.tokens, keys.turns],
+                args=[lease.holder.value, lease.fence, turn_id, n_base, data],
+            )
+        outcome = int(reply[0])
+        if outcome == lua.NOT_OWNER:
+            self._count(n_token_stale=1)
+            raise StaleOwner(f"lease on {keys.tag} lost before the token append")
+        if outcome == lua.GAP:
+            raise TokenLogGap(n_base, int(reply[1]))
+        applied = outcome == lua.DONE
+        self._count(n_token_appends=int(applied), n_token_duplicates=int(not applied))
+        return TokenAppend(applied, int(reply[1]))
+
+    def read_tokens(self, keys: MindKeys) -> npt.NDArray[np.int32]:
+        """The mind's token log (empty when none). Raises `TierUnavailable`."""
+        with translating("token read"):
+            data = _bytes(self._client.get(keys.tokens)) or b""
+        return np.frombuffer(data, dtype="<i4").astype(np.int32)
+
+    def drop(self, lease: Lease) -> None:
+        """Remove the mind from the tier: manifest, chunks, token log (the lease stays held)."""
+        keys = lease.keys
+        current = self.read_manifest(keys)
+        chunk_keys = _chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
+        with translating("drop"):
+            reply = self._drop(
+                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunk_keys],
+                args=[lease.holder.value, lease.fence],
+            )
+        if int(reply[0]) != lua.DONE:
+            raise StaleOwner(f"lease on {keys.tag} lost before the drop")
+        if self.budget is not None:
+            self.budget.uncharge(keys.tag)
+
+
+def _bytes(reply: object) -> bytes | None:
+    """A reply of the bytes-returning client (decode_responses=False) as bytes."""
+    if reply is None:
+        return None
+    if not isinstance(reply, bytes):
+        raise TypeError(f"expected bytes from Redis, got {type(reply).__name__}")
+    return reply
+
+
+def _decode_or_none(body: bytes | None) -> mf.Manifest | None:
+    """A manifest to plan against; an unreadable one is replaced by a full page."""
+    if body is None:
+        return None
+    try:
+        return mf.decode(body)
+    except mf.ManifestError:
+        return None
+
+
+def _chunk_keys(keys: MindKeys, record: mf.Manifest | None) -> list[str]:
+    if record is None:
+        return []
+    return [keys.chunk(b.gen, i) for b in record.blobs for i in range(len(b.crcs))]
+
+
+def _gen_of(chunk_key: str) -> int:
+    return int(chunk_key.rsplit(":", 2)[1][1:])
