@@ -44,7 +44,7 @@ _UNCHARGE_LUA: Final = """
 local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-return redis.call('INCRBY', KEYS[3], -old)
+return redis.call('INCRBY', KEYS[3], 0 - old)
 """
 
 # KEYS lru; ARGV tag -> 1 when the mind is charged (its use time moved), else 0
