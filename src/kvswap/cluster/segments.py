@@ -15,9 +15,9 @@ naming the generation whose blob holds it, where, its width and its CRC-32. Plan
 generation keeps the previous plan's extents while the new page's bytes match their CRC-32
 (checked on the page, so a section that changed in any way is rewritten, never patched), and
 writes the remaining columns into the new generation's blob. To bound the extent count (and the
-generations a page references), the new extent absorbs trailing kept extents narrower than or
-as wide as itself, as a binary counter: each byte is rewritten O(log(turns)) times and a section
-has O(log) extents. A page that is not an append (another slot's stream, a context shift, KV
+generations a page references), the new extent absorbs the trailing kept extents narrower than
+twice itself, so widths at least halve from left to right: a section has O(log(row_bytes))
+extents, and a byte is rewritten O(log) times, each time into an extent 1.5 times as wide. A page that is not an append (another slot's stream, a context shift, KV
 recomputed) rewrites whatever changed, a full page at worst.
 
 Owns the split, the planning and the reassembly (`scatter`). Pure: buffers in, buffers out; no
@@ -186,8 +186,9 @@ def plan_generation(
         kept = list(_matching_prefix(view, section, before.get(section.name)))
         col = sum(e.width for e in kept)
         width = section.row_bytes - col
-        # binary counter: the new extent absorbs kept extents no wider than itself
-        while kept and width and kept[-1].width <= width:
+        # keep widths halving from left to right: the new extent absorbs kept extents
+        # narrower than twice itself (O(log) extents, each byte rewritten O(log) times)
+        while kept and width and kept[-1].width < 2 * width:
             dropped = kept.pop()
             col -= dropped.width
             width += dropped.width
