@@ -82,11 +82,15 @@ def throughput(server: RedisServer, n_mib: int) -> None:
 
 
 def delta(server: RedisServer) -> None:
+    import logging
+
+    from kvswap.backend.liblog import route_libllama_logs
     from kvswap.backend.model import Model
     from kvswap.engine.pagefmt import PageGeometry
     from kvswap.models import default_model_path
     from tests.cluster.states import capture, context, decode, prompt
 
+    route_libllama_logs(logging.WARNING)
     model = Model.load(default_model_path())
     ctx = context(model, 4096 + 16 * 32 + 256, n_threads=2)
     geometry = PageGeometry("smollm2", "f16", "f16", 1, 8192)
