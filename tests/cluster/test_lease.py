@@ -14,7 +14,7 @@ import redis
 from kvswap.cluster.errors import StaleOwner
 from kvswap.cluster.lease import Lease, LeaseHolder, Leases
 from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import SharedStore
+from kvswap.cluster.token_log import TokenLog
 from tests.cluster.util import incarnation, wait_lease_free
 
 pytestmark = pytest.mark.timeout(120)
@@ -51,24 +51,21 @@ def test_a_restarted_replica_does_not_inherit_its_leases(rclient: redis.Redis) -
 
 
 def test_an_expired_holder_is_fenced_off(rclient: redis.Redis) -> None:
-    store = SharedStore(rclient, replica_id="r")
-    try:
-        a = Leases(rclient, incarnation("r1"), ttl_ms=150)
-        b = Leases(rclient, incarnation("r2"), ttl_ms=5000)
-        old = a.acquire(MIND)
-        assert isinstance(old, Lease)
-        store.append_tokens(old, "t1", 0, [1, 2, 3])
-        wait_lease_free(b, MIND)  # a froze past its TTL
-        new = b.acquire(MIND)
-        assert isinstance(new, Lease) and new.fence == old.fence + 1
-        with pytest.raises(StaleOwner):
-            store.append_tokens(old, "t2", 3, [4])
-        assert not a.renew(old)
-        store.append_tokens(new, "t2", 3, [9])
-        assert store.read_tokens(MIND).tolist() == [1, 2, 3, 9]
-        assert store.counters()["n_token_stale"] == 1
-    finally:
-        store.close()
+    log = TokenLog(rclient)
+    a = Leases(rclient, incarnation("r1"), ttl_ms=150)
+    b = Leases(rclient, incarnation("r2"), ttl_ms=5000)
+    old = a.acquire(MIND)
+    assert isinstance(old, Lease)
+    log.append(old, "t1", 0, [1, 2, 3])
+    wait_lease_free(b, MIND)  # a froze past its TTL
+    new = b.acquire(MIND)
+    assert isinstance(new, Lease) and new.fence == old.fence + 1
+    with pytest.raises(StaleOwner):
+        log.append(old, "t2", 3, [4])
+    assert not a.renew(old)
+    log.append(new, "t2", 3, [9])
+    assert log.read(MIND).tolist() == [1, 2, 3, 9]
+    assert log.counters()["n_stale"] == 1
 
 
 def test_exclusive_over_many_acquisitions_and_expiries(rclient: redis.Redis) -> None:
@@ -77,7 +74,7 @@ def test_exclusive_over_many_acquisitions_and_expiries(rclient: redis.Redis) -> 
     itself: the log shows one holder per fence, fences in increasing order, and no write of a
     holder after the next acquisition, although abandoned holders wake up and keep writing."""
     n_contenders, n_acquisitions = 3, 45
-    store = SharedStore(rclient, replica_id="fence-log")
+    store = TokenLog(rclient)
     port = rclient.connection_pool.connection_kwargs["port"]
     clients = [redis.Redis(port=port) for _ in range(n_contenders)]
     stale_attempts = [0] * n_contenders
@@ -126,7 +123,6 @@ def test_exclusive_over_many_acquisitions_and_expiries(rclient: redis.Redis) -> 
         t.start()
     for t in threads:
         t.join(100)
-    store.close()
     for c in clients:
         c.close()
     assert not errors, errors
@@ -144,9 +140,9 @@ def test_exclusive_over_many_acquisitions_and_expiries(rclient: redis.Redis) -> 
     assert stale_refused == stale_attempts  # every stale write was refused
 
 
-def _log(store: SharedStore, lease: Lease, cid: int) -> None:
-    n = len(store.read_tokens(lease.keys))
-    store.append_tokens(lease, f"{lease.fence}.{n}.{cid}", n, [lease.fence, cid])
+def _log(store: TokenLog, lease: Lease, cid: int) -> None:
+    n = len(store.read(lease.keys))
+    store.append(lease, f"{lease.fence}.{n}.{cid}", n, [lease.fence, cid])
 
 
 def store_log(client: redis.Redis) -> list[tuple[int, int]]:

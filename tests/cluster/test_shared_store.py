@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvswap.cluster.errors import Miss, MissReason, StaleOwner, TierUnavailable, TokenLogGap
+from kvswap.cluster.errors import Miss, MissReason, StaleOwner, TierUnavailable
 from kvswap.cluster.lease import Lease, Leases
 from kvswap.cluster.shared_keys import MindKeys
 from kvswap.cluster.shared_store import Fetched, SharedStore
+from kvswap.cluster.token_log import TokenLog
 from tests.cluster import publish_child
 from tests.cluster.util import RedisServer, incarnation, synthetic_page, wait_lease_free
 
@@ -175,7 +176,7 @@ def test_redis_down_fails_publishes_visibly(tmp_path: Path) -> None:
         with pytest.raises(TierUnavailable):
             store.publish(lease, MIND_KEY, page, layout)
         with pytest.raises(TierUnavailable):
-            store.append_tokens(lease, "t", 0, [1])
+            TokenLog(client).append(lease, "t", 0, [1])
         with pytest.raises(TierUnavailable):
             Leases(client, incarnation("r2")).acquire(MIND)
         got = store.fetch(MIND)
@@ -187,21 +188,6 @@ def test_redis_down_fails_publishes_visibly(tmp_path: Path) -> None:
         server.stop()
 
 
-def test_token_log_applies_a_replayed_turn_once(rclient: redis.Redis, make_store: Store) -> None:
-    store = make_store()
-    lease = _lease(rclient)
-    assert store.append_tokens(lease, "turn-1", 0, [10, 11, 12]).n_tokens == 3
-    replay = store.append_tokens(lease, "turn-1", 0, [10, 11, 12])
-    assert not replay.applied and replay.n_tokens == 3
-    assert store.append_tokens(lease, "turn-2", 3, [13]).applied
-    # a full-history request that diverged after token 2: the request wins over the log
-    assert store.append_tokens(lease, "turn-3", 2, [99, 100]).n_tokens == 4
-    assert store.read_tokens(MIND).tolist() == [10, 11, 99, 100]
-    with pytest.raises(TokenLogGap):
-        store.append_tokens(lease, "turn-4", 9, [1])
-    assert store.read_tokens(MIND).tolist() == [10, 11, 99, 100]
-
-
 def test_budget_degrades_the_least_recently_used_to_tokens_only(
     rclient: redis.Redis, make_store: Store
 ) -> None:
@@ -210,16 +196,17 @@ def test_budget_degrades_the_least_recently_used_to_tokens_only(
     names = ["mind~public~01", "mind~public~02", "mind~public~03"]
     keys = [MindKeys.of(n) for n in names]
     leases = [_lease(rclient, k) for k in keys]
+    log = TokenLog(rclient)
     for i in (0, 1):
         store.publish(leases[i], names[i], *synthetic_page(100, 200_000, seed=i))
-        store.append_tokens(leases[i], "t1", 0, [i, i, i])
+        log.append(leases[i], "t1", 0, [i, i, i])
     _fetch_ok(store, keys[0])  # mind 1 is used again: mind 2 is now the least recently used
     receipt = store.publish(leases[2], names[2], *synthetic_page(100, 200_000, seed=2))
     assert receipt.n_degraded == 1
     degraded = store.fetch(keys[1])
     assert isinstance(degraded, Miss) and degraded.reason == MissReason.TOKENS_ONLY
     assert not chunk_keys(rclient, keys[1])
-    assert store.read_tokens(keys[1]).tolist() == [1, 1, 1]  # its tokens stay
+    assert log.read(keys[1]).tolist() == [1, 1, 1]  # its tokens stay
     for i in (0, 2):
         got = _fetch_ok(store, keys[i])
         assert got.page.tobytes() == synthetic_page(100, 200_000, seed=i)[0].tobytes()
@@ -238,3 +225,23 @@ def test_a_page_over_the_whole_budget_is_published_tokens_only(
     assert receipt.tokens_only and receipt.n_bytes_written == 0
     got = store.fetch(MIND)
     assert isinstance(got, Miss) and got.reason == MissReason.TOKENS_ONLY
+
+
+def test_drop_removes_the_mind_and_only_its_owner_may(
+    rclient: redis.Redis, make_store: Store
+) -> None:
+    store = make_store(budget_bytes=10_000_000)
+    lease = _lease(rclient, ttl_ms=150)
+    store.publish(lease, MIND_KEY, *synthetic_page(100, 100_000))
+    TokenLog(rclient).append(lease, "t1", 0, [1, 2])
+    wait_lease_free(Leases(rclient, incarnation("r2")), MIND)
+    with pytest.raises(StaleOwner):
+        store.drop(lease)
+    assert isinstance(store.fetch(MIND), Fetched)
+    owner = _lease(rclient, who="r2")
+    store.drop(owner)
+    gone = store.fetch(MIND)
+    assert isinstance(gone, Miss) and gone.reason == MissReason.ABSENT
+    assert not chunk_keys(rclient, MIND) and not rclient.exists(MIND.tokens, MIND.turns)
+    assert store.budget is not None and store.budget.total_bytes() == 0
+    assert rclient.get(MIND.gens) == b"1"  # generation numbers never restart

@@ -30,3 +30,12 @@ def connect(url: str, *, command_timeout_s: float = COMMAND_TIMEOUT_S) -> redis.
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
     )
+
+
+def as_bytes(reply: object) -> bytes | None:
+    """A reply of a `connect()` client (bytes, not str) as bytes, None staying None."""
+    if reply is None:
+        return None
+    if not isinstance(reply, bytes):
+        raise TypeError(f"expected bytes from Redis, got {type(reply).__name__}")
+    return reply

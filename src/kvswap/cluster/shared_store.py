@@ -13,18 +13,18 @@ Publishing a page (`SharedStore.publish`, by the mind's lease holder):
 
 A reader (`fetch`) takes the manifest, then the chunks, verifying each chunk's length and
 CRC-32, so it rebuilds a whole generation or reports a `Miss`; no exception escapes a read.
-The token log (`append_tokens`, write-through at the end of a turn) is fenced the same way and
-applies a replayed turn id once. The tier's byte budget is enforced here after each publish: the
+(The token log is `token_log.TokenLog`.) The tier's byte budget is enforced here after each publish: the
 least recently used minds are degraded to tokens-only (manifest first, its chunks unlinked in
 the same script), never left half-deleted.
 
-Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner`, `TierUnavailable` and
-`TokenLogGap` (kvswap.cluster.errors) from mutations.
+Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner` and `TierUnavailable`
+(kvswap.cluster.errors) from mutations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import zlib
@@ -32,20 +32,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
 import redis
 
 from kvswap.cluster import manifest as mf
 from kvswap.cluster import store_scripts as lua
 from kvswap.cluster.budget import TierBudget
 from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
+from kvswap.cluster.connection import as_bytes
 from kvswap.cluster.errors import (
     Miss,
     MissReason,
     StaleOwner,
     TierUnavailable,
-    TokenLogGap,
     translating,
 )
 from kvswap.cluster.lease import Lease
@@ -89,12 +87,6 @@ class Fetched:
     seconds: float
 
 
-@dataclass(frozen=True)
-class TokenAppend:
-    applied: bool  # False: this turn id was applied already (a replayed turn)
-    n_tokens: int  # the log's length afterwards
-
-
 @dataclass
 class StoreCounters:
     """What /metrics and /pages report about the shared tier (phase 2)."""
@@ -114,13 +106,21 @@ class StoreCounters:
     bytes_read: int = 0
     fetch_s: float = 0.0
     n_degraded: int = 0
-    n_token_appends: int = 0
-    n_token_duplicates: int = 0
-    n_token_stale: int = 0
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A generation whose chunks are in Redis, waiting for its commit."""
+
+    plan: PagePlan | None  # None: tokens-only
+    blobs: tuple[mf.BlobRef, ...]  # every blob the plan references, its own included
+    chunk_keys: list[str]  # its own chunks (TTL until the commit persists them)
+    n_blob_bytes: int
+    n_reused_bytes: int
 
 
 class SharedStore:
-    """Pages and token logs of minds in one Redis database."""
+    """Minds' pages in one Redis database."""
 
     def __init__(
         self,
@@ -154,7 +154,6 @@ class SharedStore:
         self._begin = client.register_script(lua.BEGIN)
         self._commit = client.register_script(lua.COMMIT)
         self._degrade_script = client.register_script(lua.DEGRADE)
-        self._append = client.register_script(lua.APPEND_TOKENS)
         self._drop = client.register_script(lua.DROP)
 
     def close(self) -> None:
@@ -202,79 +201,55 @@ class SharedStore:
     def _publish_once(
         self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout, t0: float
     ) -> PublishReceipt | None:
+        """One attempt: begin, write the chunks, commit. None when the base moved meanwhile."""
         keys = lease.keys
         owner: list[str | int] = [lease.holder.value, lease.fence]
         with translating("publish begin"):
             reply = self._begin(keys=[keys.lease, keys.fence, keys.gens, keys.manifest], args=owner)
         if int(reply[0]) != lua.DONE:
             raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
-        gen, base_gen, base_body = int(reply[1]), int(reply[2]), reply[3]
-        base = _decode_or_none(base_body)
-        fingerprint = layout.geometry.file_fingerprint()
-        tokens_only = layout.token_only or (
-            self.budget is not None and layout.n_bytes > self.budget.budget_bytes
-        )
-        plan: PagePlan | None = None
-        chunk_keys: list[str] = []
-        crcs: list[int] = []
-        n_reused = 0
-        if not tokens_only:
-            previous = None
-            if base is not None and base.plan is not None and base.fingerprint == fingerprint:
-                previous = base.plan
-            write = plan_generation(
-                memoryview(page), split_page(memoryview(page), layout), previous, gen
-            )
-            plan, n_reused = write.plan, write.n_reused_bytes
-            chunks = list(cut(write.blob, self.chunk_bytes))
-            chunk_keys = [keys.chunk(gen, i) for i in range(len(chunks))]
-            crcs = self._io.write(chunk_keys, chunks, self.pending_ttl_ms)
-            n_blob = write.n_blob_bytes
-        else:
-            n_blob = 0
+        gen, base_gen = int(reply[1]), int(reply[2])
+        base = _decode_or_none(as_bytes(reply[3]))
+        written = self._write_generation(keys, gen, page, layout, base)
         if self._after_chunks is not None:
             self._after_chunks(gen)
-        blobs = []
-        if plan is not None:
-            old = {b.gen: b for b in base.blobs} if base is not None else {}
-            blobs = [old[g] for g in sorted(plan.gens() - {gen})]
-            if n_blob:
-                blobs.append(mf.BlobRef(gen, n_blob, self.chunk_bytes, tuple(crcs)))
         record = mf.Manifest(
             mind_key=mind_key,
             gen=gen,
             fence=lease.fence,
             replica_id=lease.holder.replica_id,
             n_tokens=layout.n_tokens,
-            fingerprint=fingerprint,
+            fingerprint=layout.geometry.file_fingerprint(),
             layout=layout,
-            tokens_only=tokens_only,
-            plan=plan,
-            blobs=tuple(blobs),
+            tokens_only=written.plan is None,
+            plan=written.plan,
+            blobs=written.blobs,
             t_unix_ms=int(time.time() * 1000),
         )
         body = mf.encode(record)
-        kept = {b.gen for b in blobs}
-        drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept] if base else []
+        kept = {b.gen for b in written.blobs}
+        drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept]
         with translating("publish commit"):
             reply = self._commit(
-                keys=[keys.lease, keys.fence, keys.manifest, *chunk_keys, *drop],
-                args=[*owner, gen, base_gen, body, len(chunk_keys)],
+                keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *drop],
+                args=[*owner, gen, base_gen, body, len(written.chunk_keys)],
             )
         outcome = int(reply[0])
-        if outcome == lua.NOT_OWNER:
-            self._unlink(chunk_keys)
-            raise StaleOwner(f"lease on {keys.tag} lost before the commit (fence {lease.fence})")
-        if outcome in (lua.BASE_MOVED, lua.CHUNK_LOST):
-            self._unlink(chunk_keys)
-            return None
+        if outcome != lua.DONE:
+            self._unlink(written.chunk_keys)
+            if outcome == lua.NOT_OWNER:
+                raise StaleOwner(
+                    f"lease on {keys.tag} lost before the commit (fence {lease.fence})"
+                )
+            return None  # BASE_MOVED (an eviction) or CHUNK_LOST (expired): plan again
         n_degraded = self._settle_budget(keys.tag, record.n_bytes_stored)
         seconds = time.perf_counter() - t0
+        n_reused = written.n_reused_bytes
         self._count(
             n_publish=1,
             n_publish_delta=int(n_reused > 0),
-            n_publish_tokens_only=int(tokens_only),
-            bytes_written=n_blob,
+            n_publish_tokens_only=int(record.tokens_only),
+            bytes_written=written.n_blob_bytes,
             bytes_reused=n_reused,
             publish_s=seconds,
         )
@@ -283,14 +258,42 @@ class SharedStore:
             fence=lease.fence,
             n_tokens=layout.n_tokens,
             n_bytes_page=layout.n_bytes,
-            n_bytes_written=n_blob,
+            n_bytes_written=written.n_blob_bytes,
             n_bytes_manifest=len(body),
             n_bytes_reused=n_reused,
-            n_chunks=len(chunk_keys),
+            n_chunks=len(written.chunk_keys),
             delta=n_reused > 0,
-            tokens_only=tokens_only,
+            tokens_only=record.tokens_only,
             n_degraded=n_degraded,
             seconds=seconds,
+        )
+
+    def _write_generation(
+        self,
+        keys: MindKeys,
+        gen: int,
+        page: memoryview,
+        layout: PageLayout,
+        base: mf.Manifest | None,
+    ) -> _Written:
+        """Plan generation `gen` against `base` and write its chunks (none when tokens-only)."""
+        over_budget = self.budget is not None and layout.n_bytes > self.budget.budget_bytes
+        if layout.token_only or over_budget:
+            return _Written(None, (), [], 0, 0)
+        previous = None
+        if base is not None and base.fingerprint == layout.geometry.file_fingerprint():
+            previous = base.plan
+        view = memoryview(page)
+        write = plan_generation(view, split_page(view, layout), previous, gen)
+        chunks = list(cut(write.blob, self.chunk_bytes))
+        chunk_keys = [keys.chunk(gen, i) for i in range(len(chunks))]
+        crcs = self._io.write(chunk_keys, chunks, self.pending_ttl_ms)
+        old = {b.gen: b for b in base.blobs} if base is not None else {}
+        blobs = [old[g] for g in sorted(write.plan.gens() - {gen})]
+        if write.n_blob_bytes:
+            blobs.append(mf.BlobRef(gen, write.n_blob_bytes, self.chunk_bytes, tuple(crcs)))
+        return _Written(
+            write.plan, tuple(blobs), chunk_keys, write.n_blob_bytes, write.n_reused_bytes
         )
 
     def _unlink(self, keys: Sequence[str]) -> None:
@@ -324,18 +327,12 @@ class SharedStore:
         """Mark the mind's manifest tokens-only and unlink its chunks, in one script."""
         for _ in range(_MAX_ATTEMPTS):
             with translating("budget eviction"):
-                current = _decode_or_none(_bytes(self._client.hget(keys.manifest, "body")))
+                current = _decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
                 if current is None or current.tokens_only:
                     return
                 gen = int(self._client.incr(keys.gens))
-                degraded = mf.Manifest(
-                    **{
-                        **current.__dict__,
-                        "gen": gen,
-                        "tokens_only": True,
-                        "plan": None,
-                        "blobs": (),
-                    }
+                degraded = dataclasses.replace(
+                    current, gen=gen, tokens_only=True, plan=None, blobs=()
                 )
                 reply = self._degrade_script(
                     keys=[keys.manifest, *_chunk_keys(keys, current)],
@@ -350,7 +347,7 @@ class SharedStore:
         """The mind's current manifest, or a miss (absent, unreadable, Redis down)."""
         try:
             with translating("manifest read"):
-                body = _bytes(self._client.hget(keys.manifest, "body"))
+                body = as_bytes(self._client.hget(keys.manifest, "body"))
         except TierUnavailable as err:
             return self._miss(MissReason.UNAVAILABLE, str(err))
         if body is None:
@@ -427,39 +424,6 @@ class SharedStore:
             return (MissReason.UNAVAILABLE, str(err))
         return failures[0] if failures else None
 
-    # -- token log ---------------------------------------------------------------------------
-
-    def append_tokens(
-        self, lease: Lease, turn_id: str, n_base: int, tokens: npt.ArrayLike
-    ) -> TokenAppend:
-        """Write a turn's tokens through: the log becomes its first `n_base` tokens + `tokens`.
-
-        A turn id already applied changes nothing (`applied` False). Raises `TokenLogGap`
-        when the log holds fewer than `n_base` tokens, `StaleOwner`, `TierUnavailable`.
-        """
-        data = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
-        keys = lease.keys
-        with translating("token append"):
-            reply = self._append(
-                keys=[keys.lease, keys.fence, keys.tokens, keys.turns],
-                args=[lease.holder.value, lease.fence, turn_id, n_base, data],
-            )
-        outcome = int(reply[0])
-        if outcome == lua.NOT_OWNER:
-            self._count(n_token_stale=1)
-            raise StaleOwner(f"lease on {keys.tag} lost before the token append")
-        if outcome == lua.GAP:
-            raise TokenLogGap(n_base, int(reply[1]))
-        applied = outcome == lua.DONE
-        self._count(n_token_appends=int(applied), n_token_duplicates=int(not applied))
-        return TokenAppend(applied, int(reply[1]))
-
-    def read_tokens(self, keys: MindKeys) -> npt.NDArray[np.int32]:
-        """The mind's token log (empty when none). Raises `TierUnavailable`."""
-        with translating("token read"):
-            data = _bytes(self._client.get(keys.tokens)) or b""
-        return np.frombuffer(data, dtype="<i4").astype(np.int32)
-
     def drop(self, lease: Lease) -> None:
         """Remove the mind from the tier: manifest, chunks, token log (the lease stays held)."""
         keys = lease.keys
@@ -474,15 +438,6 @@ class SharedStore:
             raise StaleOwner(f"lease on {keys.tag} lost before the drop")
         if self.budget is not None:
             self.budget.uncharge(keys.tag)
-
-
-def _bytes(reply: object) -> bytes | None:
-    """A reply of the bytes-returning client (decode_responses=False) as bytes."""
-    if reply is None:
-        return None
-    if not isinstance(reply, bytes):
-        raise TypeError(f"expected bytes from Redis, got {type(reply).__name__}")
-    return reply
 
 
 def _decode_or_none(body: bytes | None) -> mf.Manifest | None:
