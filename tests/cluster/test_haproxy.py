@@ -39,6 +39,7 @@ class Cluster:
     url: str
     socket: str
     standins: dict[str, subprocess.Popen[str]]
+    ports: dict[str, int]
     haproxy: ManagedProcess
     http: httpx.Client
 
@@ -83,7 +84,8 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     (tmp_path / "haproxy.cfg").write_text(render(cfg))
     haproxy = start_haproxy(tmp_path / "haproxy.cfg", tmp_path / "haproxy.log")
     url = f"http://127.0.0.1:{port}"
-    c = Cluster(url, sock, standins, haproxy, httpx.Client(base_url=url, timeout=30))
+    ports = {r.replica_id: r.port for r in replicas}
+    c = Cluster(url, sock, standins, ports, haproxy, httpx.Client(base_url=url, timeout=30))
     try:
         haproxy.wait_for(lambda: Path(sock).exists(), 30, "listening on its runtime socket")
         for replica_id in IDS:
@@ -180,3 +182,14 @@ def test_a_dead_replicas_minds_move_and_no_request_fails(cluster: Cluster) -> No
     after = cluster.placement(MINDS)
     for mind in MINDS:
         assert (after[mind] != "r3") if before[mind] == "r3" else (after[mind] == before[mind])
+
+
+def test_a_request_that_reached_a_replica_is_never_replayed(cluster: Cluster) -> None:
+    """The replica read the turn and hung up: HAProxy answers 502 and sends it nowhere else."""
+    r = cluster.http.post("/hangup", headers={**KEY, "X-Mind-Id": MINDS[0]}, json={"prompt": "x"})
+    assert r.status_code == 502
+    seen = {
+        rid: httpx.get(f"http://127.0.0.1:{port}/hangups").json()["n"]
+        for rid, port in cluster.ports.items()
+    }
+    assert sum(seen.values()) == 1 and seen[cluster.ask(MINDS[0])] == 1, seen

@@ -4,6 +4,7 @@ stored whole."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import numpy as np
@@ -77,7 +78,9 @@ def test_sections_follow_the_layer_major_layout(v_trans: bool) -> None:
     sections = split_kv_state(memoryview(kv_state(10, v_trans, n_stream=3)))
     assert sections is not None
     names = [s.name for s in sections]
-    assert names == ["meta"] + [f"k.{i}" for i in range(N_LAYER)] + [f"v.{i}" for i in range(N_LAYER)]
+    assert names == ["meta"] + [f"k.{i}" for i in range(N_LAYER)] + [
+        f"v.{i}" for i in range(N_LAYER)
+    ]
     v = sections[-1]
     assert (v.n_rows, v.row_bytes) == ((V_EMBD, 10 * EL) if v_trans else (1, 10 * V_EMBD * EL))
     with_ext = split_kv_state(memoryview(kv_state(10, v_trans, ext=12)))
@@ -111,7 +114,7 @@ def test_forty_appended_turns_rebuild_exactly_with_few_extents(v_trans: bool) ->
             n_written += write.n_blob_bytes
         for sp in plan.sections:  # widths halve from left to right: O(log) extents
             widths = [e.width for e in sp.extents]
-            assert all(a >= 2 * b for a, b in zip(widths, widths[1:], strict=False)), widths
+            assert all(a >= 2 * b for a, b in itertools.pairwise(widths)), widths
         grow = int(rng.integers(1, 12))
         n_appended += grow
         n_cells += grow

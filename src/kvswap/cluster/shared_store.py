@@ -313,23 +313,31 @@ class SharedStore:
             return 0
         total = self.budget.charge(tag, n_bytes) if n_bytes else self.budget.uncharge(tag)
         n_degraded = 0
+        skipped: set[str] = {tag}  # the mind just published, and victims that kept moving
         while total > self.budget.budget_bytes:
-            victims = [t for t in self.budget.oldest(2) if t != tag]
-            if not victims:
+            oldest = self.budget.oldest(len(skipped) + 1)
+            victim = next((t for t in oldest if t not in skipped), None)
+            if victim is None:
                 break
-            self._degrade(MindKeys(victims[0], self.prefix))
-            total = self.budget.uncharge(victims[0])
-            n_degraded += 1
+            freed = self._degrade(MindKeys(victim, self.prefix))
+            if freed is None:
+                skipped.add(victim)  # its owner keeps publishing: it is not idle, try the next
+                continue
+            total = self.budget.uncharge(victim)
+            n_degraded += int(freed)
         self._count(n_degraded=n_degraded)
         return n_degraded
 
-    def _degrade(self, keys: MindKeys) -> None:
-        """Mark the mind's manifest tokens-only and unlink its chunks, in one script."""
+    def _degrade(self, keys: MindKeys) -> bool | None:
+        """Mark the mind's manifest tokens-only and unlink its chunks, in one script.
+
+        True when chunks were freed, False when there were none (a stale charge), None when
+        the manifest changed under every attempt."""
         for _ in range(_MAX_ATTEMPTS):
             with translating("budget eviction"):
                 current = _decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
                 if current is None or current.tokens_only:
-                    return
+                    return False
                 gen = int(self._client.incr(keys.gens))
                 degraded = dataclasses.replace(
                     current, gen=gen, tokens_only=True, plan=None, blobs=()
@@ -339,7 +347,8 @@ class SharedStore:
                     args=[current.gen, gen, mf.encode(degraded)],
                 )
             if int(reply[0]) == lua.DONE:
-                return
+                return True
+        return None
 
     # -- fetch -------------------------------------------------------------------------------
 
