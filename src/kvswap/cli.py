@@ -1,4 +1,4 @@
-"""The `kvswap` console script: `serve`, `make-tiny-model`, `bench`.
+"""The `kvswap` console script: `serve`, `make-tiny-model`, `bench`, `cluster`.
 
 Dispatch only; each subcommand owns its arguments. Heavy imports (libllama) happen inside the
 subcommand that needs them, so `kvswap --help` is instant.
@@ -16,6 +16,7 @@ commands:
                     `kvswap serve --help` lists them). With no -m, serves SmolLM2-135M-Instruct.
   make-tiny-model   write a tiny random-weight GGUF model (tests, drafts, benchmarks)
   bench             run a benchmark (`kvswap bench --help`)
+  cluster           replicas behind HAProxy: `haproxy-config`, `up` (`kvswap cluster --help`)
 """
 
 
@@ -37,10 +38,17 @@ def _bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _cluster(argv: list[str]) -> int:
+    from kvswap.cluster.cli import main as cluster_main
+
+    return cluster_main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "serve": _serve,
     "make-tiny-model": _make_tiny_model,
     "bench": _bench,
+    "cluster": _cluster,
 }
 
 

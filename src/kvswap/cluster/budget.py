@@ -1,0 +1,100 @@
+"""The shared tier's byte budget and LRU, kept by kvswap, not by Redis.
+
+Redis runs with `maxmemory-policy noeviction`: its own eviction would drop single chunks or
+lease keys (CLUSTER-RESEARCH.md §4.2). Instead every mind's stored bytes are charged here
+(`kv:{tier}:bytes`, total in `kv:{tier}:total`) with its last use in a sorted set
+(`kv:{tier}:lru`, scored by Redis's clock); the store degrades the least recently used minds to
+tokens-only until the total is back under the budget. Each update is one script, so replicas
+publishing at once keep one exact total.
+
+A charge is set, not added: publishing a mind again replaces its charge, so a charge missed by
+a crash between a page's commit and its charge is corrected by the mind's next publish.
+
+Owns the three tier keys. Raises `TierUnavailable` when Redis fails. Thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import redis
+
+from kvswap.cluster.errors import translating
+from kvswap.cluster.shared_keys import TierKeys
+
+_NOW_MS_LUA: Final = """
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS bytes, lru, total; ARGV tag, n_bytes -> the new total
+_CHARGE_LUA: Final = (
+    _NOW_MS_LUA
+    + """
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local n = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], n)
+redis.call('ZADD', KEYS[2], now_ms, ARGV[1])
+return redis.call('INCRBY', KEYS[3], n - old)
+"""
+)
+
+# KEYS bytes, lru, total; ARGV tag -> the new total
+_UNCHARGE_LUA: Final = """
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return redis.call('INCRBY', KEYS[3], 0 - old)
+"""
+
+# KEYS lru; ARGV tag -> 1 when the mind is charged (its use time moved), else 0
+_TOUCH_LUA: Final = (
+    _NOW_MS_LUA
+    + """
+return redis.call('ZADD', KEYS[1], 'XX', 'CH', now_ms, ARGV[1])
+"""
+)
+
+
+class TierBudget:
+    """The tier's byte total against `budget_bytes`, and its least recently used minds."""
+
+    def __init__(self, client: redis.Redis, keys: TierKeys, budget_bytes: int) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"the shared tier's budget must be positive, not {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._client = client
+        self._keys = keys
+        self._charge = client.register_script(_CHARGE_LUA)
+        self._uncharge = client.register_script(_UNCHARGE_LUA)
+        self._touch = client.register_script(_TOUCH_LUA)
+
+    def _all(self) -> list[str]:
+        return [self._keys.bytes, self._keys.lru, self._keys.total]
+
+    def charge(self, tag: str, n_bytes: int) -> int:
+        """Set the mind's charge to `n_bytes` and mark it used now; the tier's new total."""
+        with translating("budget charge"):
+            return int(self._charge(keys=self._all(), args=[tag, n_bytes]))
+
+    def uncharge(self, tag: str) -> int:
+        with translating("budget uncharge"):
+            return int(self._uncharge(keys=self._all(), args=[tag]))
+
+    def touch(self, tag: str) -> None:
+        with translating("budget touch"):
+            self._touch(keys=[self._keys.lru], args=[tag])
+
+    def total_bytes(self) -> int:
+        with translating("budget read"):
+            return int(self._client.get(self._keys.total) or 0)
+
+    def charged_bytes(self, tag: str) -> int:
+        with translating("budget read"):
+            return int(self._client.hget(self._keys.bytes, tag) or 0)
+
+    def oldest(self, n: int) -> list[str]:
+        """The `n` least recently used charged minds, oldest first."""
+        with translating("budget read"):
+            members = self._client.zrange(self._keys.lru, 0, n - 1)
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]

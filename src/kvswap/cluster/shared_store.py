@@ -1,0 +1,469 @@
+"""The shared tier: minds' pages and token logs in Redis, readable by every replica.
+
+Publishing a page (`SharedStore.publish`, by the mind's lease holder):
+
+1. `BEGIN` (a script: lease and fence checked) allocates a generation number from
+   `kv:{h}:gens` and returns the current manifest;
+2. the page is planned against that manifest (`segments`): a page that grew by appending
+   writes only its new columns, anything else what changed;
+3. the new generation's blob goes to `kv:{h}:g<gen>:<i>` in chunks with a TTL (orphans of a
+   writer that dies here expire by themselves);
+4. `COMMIT` (lease, fence, and "the manifest is still the one planned against") persists the
+   chunks, writes the manifest, and unlinks chunks no longer referenced, all at once.
+
+A reader (`fetch`) takes the manifest, then the chunks, verifying each chunk's length and
+CRC-32, so it rebuilds a whole generation or reports a `Miss`; no exception escapes a read.
+(The token log is `token_log.TokenLog`.) The tier's byte budget is enforced here after each publish: the
+least recently used minds are degraded to tokens-only (manifest first, its chunks unlinked in
+the same script), never left half-deleted.
+
+Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner` and `TierUnavailable`
+(kvswap.cluster.errors) from mutations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Final
+
+import redis
+
+from kvswap.cluster import manifest as mf
+from kvswap.cluster import store_scripts as lua
+from kvswap.cluster.budget import TierBudget
+from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
+from kvswap.cluster.connection import as_bytes
+from kvswap.cluster.errors import (
+    Miss,
+    MissReason,
+    StaleOwner,
+    TierUnavailable,
+    translating,
+)
+from kvswap.cluster.lease import Lease
+from kvswap.cluster.segments import (
+    BlobScatter,
+    PagePlan,
+    plan_generation,
+    split_page,
+    write_literals,
+)
+from kvswap.cluster.shared_keys import MindKeys, TierKeys
+from kvswap.engine.kv.pagefmt import PageLayout
+
+DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
+_MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again
+Alloc = Callable[[int], memoryview]
+
+
+@dataclass(frozen=True)
+class PublishReceipt:
+    gen: int
+    fence: int
+    n_tokens: int
+    n_bytes_page: int
+    n_bytes_written: int  # chunk bytes sent for this generation
+    n_bytes_manifest: int
+    n_bytes_reused: int  # page bytes served by older generations' chunks
+    n_chunks: int
+    delta: bool  # some older generation's chunks were reused
+    tokens_only: bool
+    n_degraded: int  # other minds degraded to tokens-only to keep the budget
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fetched:
+    page: memoryview  # the page's bytes (n_bytes of the caller's buffer)
+    layout: PageLayout
+    manifest: mf.Manifest
+    n_bytes_read: int
+    seconds: float
+
+
+@dataclass
+class StoreCounters:
+    """What /metrics and /pages report about the shared tier (phase 2)."""
+
+    n_publish: int = 0
+    n_publish_delta: int = 0
+    n_publish_tokens_only: int = 0
+    n_publish_stale: int = 0  # refused inside Redis: lease lost or fence moved
+    n_publish_failed: int = 0  # Redis unavailable, or chunks lost before the commit
+    n_publish_replanned: int = 0  # the manifest moved under a publish (eviction)
+    bytes_written: int = 0
+    bytes_reused: int = 0
+    publish_s: float = 0.0
+    n_fetch: int = 0
+    n_fetch_hit: int = 0
+    misses: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    fetch_s: float = 0.0
+    n_degraded: int = 0
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A generation whose chunks are in Redis, waiting for its commit."""
+
+    plan: PagePlan | None  # None: tokens-only
+    blobs: tuple[mf.BlobRef, ...]  # every blob the plan references, its own included
+    chunk_keys: list[str]  # its own chunks (TTL until the commit persists them)
+    n_blob_bytes: int
+    n_reused_bytes: int
+
+
+class SharedStore:
+    """Minds' pages in one Redis database."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        replica_id: str,
+        budget_bytes: int | None = None,
+        prefix: str = "kv",
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        n_connections: int = 4,
+        pipeline_depth: int = 4,
+        pending_ttl_ms: int = DEFAULT_PENDING_TTL_MS,
+        after_chunks: Callable[[int], None] | None = None,
+    ) -> None:
+        """`after_chunks(gen)` is a seam for crash tests: it runs between a generation's
+        chunks and its commit."""
+        if chunk_bytes < 4096:
+            raise ValueError(f"chunk size {chunk_bytes} is below 4096 bytes")
+        self.replica_id = replica_id
+        self.prefix = prefix
+        self.chunk_bytes = chunk_bytes
+        self.pending_ttl_ms = pending_ttl_ms
+        self.budget = (
+            TierBudget(client, TierKeys(prefix), budget_bytes) if budget_bytes is not None else None
+        )
+        self._client = client
+        self._io = ChunkIO(client, n_connections, pipeline_depth)
+        self._after_chunks = after_chunks
+        self._lock = threading.Lock()
+        self._counters = StoreCounters()
+        self._begin = client.register_script(lua.BEGIN)
+        self._commit = client.register_script(lua.COMMIT)
+        self._degrade_script = client.register_script(lua.DEGRADE)
+        self._drop = client.register_script(lua.DROP)
+
+    def close(self) -> None:
+        self._io.close()
+
+    def counters(self) -> dict[str, object]:
+        with self._lock:
+            snap = asdict(self._counters)
+        return snap
+
+    def _count(self, **deltas: float) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self._counters, name, getattr(self._counters, name) + delta)
+
+    def _miss(self, reason: MissReason, detail: str, gen: int = 0) -> Miss:
+        with self._lock:
+            misses = self._counters.misses
+            misses[reason.value] = misses.get(reason.value, 0) + 1
+        return Miss(reason, detail, gen)
+
+    # -- publish -----------------------------------------------------------------------------
+
+    def publish(
+        self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout
+    ) -> PublishReceipt:
+        """Publish the page as the mind's next generation (a delta when it grew by appending)."""
+        if MindKeys.of(mind_key, self.prefix) != lease.keys:
+            raise ValueError("the lease is for another mind")
+        t0 = time.perf_counter()
+        try:
+            for _ in range(_MAX_ATTEMPTS):
+                receipt = self._publish_once(lease, mind_key, page, layout, t0)
+                if receipt is not None:
+                    return receipt
+                self._count(n_publish_replanned=1)
+            raise TierUnavailable("the manifest kept moving under the publish (evictions)")
+        except StaleOwner:
+            self._count(n_publish_stale=1)
+            raise
+        except TierUnavailable:
+            self._count(n_publish_failed=1)
+            raise
+
+    def _publish_once(
+        self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout, t0: float
+    ) -> PublishReceipt | None:
+        """One attempt: begin, write the chunks, commit. None when the base moved meanwhile."""
+        keys = lease.keys
+        owner: list[str | int] = [lease.holder.value, lease.fence]
+        with translating("publish begin"):
+            reply = self._begin(keys=[keys.lease, keys.fence, keys.gens, keys.manifest], args=owner)
+        if int(reply[0]) != lua.DONE:
+            raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
+        gen, base_gen = int(reply[1]), int(reply[2])
+        base = _decode_or_none(as_bytes(reply[3]))
+        written = self._write_generation(keys, gen, page, layout, base)
+        if self._after_chunks is not None:
+            self._after_chunks(gen)
+        record = mf.Manifest(
+            mind_key=mind_key,
+            gen=gen,
+            fence=lease.fence,
+            replica_id=lease.holder.replica_id,
+            n_tokens=layout.n_tokens,
+            fingerprint=layout.geometry.file_fingerprint(),
+            layout=layout,
+            tokens_only=written.plan is None,
+            plan=written.plan,
+            blobs=written.blobs,
+            t_unix_ms=int(time.time() * 1000),
+        )
+        body = mf.encode(record)
+        kept = {b.gen for b in written.blobs}
+        drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept]
+        with translating("publish commit"):
+            reply = self._commit(
+                keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *drop],
+                args=[*owner, gen, base_gen, body, len(written.chunk_keys)],
+            )
+        outcome = int(reply[0])
+        if outcome != lua.DONE:
+            self._unlink(written.chunk_keys)
+            if outcome == lua.NOT_OWNER:
+                raise StaleOwner(
+                    f"lease on {keys.tag} lost before the commit (fence {lease.fence})"
+                )
+            return None  # BASE_MOVED (an eviction) or CHUNK_LOST (expired): plan again
+        n_degraded = self._settle_budget(keys.tag, record.n_bytes_stored)
+        seconds = time.perf_counter() - t0
+        n_reused = written.n_reused_bytes
+        self._count(
+            n_publish=1,
+            n_publish_delta=int(n_reused > 0),
+            n_publish_tokens_only=int(record.tokens_only),
+            bytes_written=written.n_blob_bytes,
+            bytes_reused=n_reused,
+            publish_s=seconds,
+        )
+        return PublishReceipt(
+            gen=gen,
+            fence=lease.fence,
+            n_tokens=layout.n_tokens,
+            n_bytes_page=layout.n_bytes,
+            n_bytes_written=written.n_blob_bytes,
+            n_bytes_manifest=len(body),
+            n_bytes_reused=n_reused,
+            n_chunks=len(written.chunk_keys),
+            delta=n_reused > 0,
+            tokens_only=record.tokens_only,
+            n_degraded=n_degraded,
+            seconds=seconds,
+        )
+
+    def _write_generation(
+        self,
+        keys: MindKeys,
+        gen: int,
+        page: memoryview,
+        layout: PageLayout,
+        base: mf.Manifest | None,
+    ) -> _Written:
+        """Plan generation `gen` against `base` and write its chunks (none when tokens-only)."""
+        over_budget = self.budget is not None and layout.n_bytes > self.budget.budget_bytes
+        if layout.token_only or over_budget:
+            return _Written(None, (), [], 0, 0)
+        previous = None
+        if base is not None and base.fingerprint == layout.geometry.file_fingerprint():
+            previous = base.plan
+        view = memoryview(page)
+        write = plan_generation(view, split_page(view, layout), previous, gen)
+        chunks = list(cut(write.blob, self.chunk_bytes))
+        chunk_keys = [keys.chunk(gen, i) for i in range(len(chunks))]
+        crcs = self._io.write(chunk_keys, chunks, self.pending_ttl_ms)
+        old = {b.gen: b for b in base.blobs} if base is not None else {}
+        blobs = [old[g] for g in sorted(write.plan.gens() - {gen})]
+        if write.n_blob_bytes:
+            blobs.append(mf.BlobRef(gen, write.n_blob_bytes, self.chunk_bytes, tuple(crcs)))
+        return _Written(
+            write.plan, tuple(blobs), chunk_keys, write.n_blob_bytes, write.n_reused_bytes
+        )
+
+    def _unlink(self, keys: Sequence[str]) -> None:
+        """Best effort: chunks of a refused generation (their TTL removes them otherwise)."""
+        if keys:
+            # on failure they expire after pending_ttl_ms
+            with contextlib.suppress(
+                redis.exceptions.ConnectionError, redis.exceptions.TimeoutError
+            ):
+                self._client.unlink(*keys)
+
+    # -- budget ------------------------------------------------------------------------------
+
+    def _settle_budget(self, tag: str, n_bytes: int) -> int:
+        """Charge the mind's stored bytes; degrade LRU minds while the tier is over budget."""
+        if self.budget is None:
+            return 0
+        total = self.budget.charge(tag, n_bytes) if n_bytes else self.budget.uncharge(tag)
+        n_degraded = 0
+        skipped: set[str] = {tag}  # the mind just published, and victims that kept moving
+        while total > self.budget.budget_bytes:
+            oldest = self.budget.oldest(len(skipped) + 1)
+            victim = next((t for t in oldest if t not in skipped), None)
+            if victim is None:
+                break
+            freed = self._degrade(MindKeys(victim, self.prefix))
+            if freed is None:
+                skipped.add(victim)  # its owner keeps publishing: it is not idle, try the next
+                continue
+            total = self.budget.uncharge(victim)
+            n_degraded += int(freed)
+        self._count(n_degraded=n_degraded)
+        return n_degraded
+
+    def _degrade(self, keys: MindKeys) -> bool | None:
+        """Mark the mind's manifest tokens-only and unlink its chunks, in one script.
+
+        True when chunks were freed, False when there were none (a stale charge), None when
+        the manifest changed under every attempt."""
+        for _ in range(_MAX_ATTEMPTS):
+            with translating("budget eviction"):
+                current = _decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
+                if current is None or current.tokens_only:
+                    return False
+                gen = int(self._client.incr(keys.gens))
+                degraded = dataclasses.replace(
+                    current, gen=gen, tokens_only=True, plan=None, blobs=()
+                )
+                reply = self._degrade_script(
+                    keys=[keys.manifest, *_chunk_keys(keys, current)],
+                    args=[current.gen, gen, mf.encode(degraded)],
+                )
+            if int(reply[0]) == lua.DONE:
+                return True
+        return None
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    def read_manifest(self, keys: MindKeys) -> mf.Manifest | Miss:
+        """The mind's current manifest, or a miss (absent, unreadable, Redis down)."""
+        try:
+            with translating("manifest read"):
+                body = as_bytes(self._client.hget(keys.manifest, "body"))
+        except TierUnavailable as err:
+            return self._miss(MissReason.UNAVAILABLE, str(err))
+        if body is None:
+            return self._miss(MissReason.ABSENT, f"no manifest for {keys.tag}")
+        try:
+            return mf.decode(body)
+        except mf.ManifestError as err:
+            return self._miss(MissReason.MANIFEST_CORRUPT, str(err))
+
+    def fetch(
+        self, keys: MindKeys, *, fingerprint: str | None = None, alloc: Alloc | None = None
+    ) -> Fetched | Miss:
+        """The mind's latest page, verified chunk by chunk, or a miss saying why not.
+
+        `alloc(n_bytes)` provides the buffer (default: a new bytearray); after a miss its
+        content is undefined. `fingerprint` (PageGeometry.file_fingerprint()) refuses a page
+        made with another model or KV types before any chunk is read.
+        """
+        t0 = time.perf_counter()
+        self._count(n_fetch=1)
+        record = self.read_manifest(keys)
+        if isinstance(record, Miss):
+            return record
+        if record.tokens_only or record.plan is None:
+            return self._miss(MissReason.TOKENS_ONLY, "the tier holds its tokens only", record.gen)
+        if fingerprint is not None and record.fingerprint != fingerprint:
+            return self._miss(MissReason.FINGERPRINT, f"made with {record.fingerprint}", record.gen)
+        plan = record.plan
+        out = alloc(plan.n_bytes) if alloc is not None else memoryview(bytearray(plan.n_bytes))
+        page = out.cast("B") if out.format != "B" else out
+        failure = self._read_blobs(keys, record, page)
+        if failure is not None:
+            return self._miss(failure[0], failure[1], record.gen)
+        write_literals(page, plan.literals)
+        if self.budget is not None:
+            # the page is whole; a missed LRU touch only ages it
+            with contextlib.suppress(TierUnavailable):
+                self.budget.touch(keys.tag)
+        seconds = time.perf_counter() - t0
+        n_read = record.n_bytes_stored
+        self._count(n_fetch_hit=1, bytes_read=n_read, fetch_s=seconds)
+        return Fetched(page[: plan.n_bytes], record.layout, record, n_read, seconds)
+
+    def _read_blobs(
+        self, keys: MindKeys, record: mf.Manifest, page: memoryview
+    ) -> tuple[MissReason, str] | None:
+        assert record.plan is not None
+        places: list[tuple[mf.BlobRef, int, int, BlobScatter]] = []
+        for blob in record.blobs:
+            scatter = BlobScatter(record.plan, blob.gen)
+            pos = 0
+            for i, size in enumerate(blob.chunk_sizes()):
+                places.append((blob, i, pos, scatter))
+                pos += size
+        failures: list[tuple[MissReason, str]] = []
+
+        def on_chunk(index: int, value: bytes | None) -> None:
+            blob, i, pos, scatter = places[index]
+            key = keys.chunk(blob.gen, i)
+            if value is None:
+                failures.append((MissReason.CHUNK_MISSING, f"{key} is gone"))
+                return
+            size = min(blob.chunk_bytes, blob.n_bytes - pos)
+            if len(value) != size or zlib.crc32(value) != blob.crcs[i]:
+                failures.append((MissReason.CHUNK_CORRUPT, f"{key} fails its length or CRC-32"))
+                return
+            if not failures:
+                scatter.scatter(page, pos, memoryview(value))
+
+        chunk_keys = [keys.chunk(blob.gen, i) for blob, i, _, _ in places]
+        try:
+            self._io.read(chunk_keys, on_chunk)
+        except TierUnavailable as err:
+            return (MissReason.UNAVAILABLE, str(err))
+        return failures[0] if failures else None
+
+    def drop(self, lease: Lease) -> None:
+        """Remove the mind from the tier: manifest, chunks, token log (the lease stays held)."""
+        keys = lease.keys
+        current = self.read_manifest(keys)
+        chunk_keys = _chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
+        with translating("drop"):
+            reply = self._drop(
+                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunk_keys],
+                args=[lease.holder.value, lease.fence],
+            )
+        if int(reply[0]) != lua.DONE:
+            raise StaleOwner(f"lease on {keys.tag} lost before the drop")
+        if self.budget is not None:
+            self.budget.uncharge(keys.tag)
+
+
+def _decode_or_none(body: bytes | None) -> mf.Manifest | None:
+    """A manifest to plan against; an unreadable one is replaced by a full page."""
+    if body is None:
+        return None
+    try:
+        return mf.decode(body)
+    except mf.ManifestError:
+        return None
+
+
+def _chunk_keys(keys: MindKeys, record: mf.Manifest | None) -> list[str]:
+    if record is None:
+        return []
+    return [keys.chunk(b.gen, i) for b in record.blobs for i in range(len(b.crcs))]
+
+
+def _gen_of(chunk_key: str) -> int:
+    return int(chunk_key.rsplit(":", 2)[1][1:])

@@ -1,0 +1,33 @@
+"""The token log in a real Redis: write-through appends that a replayed turn applies once,
+the request winning over a longer log, and a refused gap."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from kvswap.cluster.errors import TokenLogGap
+from kvswap.cluster.lease import Lease, Leases
+from kvswap.cluster.shared_keys import MindKeys
+from kvswap.cluster.token_log import TokenLog
+from tests.cluster.util import incarnation
+
+pytestmark = pytest.mark.timeout(60)
+MIND = MindKeys.of("mind~public~6c6f67")
+
+
+def test_token_log_applies_a_replayed_turn_once(rclient: redis.Redis) -> None:
+    log = TokenLog(rclient)
+    lease = Leases(rclient, incarnation("r1")).acquire(MIND)
+    assert isinstance(lease, Lease)
+    assert log.append(lease, "turn-1", 0, [10, 11, 12]).n_tokens == 3
+    replay = log.append(lease, "turn-1", 0, [10, 11, 12])
+    assert not replay.applied and replay.n_tokens == 3
+    assert log.append(lease, "turn-2", 3, [13]).applied
+    # a full-history request that diverged after token 2: the request wins over the log
+    assert log.append(lease, "turn-3", 2, [99, 100]).n_tokens == 4
+    assert log.read(MIND).tolist() == [10, 11, 99, 100]
+    with pytest.raises(TokenLogGap):
+        log.append(lease, "turn-4", 9, [1])
+    assert log.read(MIND).tolist() == [10, 11, 99, 100]
+    assert log.counters() == {"n_appends": 3, "n_duplicates": 1, "n_stale": 0, "n_gaps": 1}

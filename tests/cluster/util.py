@@ -1,0 +1,73 @@
+"""Helpers of the cluster tests: a real redis-server, synthetic pages, lease waits."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import redis
+
+from kvswap.cluster.connection import connect
+from kvswap.cluster.lease import Incarnation, Leases
+from kvswap.cluster.procs import ManagedProcess, free_port, start_redis
+from kvswap.cluster.shared_keys import MindKeys
+from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+
+GEOMETRY = PageGeometry("sha256:test-model", "f16", "f16", 1, 4096)
+
+
+@dataclass
+class RedisServer:
+    """A redis-server process on a free loopback port, as the shared tier runs it."""
+
+    port: int
+    data_dir: Path
+    proc: ManagedProcess
+
+    @classmethod
+    def start(cls, data_dir: Path) -> RedisServer:
+        port = free_port()
+        proc = start_redis(port, data_dir, data_dir / "redis.log", persistent=False)
+        return cls(port, data_dir, proc)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return connect(self.url)
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def synthetic_page(
+    n_tokens: int, target_bytes: int, seed: int = 0
+) -> tuple[memoryview, PageLayout]:
+    """A page of random state bytes (not a KV layout: stored as one opaque section)."""
+    layout = plan_layout(n_tokens, target_bytes, GEOMETRY)
+    rng = np.random.default_rng(seed)
+    buf = memoryview(bytearray(rng.bytes(layout.n_bytes)))
+    write_tokens(buf, layout, np.arange(n_tokens, dtype=np.int32))
+    return buf, layout
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll a condition with a deadline (never a bare sleep as synchronisation)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def wait_lease_free(leases: Leases, keys: MindKeys, timeout_s: float = 10) -> None:
+    wait_until(lambda: leases.holder(keys) is None, timeout_s, "the lease to expire")
+
+
+def incarnation(replica_id: str) -> Incarnation:
+    """A process incarnation of replica `replica_id` (a fresh random token each call)."""
+    return Incarnation.new(replica_id, f"http://127.0.0.1:1/{replica_id}")
