@@ -25,7 +25,14 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Mapping, Sequence
 
-from kvswap.config import table_ignored, table_model, table_sampling, table_serving, table_spec
+from kvswap.config import (
+    table_cors,
+    table_ignored,
+    table_model,
+    table_sampling,
+    table_serving,
+    table_spec,
+)
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
 from kvswap.config.errors import ConfigError, HelpRequested
 from kvswap.config.machine import MachineInfo
@@ -75,6 +82,7 @@ def all_flags() -> tuple[Flag, ...]:
         table_model.PARALLEL,
         *table_sampling.FLAGS,
         *table_serving.FLAGS,
+        *table_cors.FLAGS,
         *table_spec.FLAGS,
         *table_spec.REMOVED,
         *table_ignored.FLAGS,
@@ -253,6 +261,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
         b.update("sampling", dry_sequence_breakers=breakers)
     b.update("model", alias=b.model.aliases[0] if b.model.aliases else None)
     b.update("spec", spec_type=_spec_type(b))
+    table_cors.cors_origins_default(b)
     return ServerConfig(
         model=b.model,
         context=b.context,

@@ -225,6 +225,21 @@ class HttpSettings:
     # kvswap-only --max-n-predict (KVSWAP_ARG_MAX_N_PREDICT): caps every request's n_predict;
     # -1 = no cap beyond the slot's window.
     max_n_predict: int = -1
+    # --cors-origins (LLAMA_ARG_CORS_ORIGINS): '*', 'localhost' (reflect localhost origins
+    # only) or a value sent verbatim; 'localhost' when tools or MCP servers are asked for and
+    # this is not given, as llama-server.
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"  # --cors-methods (LLAMA_ARG_CORS_METHODS)
+    cors_headers: str = "*"  # --cors-headers (LLAMA_ARG_CORS_HEADERS)
+    # --cors-credentials/--no-cors-credentials (LLAMA_ARG_CORS_CREDENTIALS).
+    cors_credentials: bool = True
+    # --ui-mcp-proxy (LLAMA_ARG_UI_MCP_PROXY) or --agent: serve /cors-proxy.
+    ui_mcp_proxy: bool = False
+    # --tools (LLAMA_ARG_TOOLS) or --agent: llama-server's built-in tools, which kvswap does
+    # not run; recorded for the CORS default.
+    server_tools: tuple[str, ...] = ()
+    # --mcp-servers-config/--mcp-servers-json given (not run by kvswap; the CORS default).
+    mcp_servers: bool = False
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from kvswap.server import (
     routes_responses,
     routes_slots,
 )
+from kvswap.server.cors import CorsMiddleware, cors_policy
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.guard import Guard
 from kvswap.server.loader import Loader
@@ -31,7 +32,7 @@ from kvswap.server.openapi import hoist_defs
 from kvswap.server.sleep import Sleeper
 
 
-def create_app(config: ServerConfig, loader: Loader) -> Guard:
+def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
     sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
 
     @asynccontextmanager
@@ -67,7 +68,7 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return Guard(
+    guard = Guard(
         app,
         api_keys=config.http.api_keys,
         api_prefix=config.http.api_prefix,
@@ -75,3 +76,4 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         is_ready=loader.ready,
         sleeper=sleeper,
     )
+    return CorsMiddleware(guard, cors_policy(config.http))

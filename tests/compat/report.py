@@ -1,0 +1,119 @@
+"""Compares a compat run of llama.cpp's server test suite with the pinned llama-server's passes.
+
+Owns the two committed lists beside this file and their reading:
+- `llama-server-passes.txt`: the test ids the pinned llama-server passes on the stand-in models
+  (`standins.py`), with the command that measured them in its header;
+- `differences.txt`: the few of those tests where kvswap deliberately answers otherwise
+  (`TEST_ID | reason`), each explained in docs/COMPAT.md.
+
+`check` prints, per file, llama-server's passes, kvswap's, and every test of the list kvswap
+does not pass; it fails (exit 1) on any such test not listed as a difference. `measure`
+writes the pass list from a run against llama-server. `table` prints docs/COMPAT.md's table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PASSES = HERE / "llama-server-passes.txt"
+DIFFERENCES = HERE / "differences.txt"
+
+
+def read_results(path: Path) -> dict[str, str]:
+    """Test id -> outcome from results_plugin's JSON lines."""
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out[row["id"]] = row["outcome"]
+    return out
+
+
+def read_ids(path: Path) -> list[str]:
+    """Non-comment lines of a list file (the part before ' | ' for differences)."""
+    ids = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            ids.append(line.split(" | ", 1)[0].strip())
+    return ids
+
+
+def _file_of(test_id: str) -> str:
+    return test_id.split("::", 1)[0]
+
+
+def check(results: dict[str, str], files: list[str]) -> int:
+    expected = [t for t in read_ids(PASSES) if _file_of(t) in files]
+    differences = set(read_ids(DIFFERENCES))
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for test_id in expected:
+        by_file[_file_of(test_id)].append(test_id)
+    n_failed = 0
+    for name in files:
+        ours = [t for t, outcome in results.items() if _file_of(t) == name and outcome == "passed"]
+        theirs = by_file.get(name, [])
+        missing = [t for t in theirs if results.get(t) != "passed"]
+        print(
+            f"compat: {name}: llama-server passes {len(theirs)}, kvswap passes {len(ours)} "
+            f"({len(theirs) - len(missing)} of llama-server's)"
+        )
+        for test_id in missing:
+            outcome = results.get(test_id, "not run")
+            if test_id in differences:
+                print(f"compat:   difference (docs/COMPAT.md): {test_id} ({outcome})")
+            else:
+                print(f"compat:   FAILED: {test_id} ({outcome})")
+                n_failed += 1
+    stale = sorted(t for t in differences if results.get(t) == "passed")
+    for test_id in stale:
+        print(f"compat: listed as a difference but kvswap passes it now: {test_id}")
+    print(f"compat: {n_failed} test(s) llama-server passes that kvswap fails")
+    return 1 if n_failed or stale else 0
+
+
+def measure(results: dict[str, str], command: str) -> int:
+    passed = sorted(t for t, outcome in results.items() if outcome == "passed")
+    header = [
+        "# Test ids the pinned llama-server (llama.cpp of the llama-cpp-python 0.3.36 sdist)",
+        "# passes on the stand-in models of tests/compat/standins.py. Measured with:",
+        f"#   {command}",
+    ]
+    PASSES.write_text("\n".join([*header, *passed]) + "\n", encoding="utf-8")
+    print(f"compat: wrote {len(passed)} passing test ids to {PASSES}")
+    return 0
+
+
+def table(results: dict[str, str], files: list[str]) -> int:
+    expected = set(read_ids(PASSES))
+    differences = set(read_ids(DIFFERENCES))
+    print(
+        "| file | tests run | llama-server passes | kvswap passes | kvswap passes of llama-server's | differences |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in files:
+        ran = [t for t in results if _file_of(t) == name]
+        theirs = [t for t in expected if _file_of(t) == name]
+        ours = [t for t in ran if results[t] == "passed"]
+        both = [t for t in theirs if results.get(t) == "passed"]
+        diff = [t for t in theirs if t in differences]
+        print(f"| {name} | {len(ran)} | {len(theirs)} | {len(ours)} | {len(both)} | {len(diff)} |")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] not in ("check", "measure", "table"):
+        print("usage: report.py check|table RESULTS FILE... | measure RESULTS COMMAND")
+        return 2
+    results = read_results(Path(argv[1]))
+    if argv[0] == "measure":
+        return measure(results, argv[2])
+    return (check if argv[0] == "check" else table)(results, argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
