@@ -99,6 +99,8 @@ class Loader:
         self._thread: threading.Thread | None = None
         self.adapters: Adapters | None = None  # freed after the engine, before the model
         self.draft_model: Model | None = None
+        # Where the bound sockets listen (serve.run), logged once the model is loaded.
+        self.listening: tuple[str, ...] = ()
 
     def ready(self) -> bool:
         return self.state is not None and self.state.client is not None
@@ -165,11 +167,9 @@ class Loader:
                 engine.n_ctx_slot,
                 geo.kv_unified,
             )
-            log.info(
-                "server is listening on http://%s:%d", self.config.http.host, self.config.http.port
-            )
+            log.info("server is listening on %s", ", ".join(self.listening))
         except Exception as err:
-            log.exception("model loading failed")
+            log.debug("model loading failed", exc_info=True)  # -v shows where
             self.error = err
             loop.call_soon_threadsafe(self.on_failure)
 
