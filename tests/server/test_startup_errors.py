@@ -119,7 +119,9 @@ def test_port_0_logs_the_port_it_really_listens_on(tmp_path: Path) -> None:
 
 def test_every_host_address_is_served(tmp_path: Path) -> None:
     port = free_port()
-    proc, urls = _run_until_listening(tmp_path, "--host", "127.0.0.1,127.0.0.2", "--port", str(port))
+    proc, urls = _run_until_listening(
+        tmp_path, "--host", "127.0.0.1,127.0.0.2", "--port", str(port)
+    )
     try:
         assert urls == f"http://127.0.0.1:{port}, http://127.0.0.2:{port}"
         for host in ("127.0.0.1", "127.0.0.2"):

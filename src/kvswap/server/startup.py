@@ -12,6 +12,7 @@ addresses, so `::` does not also claim `0.0.0.0`; a `.sock` host is a UNIX socke
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -143,7 +144,5 @@ def remove_unix_sockets(http: HttpSettings) -> None:
     """Unlink the UNIX socket files this server bound (at exit)."""
     for host in http.hosts:
         if host.endswith(".sock"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(host)
-            except FileNotFoundError:
-                pass
