@@ -77,6 +77,9 @@ class ModelSettings:
     chat_template: str | None = None
     # --chat-template-file (LLAMA_ARG_CHAT_TEMPLATE_FILE): path of a jinja template file.
     chat_template_file: str | None = None
+    # --jinja/--no-jinja (LLAMA_ARG_JINJA): render chat templates with jinja; without it,
+    # libllama's built-in formats render them, as llama-server (text.builtin_template).
+    use_jinja: bool = True
     # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).

@@ -116,7 +116,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("--models-preset", VALUE, env="LLAMA_ARG_MODELS_PRESET"),
     ign("--models-max", VALUE, env="LLAMA_ARG_MODELS_MAX"),
     ign("--models-autoload", TOGGLE, neg="--no-models-autoload", env="LLAMA_ARG_MODELS_AUTOLOAD"),
-    ign("--jinja", TOGGLE, neg="--no-jinja", env="LLAMA_ARG_JINJA"),
     ign("--reasoning-format", VALUE, env="LLAMA_ARG_THINK"),
     ign("-rea --reasoning", VALUE, env="LLAMA_ARG_REASONING"),
     ign("--reasoning-effort", VALUE, env="LLAMA_ARG_REASONING_EFFORT"),

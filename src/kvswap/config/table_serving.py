@@ -160,6 +160,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("--chat-template-file", VALUE, SERVER, _set_chat_template_file,
          env="LLAMA_ARG_CHAT_TEMPLATE_FILE", hint="JINJA_TEMPLATE_FILE",
          help="set custom jinja chat template file (default: template from model's metadata)"),
+    flag("--jinja", TOGGLE, SERVER, set_bool("model", "use_jinja"), neg="--no-jinja",
+         env="LLAMA_ARG_JINJA",
+         help="whether to use jinja template engine for chat (default: enabled); without it, "
+         "libllama's built-in chat formats render the template"),
     flag("-sps --slot-prompt-similarity", VALUE, SERVER,
          set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
          help="how much the prompt of a request must match the prompt of a slot to use that "

@@ -525,6 +525,8 @@ class Engine:
         )
         slot.running.checkpoint_at = self.memory.plan(len(prompt), n_keep)
         slot.running.spec.enabled = self.spec is not None
+        if req.return_progress and req.stream:  # llama-server's 0% event, before any decode
+            slot.running.sink(slot.running.progress())
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 

@@ -9,14 +9,13 @@ for tool calls and reasoning (`kvswap.chat`), whole or as stream deltas.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.parser import ChatParser
-from kvswap.engine.client import EngineClient
 from kvswap.engine.types import (
     Completion,
     Event,
@@ -33,7 +32,6 @@ from kvswap.server.formats import TaskExtras, apply_template_json
 from kvswap.server.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
 from kvswap.server.formats_native import native_chunk, native_final, native_progress_chunk
 from kvswap.server.formats_oai import (
-    OaiMeta,
     chat_progress_chunk,
     completion_chunk,
     completion_final,
@@ -59,22 +57,29 @@ from kvswap.server.schemas import (
     OaiCompletionRequest,
     parse_body,
 )
-from kvswap.server.state import get_state
+from kvswap.server.state import ServerState, get_state
 from kvswap.server.streaming import complete_all, open_stream
 
 router = APIRouter()
 
 
-async def _finals(
-    client: EngineClient,
+def _with_verbose(
+    state: ServerState,
+    body: OaiCompletionRequest | ChatCompletionRequest,
+    finals: list[dict[str, Any]],
+    results: list[Completion],
     reqs: list[GenerationRequest],
-    request: Request,
-    shape: Callable[..., dict[str, Any]],
-    meta: OaiMeta,
 ) -> list[dict[str, Any]]:
-    """Run every task to its end and shape each final result (OpenAI routes)."""
-    results = await complete_all(client, reqs, request)
-    return [shape(c, r, meta, index=i) for i, (c, r) in enumerate(zip(results, reqs, strict=True))]
+    """llama-server's debug field: under -v (or a body's `verbose: true`) each OpenAI final
+    carries the native /completion answer, the rendered prompt included, as `__verbose`."""
+    if not (state.config.log.verbose if body.verbose is None else body.verbose):
+        return finals
+    for i, (final, c, r) in enumerate(zip(finals, results, reqs, strict=True)):
+        prompt_text = state.vocab.detokenize(list(r.prompt_tokens), special=True)
+        final["__verbose"] = native_final(
+            c, r, model=state.model_name, prompt_text=prompt_text, index=i
+        )
+    return finals
 
 
 # ------------------------------------------------------------------------- native /completion
@@ -138,9 +143,12 @@ async def oai_completion(request: Request) -> Response:
     client = state.engine_client()
     meta = oai_meta(state)
     if not body.stream:
-        return JSONResponse(
-            merge_choices(await _finals(client, reqs, request, completion_final, meta))
-        )
+        results = await complete_all(client, reqs, request)
+        finals = [
+            completion_final(c, r, meta, index=i)
+            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
+        ]
+        return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
@@ -179,7 +187,7 @@ async def chat_completion(request: Request) -> Response:
             chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
             for i, (c, r) in enumerate(zip(results, reqs, strict=True))
         ]
-        return JSONResponse(merge_choices(finals))
+        return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     parsers = [ChatParser(plan.spec) for _ in reqs]
     unsent: list[tuple[TokenProbs, ...]] = [() for _ in reqs]  # probs of steps sent no chunk
