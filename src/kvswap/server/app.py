@@ -20,6 +20,7 @@ from kvswap.server import (
     routes_generate,
     routes_info,
     routes_lora,
+    routes_proxy,
     routes_reconfigure,
     routes_responses,
     routes_slots,
@@ -61,6 +62,7 @@ def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
     app.include_router(routes_slots.router)
     app.include_router(routes_reconfigure.router)
     app.include_router(routes_lora.router)
+    app.include_router(routes_proxy.router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -9,6 +9,8 @@ headers reach every answer: the 503 while loading, a 401, a 404, a stream.
   - `--cors-origins localhost`: the `Origin` echoed only when its host is `localhost`,
     `127.0.0.1` or `::1` (any port, http or https); another origin gets no header (logged);
   - any other value: that value, verbatim.
+- Header names are sent in llama-server's case (clients that copy headers into a plain dict,
+  as llama.cpp's own test suite does, look them up that way).
 - `OPTIONS` (a preflight) is answered here, 200 with an empty `text/html` body, before the
   loading state and the API key are looked at (browsers send no key on a preflight), with
   `Access-Control-Allow-Credentials`, `-Methods` (`--cors-methods`) and `-Headers`
@@ -109,7 +111,7 @@ class CorsMiddleware:
             return
         origin = _header(scope, b"origin")
         allow = self.policy.allow_origin(origin)
-        extra = [] if allow is None else [(b"access-control-allow-origin", allow.encode())]
+        extra = [] if allow is None else [(b"Access-Control-Allow-Origin", allow.encode())]
         if scope.get("method") == "OPTIONS":
             await self._preflight(send, extra)
             return
@@ -125,11 +127,11 @@ class CorsMiddleware:
         p = self.policy
         headers = [
             *extra,
-            (b"access-control-allow-credentials", b"true" if p.credentials else b"false"),
-            (b"access-control-allow-methods", p.methods.encode()),
-            (b"access-control-allow-headers", p.headers.encode()),
-            (b"content-type", b"text/html"),
-            (b"content-length", b"0"),
+            (b"Access-Control-Allow-Credentials", b"true" if p.credentials else b"false"),
+            (b"Access-Control-Allow-Methods", p.methods.encode()),
+            (b"Access-Control-Allow-Headers", p.headers.encode()),
+            (b"Content-Type", b"text/html"),
+            (b"Content-Length", b"0"),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b""})

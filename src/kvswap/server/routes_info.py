@@ -157,9 +157,12 @@ async def metrics(request: Request) -> Response:
     if not state.config.http.metrics:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "This server does not support metrics endpoint.")
     text = state.metrics.render(state.engine.snapshot.metrics)
-    # llama-server's header; kvswap sends the process's real start time (unix seconds).
-    started = {"Process-Start-Time-Unix": str(int(psutil.Process().create_time()))}
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4", headers=started)
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    # llama-server's header, in its case (Starlette lowercases names given to a Response);
+    # kvswap sends the process's real start time in unix seconds.
+    started = str(int(psutil.Process().create_time())).encode()
+    response.raw_headers.append((b"Process-Start-Time-Unix", started))
+    return response
 
 
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
