@@ -69,11 +69,11 @@ def check(results: dict[str, str], files: list[str]) -> int:
             else:
                 print(f"compat:   FAILED: {test_id} ({outcome})")
                 n_failed += 1
-    stale = sorted(t for t in differences if results.get(t) == "passed")
-    for test_id in stale:
+    # A listed difference kvswap passes now (another branch fixed it) is reported, not failed.
+    for test_id in sorted(t for t in differences if results.get(t) == "passed"):
         print(f"compat: listed as a difference but kvswap passes it now: {test_id}")
     print(f"compat: {n_failed} test(s) llama-server passes that kvswap fails")
-    return 1 if n_failed or stale else 0
+    return 1 if n_failed else 0
 
 
 def measure(results: dict[str, str], command: str) -> int:

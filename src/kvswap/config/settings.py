@@ -80,6 +80,9 @@ class ModelSettings:
     # --jinja/--no-jinja (LLAMA_ARG_JINJA): render chat templates with jinja; without it,
     # libllama's built-in formats render them, as llama-server (text.builtin_template).
     use_jinja: bool = True
+    # --prefill-assistant/--no-prefill-assistant (LLAMA_ARG_PREFILL_ASSISTANT): a chat ending
+    # with an assistant message continues it.
+    prefill_assistant: bool = True
     # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).
@@ -261,6 +264,9 @@ class PagingSettings:
     # -cram/--cache-ram (LLAMA_ARG_CACHE_RAM): llama-server's prompt cache in MiB;
     # -1 = no limit, 0 = off.
     cache_ram_mib: int = 8192
+    # --cache-idle-slots/--no-cache-idle-slots (LLAMA_ARG_CACHE_IDLE_SLOTS): a task starting
+    # saves every other idle slot to the prompt cache (and, with unified KV, clears it).
+    cache_idle_slots: bool = True
     # -sps/--slot-prompt-similarity (no env var): least prefix share to reuse a slot; 0 = off.
     slot_prompt_similarity: float = 0.1
     # --sleep-idle-seconds (no env var): sleep after N idle seconds; -1 = never (0 refused).

@@ -118,6 +118,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("-cram --cache-ram", VALUE, SERVER, set_int("paging", "cache_ram_mib", lo=-1),
          env="LLAMA_ARG_CACHE_RAM", hint="N",
          help="maximum prompt cache size in MiB (default: 8192, -1 - no limit, 0 - disable)"),
+    flag("--cache-idle-slots", TOGGLE, SERVER, set_bool("paging", "cache_idle_slots"),
+         neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+         help="save idle slots to the prompt cache (clearing them with unified KV) when a "
+         "task starts (default: enabled; needs --cache-ram)"),
     flag("--cache-prompt", TOGGLE, SERVER, set_bool("context", "cache_prompt"),
          neg="--no-cache-prompt", env="LLAMA_ARG_CACHE_PROMPT",
          help="prompt caching (default: enabled)"),
@@ -164,6 +168,10 @@ FLAGS: tuple[Flag, ...] = (
          env="LLAMA_ARG_JINJA",
          help="whether to use jinja template engine for chat (default: enabled); without it, "
          "libllama's built-in chat formats render the template"),
+    flag("--prefill-assistant", TOGGLE, SERVER, set_bool("model", "prefill_assistant"),
+         neg="--no-prefill-assistant", env="LLAMA_ARG_PREFILL_ASSISTANT",
+         help="whether to prefill the assistant's response if the last message is an "
+         "assistant message (default: prefill enabled)"),
     flag("-sps --slot-prompt-similarity", VALUE, SERVER,
          set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
          help="how much the prompt of a request must match the prompt of a slot to use that "

@@ -7,6 +7,8 @@ again by their longest common token prefix (as llama-server's `--cache-ram`).
   best cached state's, which is then paged into its slot.
 - Cached states are indexed by chained hashes of `BLOCK_TOKENS`-token blocks, so a lookup walks
   the prompt's blocks once instead of comparing every cached state.
+- With `--cache-idle-slots` (on by default, as llama-server), a task starting on a slot saves
+  every other idle anonymous slot, and with unified KV clears it (`cache_idle_slots`).
 - It is a cache: under its byte budget (`--cache-ram`, and at most half the page store) the
   least recently used states are dropped, never spilled, and a store that cannot take a state
   means it is not saved. Minds are never entries: a mind's page is never consumed by an
@@ -78,6 +80,13 @@ class AnonCache:
         self._ids = itertools.count(1)
         self.n_saved = 0
         self.n_hits = 0
+        if engine.config.cache_idle_slots and self.enabled:
+            cleared = " and cleared" if engine.config.geometry.kv_unified else ""
+            log.debug(
+                "idle slots will be saved to the prompt cache%s upon starting a new task "
+                "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__",
+                cleared,
+            )
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +129,9 @@ class AnonCache:
         n_slot = min(slot.tokens.common_prefix(prompt), len(prompt) - 1)
         best = self.best(prompt)
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
+            log.debug(
+                "updating prompt cache: slot %d takes %s (%d tokens)", slot.id, best[0], best[1]
+            )
             self.save(slot)
             name = best[0]
             try:
@@ -133,25 +145,26 @@ class AnonCache:
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
             self.save(slot)
 
-    def save(self, slot: Slot) -> None:
-        """Keep the slot's anonymous state as a cached page (the slot keeps it too)."""
+    def save(self, slot: Slot) -> bool:
+        """Keep the slot's anonymous state as a cached page (the slot keeps it too); whether
+        the cache holds it now."""
         if not self.enabled or slot.mind is not None or len(slot.tokens) < BLOCK_TOKENS:
-            return
+            return False
         tokens = slot.tokens.view().copy()
         hashes = block_hashes(tokens)
         if any(len(e.tokens) == len(tokens) and e.hashes == hashes for e in self._entries.values()):
-            return  # already cached (an earlier save of the same prompt)
+            return True  # already cached (an earlier save of the same prompt)
         verbs = self.engine.verbs
         layout = verbs.mover.measure(slot)
         if not self._make_room(layout.n_bytes):
-            return
+            return False
         name = f"{KEY_PREFIX}{next(self._ids)}"
         store = self.engine.store
         assert store is not None
         try:
             reservation = store.reserve(name, layout.n_bytes)
         except KvswapError:
-            return  # the store is full: a cache entry is simply not kept (not a failed verb)
+            return False  # the store is full: an entry is simply not kept (not a failed verb)
         pending = PendingCapture(
             PageOut(-1, slot.id, name, _no_reply), slot, layout, reservation, time.perf_counter()
         )
@@ -161,6 +174,29 @@ class AnonCache:
         for h in hashes:
             self._index.setdefault(h, set()).add(name)
         self.n_saved += 1
+        return True
+
+    def cache_idle_slots(self, started: Slot) -> None:
+        """`--cache-idle-slots` (llama-server's default): a task started on `started`, so every
+        other idle anonymous slot is saved to the cache and, with unified KV, cleared: the
+        shared pool then holds only active work, and a later request finds the state here.
+
+        Unlike llama-server, a slot whose state the cache did not take (under BLOCK_TOKENS, or
+        no room) keeps it: clearing would lose it, for almost no KV.
+        """
+        if not (self.enabled and self.engine.config.cache_idle_slots):
+            return
+        unified = self.engine.geometry.kv_unified
+        for slot in self.engine.slots:
+            if slot is started or slot.running is not None or slot.locked or slot.mind is not None:
+                continue
+            if len(slot.tokens) and self.save(slot):
+                log.debug(
+                    "slot %d: idle slot saved to the prompt cache __TEST_TAG_CACHE_IDLE_SLOT__",
+                    slot.id,
+                )
+                if unified:
+                    self.engine.memory.cut(slot, 0)
 
     # -- bookkeeping ------------------------------------------------------------------------
 

@@ -98,6 +98,7 @@ class EngineConfig:
     ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
     spec: SpecConfig | None = None  # speculative decoding; None = off
     cache_ram_bytes: int = 0  # anonymous prompt cache (--cache-ram); 0 = off, -1 = no limit
+    cache_idle_slots: bool = True  # --cache-idle-slots: a start saves (and clears) idle slots
 
 
 @dataclass
@@ -527,6 +528,7 @@ class Engine:
         slot.running.spec.enabled = self.spec is not None
         if req.return_progress and req.stream:  # llama-server's 0% event, before any decode
             slot.running.sink(slot.running.progress())
+        self.anon.cache_idle_slots(slot)
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 
@@ -722,6 +724,9 @@ class Engine:
                 completion.timings.predicted_n, completion.timings.predicted_ms / 1e3
             )
         run.close()
+        # A client that reads /slots or /metrics right after its answer sees the slot free
+        # (llama-server answers those through its task queue, after the release).
+        self.snapshot = self._make_snapshot()
         run.sink(completion)
 
     def _on_decode_failure(self, rc: int, placed: list[_Placed]) -> None:

@@ -28,6 +28,7 @@ from kvswap.server.constraints import (
     response_format_schema,
     schema_grammar,
 )
+from kvswap.server.continuation import split_continuation
 from kvswap.server.params import chat_messages
 from kvswap.server.schemas import ChatCompletionRequest
 from kvswap.server.state import ServerState
@@ -145,14 +146,19 @@ def _render(
         kwargs["enable_thinking"] = False
     elif effort:
         kwargs["reasoning_effort"] = effort
+    cont = split_continuation(
+        messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        prefill_assistant=state.config.model.prefill_assistant,
+    )
     try:
-        return state.template.render(
-            messages,
-            add_generation_prompt=True
-            if body.add_generation_prompt is None
-            else body.add_generation_prompt,
+        prompt = state.template.render(
+            cont.messages,
+            add_generation_prompt=cont.add_generation_prompt,
             tools=tools,
             chat_template_kwargs=kwargs,
         )
+        return prompt + cont.suffix
     except (InvalidMessagesError, TemplateError) as err:
         raise _invalid(str(err)) from err

@@ -53,6 +53,7 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         cache_ram_bytes=config.paging.cache_ram_mib * (1 << 20)
         if config.paging.cache_ram_mib > 0
         else config.paging.cache_ram_mib,
+        cache_idle_slots=config.paging.cache_idle_slots,
         spec=spec_config(config),
     )
 
