@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvswap.minds")
 
 KEY_PREFIX = "anon~"
-BLOCK_TOKENS = 64  # index granularity; also the least prefix worth saving or moving
+# Index granularity; also the least prefix worth saving or moving. 32, not 64: llama-server
+# caches prompts of any length, and a 64-token prompt (one block, less the token always
+# evaluated) would otherwise never be found again.
+BLOCK_TOKENS = 32
 
 
 def block_hashes(tokens: npt.NDArray[np.int32]) -> list[bytes]:
