@@ -8,6 +8,7 @@ rest, and exit cleanly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -64,7 +65,13 @@ def main(argv: Sequence[str]) -> int:
         )
     if config.http.server_tools or config.http.mcp_servers:
         log.warning("kvswap runs no built-in tools or MCP servers (--tools, --mcp-servers-*)")
+    from kvswap.server.gcp import GcpCompat
     from kvswap.server.startup import StartupError, bind_listeners, check_paths
+
+    gcp = GcpCompat.from_environ(os.environ)
+    if gcp is not None and gcp.port != config.http.port:  # Vertex AI names the port
+        log.warning("Google Cloud Platform compat: AIP_HTTP_PORT %d overrides --port", gcp.port)
+        config = dataclasses.replace(config, http=dataclasses.replace(config.http, port=gcp.port))
 
     try:
         check_paths(config)

@@ -7,6 +7,7 @@ engine thread does the model work, handlers only validate, tokenize, post and sh
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,6 +28,8 @@ from kvswap.server import (
 )
 from kvswap.server.cors import CorsMiddleware, cors_policy
 from kvswap.server.errors import install_error_handlers
+from kvswap.server.gcp import GcpCompat
+from kvswap.server.gcp import install as install_gcp
 from kvswap.server.guard import Guard
 from kvswap.server.loader import Loader
 from kvswap.server.openapi import hoist_defs
@@ -63,6 +66,9 @@ def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
     app.include_router(routes_reconfigure.router)
     app.include_router(routes_lora.router)
     app.include_router(routes_proxy.router)
+    gcp = GcpCompat.from_environ(os.environ)
+    if gcp is not None:
+        install_gcp(app, gcp)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -1,0 +1,189 @@
+"""Google Cloud (Vertex AI) custom-container compatibility, as llama-server's `AIP_MODE`.
+
+Owns `GcpCompat`: with `AIP_MODE=PREDICTION` in the environment, the server listens on
+`AIP_HTTP_PORT` (default 8080, over `--port`), serves /health also at `AIP_HEALTH_ROUTE`, and
+answers `POST AIP_PREDICT_ROUTE` (default /predict): `{"instances": [...]}`, each instance a
+request body plus `"@requestFormat"`, the route it goes to, by path ("/v1/chat/completions")
+or camelCase alias ("chatCompletions"). Each instance runs through the app itself (its own
+request, concurrently with the others; streaming is turned off) and its JSON answer, an error
+included, becomes one of `"predictions"`. At most 128 instances, as llama-server.
+
+Read once at start (`GcpCompat.from_environ`); no I/O of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+
+log = logging.getLogger("kvswap.server")
+
+Scope = MutableMapping[str, Any]
+ASGIApp = Callable[
+    [Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
+]
+
+MAX_INSTANCES = 128
+
+
+def _leading_slash(value: str) -> str:
+    return value if not value or value.startswith("/") else "/" + value
+
+
+def gcp_alias(path: str) -> str:
+    """llama-server's `path_to_gcp_format`: "/v1/chat/completions" -> "chatCompletions"."""
+    s = path[3:] if path.startswith("/v1") and len(path) > 3 else path
+    s = s.removeprefix("/").split(":", 1)[0]
+    return re.sub(r"[/_-]+(.)", lambda m: m.group(1).upper(), s).rstrip("/_-")
+
+
+@dataclass(frozen=True)
+class GcpCompat:
+    port: int
+    path_health: str  # "" = only /health
+    path_predict: str
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str]) -> GcpCompat | None:
+        if environ.get("AIP_MODE", "") != "PREDICTION":
+            return None
+        return GcpCompat(
+            port=int(environ.get("AIP_HTTP_PORT") or "8080"),
+            path_health=_leading_slash(environ.get("AIP_HEALTH_ROUTE", "")),
+            path_predict=_leading_slash(environ.get("AIP_PREDICT_ROUTE") or "/predict"),
+        )
+
+
+def _error(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "type": kind}}
+
+
+async def _call(app: ASGIApp, scope: Scope, path: str, body: bytes) -> tuple[int, bytes]:
+    """One internal POST through `app` (a fresh request scope): its status and whole body."""
+    inner = {
+        "type": "http",
+        "asgi": scope.get("asgi", {"version": "3.0"}),
+        "http_version": scope.get("http_version", "1.1"),
+        "method": "POST",
+        "scheme": scope.get("scheme", "http"),
+        "server": scope.get("server"),
+        "client": scope.get("client"),
+        "root_path": "",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [
+            *(
+                (k, v)
+                for k, v in scope.get("headers", [])
+                if k.lower() not in (b"content-length", b"content-type")
+            ),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
+    sent = False
+    status = 500
+    chunks: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if sent:
+            await asyncio.Event().wait()  # no disconnect while the instance runs
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(inner, receive, send)
+    return status, b"".join(chunks)
+
+
+async def predict(
+    app: ASGIApp, scope: Scope, body: bytes, routes: Mapping[str, str]
+) -> tuple[int, dict[str, Any]]:
+    """The predict answer for a request body; `routes`: alias or path -> path of POST routes."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return 400, _error(str(err), "invalid_request_error", 400)
+    if not isinstance(data, dict):
+        return 400, _error("request body must be a JSON object", "invalid_request_error", 400)
+    instances = data.get("instances")
+    if not isinstance(instances, list):
+        return 400, _error(
+            "request body must include an array field named instances", "invalid_request_error", 400
+        )
+    if len(instances) > MAX_INSTANCES:
+        message = f"instances array exceeds maximum size of {MAX_INSTANCES}"
+        return 400, _error(message, "invalid_request_error", 400)
+
+    async def one(instance: object) -> object:
+        if not isinstance(instance, dict):
+            return _error("each instance must be a JSON object", "invalid_request_error", 400)
+        fmt = instance.get("@requestFormat")
+        if not isinstance(fmt, str):
+            return _error(
+                "each instance must include a string @requestFormat", "invalid_request_error", 400
+            )
+        path = routes.get(fmt)
+        if path is None:
+            return _error(
+                f"no handler registered for @requestFormat: {fmt}", "invalid_request_error", 400
+            )
+        payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
+        if "stream" in payload:
+            log.warning("predict: ignoring the instance's stream field (no streaming here)")
+            payload["stream"] = False
+        _, answer = await _call(app, scope, path, json.dumps(payload).encode())
+        if not answer:
+            return None
+        try:
+            return json.loads(answer)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return answer.decode("utf-8", "replace")
+
+    return 200, {"predictions": list(await asyncio.gather(*(one(i) for i in instances)))}
+
+
+def post_routes(paths: list[str]) -> dict[str, str]:
+    """Every POST path by itself and by its camelCase alias (the first path wins an alias)."""
+    out: dict[str, str] = {}
+    for path in paths:
+        out.setdefault(gcp_alias(path), path)
+    for path in paths:
+        out[path] = path
+    return out
+
+
+def install(app: FastAPI, gcp: GcpCompat) -> None:
+    """Add the predict route (and the health alias) to `app`, after every other route."""
+    health = next(r for r in app.routes if isinstance(r, APIRoute) and r.path == "/health")
+    if gcp.path_health and gcp.path_health != "/health":
+        app.add_api_route(
+            gcp.path_health, health.endpoint, methods=["GET"], include_in_schema=False
+        )
+    paths = [r.path for r in app.routes if isinstance(r, APIRoute) and "POST" in (r.methods or ())]
+    if gcp.path_predict in paths:
+        raise ValueError(f"AIP_PREDICT_ROUTE={gcp.path_predict} conflicts with an existing route")
+    routes = post_routes(paths)
+
+    async def predict_route(request: Request) -> JSONResponse:
+        status, answer = await predict(app, request.scope, await request.body(), routes)
+        return JSONResponse(answer, status_code=status)
+
+    app.add_api_route(gcp.path_predict, predict_route, methods=["POST"], include_in_schema=False)
