@@ -88,20 +88,39 @@ def measure(results: dict[str, str], command: str) -> int:
     return 0
 
 
+def _reasons() -> dict[str, str]:
+    out = {}
+    for line in DIFFERENCES.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#") and " | " in line:
+            test_id, reason = line.split(" | ", 1)
+            out[test_id.strip()] = reason.strip()
+    return out
+
+
 def table(results: dict[str, str], files: list[str]) -> int:
-    expected = set(read_ids(PASSES))
-    differences = set(read_ids(DIFFERENCES))
-    print(
-        "| file | tests run | llama-server passes | kvswap passes | kvswap passes of llama-server's | differences |"
-    )
-    print("|---|---|---|---|---|---|")
+    """docs/COMPAT.md's tables: per file, every test either server passes, side by side."""
+    theirs = set(read_ids(PASSES))
+    reasons = _reasons()
+    mark = {True: "pass", False: "-"}
     for name in files:
         ran = [t for t in results if _file_of(t) == name]
-        theirs = [t for t in expected if _file_of(t) == name]
-        ours = [t for t in ran if results[t] == "passed"]
-        both = [t for t in theirs if results.get(t) == "passed"]
-        diff = [t for t in theirs if t in differences]
-        print(f"| {name} | {len(ran)} | {len(theirs)} | {len(ours)} | {len(both)} | {len(diff)} |")
+        ours = {t for t in ran if results[t] == "passed"}
+        listed = sorted({t for t in theirs if _file_of(t) == name} | ours)
+        print(f"### {name}\n")
+        print(
+            f"{len(ran)} tests run; llama-server passes {len(theirs & set(ran))}, "
+            f"kvswap passes {len(ours)} ({len(ours & theirs)} of llama-server's).\n"
+        )
+        if not listed:
+            print("Neither server passes a test of this file on the stand-in models.\n")
+            continue
+        print("| test | llama-server | kvswap | difference |")
+        print("|---|---|---|---|")
+        for test_id in listed:
+            short = test_id.split("::", 1)[1].replace("|", "\\|")
+            note = reasons.get(test_id, "")
+            print(f"| `{short}` | {mark[test_id in theirs]} | {mark[test_id in ours]} | {note} |")
+        print()
     return 0
 
 

@@ -58,17 +58,21 @@ def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
     app.state.sleeper = sleeper
 
     install_error_handlers(app)
-    app.include_router(routes_info.router)
-    app.include_router(routes_generate.router)
-    app.include_router(routes_anthropic.router)
-    app.include_router(routes_responses.router)
-    app.include_router(routes_slots.router)
-    app.include_router(routes_reconfigure.router)
-    app.include_router(routes_lora.router)
-    app.include_router(routes_proxy.router)
+    routers = [
+        routes_info.router,
+        routes_generate.router,
+        routes_anthropic.router,
+        routes_responses.router,
+        routes_slots.router,
+        routes_reconfigure.router,
+        routes_lora.router,
+        routes_proxy.router,
+    ]
+    for router in routers:
+        app.include_router(router)
     gcp = GcpCompat.from_environ(os.environ)
     if gcp is not None:
-        install_gcp(app, gcp)
+        install_gcp(app, gcp, routers)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
@@ -42,7 +42,7 @@ def _leading_slash(value: str) -> str:
 def gcp_alias(path: str) -> str:
     """llama-server's `path_to_gcp_format`: "/v1/chat/completions" -> "chatCompletions"."""
     s = path[3:] if path.startswith("/v1") and len(path) > 3 else path
-    s = s.removeprefix("/").split(":", 1)[0]
+    s = re.split(r"[:{]", s.removeprefix("/"), maxsplit=1)[0]  # stop before path parameters
     return re.sub(r"[/_-]+(.)", lambda m: m.group(1).upper(), s).rstrip("/_-")
 
 
@@ -170,20 +170,21 @@ def post_routes(paths: list[str]) -> dict[str, str]:
     return out
 
 
-def install(app: FastAPI, gcp: GcpCompat) -> None:
-    """Add the predict route (and the health alias) to `app`, after every other route."""
-    health = next(r for r in app.routes if isinstance(r, APIRoute) and r.path == "/health")
+def install(app: FastAPI, gcp: GcpCompat, routers: list[APIRouter]) -> None:
+    """Add the predict route (and the health alias) to `app`; `routers`: the app's own."""
+    routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
+    health = next(r for r in routes if r.path == "/health")
     if gcp.path_health and gcp.path_health != "/health":
         app.add_api_route(
             gcp.path_health, health.endpoint, methods=["GET"], include_in_schema=False
         )
-    paths = [r.path for r in app.routes if isinstance(r, APIRoute) and "POST" in (r.methods or ())]
+    paths = [r.path for r in routes if "POST" in (r.methods or ())]
     if gcp.path_predict in paths:
         raise ValueError(f"AIP_PREDICT_ROUTE={gcp.path_predict} conflicts with an existing route")
-    routes = post_routes(paths)
+    by_format = post_routes(paths)
 
     async def predict_route(request: Request) -> JSONResponse:
-        status, answer = await predict(app, request.scope, await request.body(), routes)
+        status, answer = await predict(app, request.scope, await request.body(), by_format)
         return JSONResponse(answer, status_code=status)
 
     app.add_api_route(gcp.path_predict, predict_route, methods=["POST"], include_in_schema=False)
