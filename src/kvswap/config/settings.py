@@ -83,6 +83,9 @@ class ModelSettings:
     # --prefill-assistant/--no-prefill-assistant (LLAMA_ARG_PREFILL_ASSISTANT): a chat ending
     # with an assistant message continues it.
     prefill_assistant: bool = True
+    # -rea/--reasoning (LLAMA_ARG_REASONING): "on" | "off" | "auto" (from the template). "off"
+    # renders with enable_thinking false and closes a thinking block the template opens.
+    reasoning: str = "auto"
     # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).

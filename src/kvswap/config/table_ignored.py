@@ -111,7 +111,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("--cache-reuse", VALUE, env="LLAMA_ARG_CACHE_REUSE"),
     ign("--media-path", VALUE),
     ign("--reasoning-format", VALUE, env="LLAMA_ARG_THINK"),
-    ign("-rea --reasoning", VALUE, env="LLAMA_ARG_REASONING"),
     ign("--reasoning-effort", VALUE, env="LLAMA_ARG_REASONING_EFFORT"),
     ign("--reasoning-budget", VALUE, env="LLAMA_ARG_THINK_BUDGET"),
     ign("--reasoning-budget-message", VALUE, env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),

@@ -21,7 +21,7 @@ from kvswap.config.argspec import (
     set_size,
 )
 from kvswap.config.sizes import parse_size
-from kvswap.config.values import read_int, split_csv
+from kvswap.config.values import read_int, read_on_off_auto, split_csv
 
 VALUE, VOID, TOGGLE = Kind.VALUE, Kind.VOID, Kind.TOGGLE
 SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
@@ -75,6 +75,10 @@ def _set_chat_template_file(b: Builder, v: str) -> None:
     if not os.path.isfile(v):
         raise ValueError(f"failed to open file '{v}'")
     b.update("model", chat_template_file=v, chat_template=None)
+
+
+def _set_reasoning(b: Builder, v: str) -> None:
+    b.update("model", reasoning=read_on_off_auto(v))
 
 
 def _set_checkpoint_min_step(b: Builder, v: str) -> None:
@@ -172,6 +176,10 @@ FLAGS: tuple[Flag, ...] = (
          neg="--no-prefill-assistant", env="LLAMA_ARG_PREFILL_ASSISTANT",
          help="whether to prefill the assistant's response if the last message is an "
          "assistant message (default: prefill enabled)"),
+    flag("-rea --reasoning", VALUE, SERVER, _set_reasoning, env="LLAMA_ARG_REASONING",
+         hint="[on|off|auto]",
+         help="use reasoning/thinking in the chat ('on', 'off', or 'auto', default: 'auto' "
+         "(detect from template))"),
     flag("-sps --slot-prompt-similarity", VALUE, SERVER,
          set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
          help="how much the prompt of a request must match the prompt of a slot to use that "
