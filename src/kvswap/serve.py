@@ -84,13 +84,16 @@ def main(argv: Sequence[str]) -> int:
 
 def run(config: ServerConfig, sockets: list[socket.socket]) -> int:
     """Serve on the bound `sockets` until stopped; 1 when the model failed to load."""
+    from kvswap.server.prefetch import ModelPrefetch
+
+    prefetch = ModelPrefetch(config)  # the weights load while the HTTP stack imports
     import uvicorn
 
     from kvswap.server.app import create_app
     from kvswap.server.loader import Loader
     from kvswap.server.startup import listening_urls, remove_unix_sockets
 
-    loader = Loader(config)
+    loader = Loader(config, prefetch)
     loader.listening = tuple(listening_urls(sockets))
     app = create_app(config, loader)
     uv_config = uvicorn.Config(

@@ -20,8 +20,8 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.engine import Engine, EngineConfig
 from kvswap.engine.geometry import resolve_geometry
 from kvswap.engine.speculate import SpecConfig, check_compatible
-from kvswap.models import default_model_path
 from kvswap.server.minds import MindGate, MindPolicy
+from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.state import ServerState, build_state
 
 log = logging.getLogger("kvswap.server")
@@ -92,8 +92,9 @@ def start_minds(config: ServerConfig, state: ServerState) -> MindGate:
 class Loader:
     """Loads in the background; see the module docstring."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, prefetch: ModelPrefetch | None = None) -> None:
         self.config = config
+        self.prefetch = prefetch  # the weights already loading (serve.run), taken once
         self.state: ServerState | None = None
         self.error: BaseException | None = None
         self.on_failure: Callable[[], None] = lambda: None
@@ -115,15 +116,12 @@ class Loader:
     def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             t0 = time.perf_counter()
-            path = self.config.model.path or str(default_model_path())
-            model = Model.load(
-                path,
-                ModelParams(
-                    n_gpu_layers=self.config.model.n_gpu_layers,
-                    use_mmap=self.config.model.use_mmap,
-                    use_mlock=self.config.model.use_mlock,
-                ),
-            )
+            path = target_path(self.config)
+            prefetch, self.prefetch = self.prefetch, None  # the first load only
+            if prefetch is not None:
+                model = prefetch.take()
+            else:
+                model = Model.load(path, target_params(self.config))
             lora = self.config.model.lora
             self.adapters = Adapters.load(
                 model,
