@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +25,13 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
+from kvswap.server.internal import ASGIApp, Scope, call_app
+
 log = logging.getLogger("kvswap.server")
 
-Scope = MutableMapping[str, Any]
-ASGIApp = Callable[
-    [Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
-]
 
 MAX_INSTANCES = 128
+_REFRAMED = (b"content-length", b"content-type")  # set anew for each instance
 
 
 def _leading_slash(value: str) -> str:
@@ -65,52 +64,6 @@ class GcpCompat:
 
 def _error(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "type": kind}}
-
-
-async def _call(app: ASGIApp, scope: Scope, path: str, body: bytes) -> tuple[int, bytes]:
-    """One internal POST through `app` (a fresh request scope): its status and whole body."""
-    inner = {
-        "type": "http",
-        "asgi": scope.get("asgi", {"version": "3.0"}),
-        "http_version": scope.get("http_version", "1.1"),
-        "method": "POST",
-        "scheme": scope.get("scheme", "http"),
-        "server": scope.get("server"),
-        "client": scope.get("client"),
-        "root_path": "",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "headers": [
-            *(
-                (k, v)
-                for k, v in scope.get("headers", [])
-                if k.lower() not in (b"content-length", b"content-type")
-            ),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ],
-    }
-    sent = False
-    status = 500
-    chunks: list[bytes] = []
-
-    async def receive() -> dict[str, Any]:
-        nonlocal sent
-        if sent:
-            await asyncio.Event().wait()  # no disconnect while the instance runs
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = int(message["status"])
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    await app(inner, receive, send)
-    return status, b"".join(chunks)
 
 
 async def predict(
@@ -149,7 +102,11 @@ async def predict(
         if "stream" in payload:
             log.warning("predict: ignoring the instance's stream field (no streaming here)")
             payload["stream"] = False
-        _, answer = await _call(app, scope, path, json.dumps(payload).encode())
+        kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in _REFRAMED]
+        headers = [*kept, (b"content-type", b"application/json")]
+        _, _, answer = await call_app(
+            app, "POST", path, json.dumps(payload).encode(), headers, scope
+        )
         if not answer:
             return None
         try:
