@@ -27,7 +27,10 @@ fi
 DEFAULT_FILES="unit/test_basic.py unit/test_completion.py unit/test_chat_completion.py
   unit/test_slot_save.py unit/test_tokenize.py unit/test_metrics.py unit/test_security.py
   unit/test_stream.py unit/test_ignore_eos.py unit/test_ctx_shift.py
-  unit/test_kv_keep_only_active.py"
+  unit/test_kv_keep_only_active.py unit/test_template.py unit/test_tool_call.py
+  unit/test_compat_anthropic.py unit/test_compat_oai_responses.py unit/test_compat_gcp.py
+  unit/test_speculative.py unit/test_lora.py unit/test_infill.py unit/test_router.py
+  unit/test_sleep.py unit/test_proxy.py"
 read -r -a FILES <<< "$(echo ${COMPAT_FILES:-$DEFAULT_FILES})"
 
 MODE=check

@@ -63,6 +63,11 @@ def main(argv: Sequence[str]) -> int:
         log.warning(
             "accepted but not implemented by kvswap (ignored): %s", ", ".join(config.ignored_flags)
         )
+    if config.context.context_shift:
+        log.warning(
+            "--context-shift: kvswap does not shift context; a request reaching its slot's "
+            "window ends with stop_type limit"
+        )
     if config.http.server_tools or config.http.mcp_servers:
         log.warning("kvswap runs no built-in tools or MCP servers (--tools, --mcp-servers-*)")
     from kvswap.server.gcp import GcpCompat
