@@ -124,7 +124,11 @@ def test_the_proxy_is_off_unless_asked_for(tmp_path: Path, target: ThreadingHTTP
             headers={"Authorization": f"Bearer {KEY}"},
         )
         assert res.status_code == 403
-        assert res.json()["error"]["type"] == "feature_disabled"
+        assert res.json()["error"] == {
+            "code": 403,
+            "message": "this feature is disabled",
+            "type": "permission_error",
+        }
         assert _Capture.seen == []
     finally:
         server.stop()

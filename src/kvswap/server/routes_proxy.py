@@ -6,7 +6,8 @@ Owns the route and the forwarding. With `--ui-mcp-proxy` (or `--agent`) the requ
 (the server's own API key, cookies, proxy credentials) stays here, as llama-server
 (`server-cors-proxy.h`). The target's status, headers (hop-by-hop ones dropped) and body come
 back as they arrive, so event streams pass through. Redirects are followed, as llama-server.
-Without the flag the route answers 403 `feature_disabled`.
+Without the flag the route answers 403 (llama-server's type there is an untyped
+`feature_disabled`; kvswap's is its `permission_error`, with the code).
 
 The upstream connection runs on a worker thread (the standard library's `http.client`); the
 event loop only relays chunks. A bad target URL is a typed 400 (llama-server answers 500).
@@ -21,7 +22,7 @@ from collections.abc import AsyncIterator
 from urllib.parse import urljoin, urlsplit
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from kvswap.engine.types import ErrorKind, KvswapError
 from kvswap.server.state import get_state
@@ -134,14 +135,7 @@ class _Upstream:
 async def _proxy(request: Request, method: str) -> Response:
     state = get_state(request)
     if not state.config.http.ui_mcp_proxy:
-        body = {
-            "error": {
-                "code": 403,
-                "message": "this feature is disabled",
-                "type": "feature_disabled",
-            }
-        }
-        return JSONResponse(body, status_code=403)
+        raise KvswapError(ErrorKind.PERMISSION, "this feature is disabled")
     url = request.query_params.get("url", "")
     _target(url)  # a bad URL is refused before anything is sent
     headers = explicit_headers(list(request.headers.items()))
