@@ -5,9 +5,11 @@
 # (tests/compat/llama-server-passes.txt; deliberate differences: tests/compat/differences.txt,
 # explained in docs/COMPAT.md).
 #
-#   scripts/compat.sh                     check kvswap (what scripts/test.sh runs)
-#   scripts/compat.sh --measure BINARY    run against a llama-server binary, rewrite the pass list
-#   scripts/compat.sh --table             check, then print docs/COMPAT.md's per-file table
+#   scripts/compat.sh                     check kvswap on the tests llama-server passes (test.sh)
+#   scripts/compat.sh --all               check kvswap on every test of the files
+#   scripts/compat.sh --measure BINARY    run every test against a llama-server binary and
+#                                         rewrite the pass list
+#   scripts/compat.sh --table             --all, then print docs/COMPAT.md's per-file tables
 #
 # KVSWAP_LLAMA_CPP_SRC: the pinned llama.cpp tree (default
 #   .cache/llama-cpp-python-0.3.36/vendor/llama.cpp, where setup.sh unpacks the sdist).
@@ -38,9 +40,16 @@ SERVER="$ROOT/.venv/bin/kvswap serve"
 case "${1:-}" in
   --measure) MODE=measure; SERVER="$(realpath "${2:?--measure needs the llama-server binary}")" ;;
   --table) MODE=table ;;
+  --all) MODE=all ;;
   "") ;;
-  *) echo "usage: scripts/compat.sh [--measure LLAMA_SERVER_BINARY | --table]" >&2; exit 2 ;;
+  *) echo "usage: scripts/compat.sh [--all | --measure LLAMA_SERVER_BINARY | --table]" >&2; exit 2 ;;
 esac
+# The check runs only the tests of the pass list (a server starts per test: this halves the
+# cost); the other modes run the files whole.
+TARGETS=("${FILES[@]}")
+if [ "$MODE" = check ]; then
+  mapfile -t TARGETS < <(.venv/bin/python tests/compat/report.py ids "${FILES[@]}")
+fi
 
 WORK="$ROOT/.cache/compat"
 mkdir -p "$WORK"
@@ -57,11 +66,11 @@ export PYTHONPATH="$ROOT/tests/compat"
 PORT="$(.venv/bin/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 export PORT
 
-echo "compat: running ${#FILES[@]} files of $SUITE against: $SERVER"
+echo "compat: running ${#TARGETS[@]} tests or files of $SUITE against: $SERVER"
 start_s=$(date +%s)
 set +e
 (cd "$SUITE" && "$ROOT/.venv/bin/python" -m pytest -p results_plugin -p no:cacheprovider \
-  -q --tb=no -o timeout=180 ${COMPAT_PYTEST_ARGS:-} "${FILES[@]}")
+  -q --tb=no -o timeout=180 ${COMPAT_PYTEST_ARGS:-} "${TARGETS[@]}")
 rc=$?
 set -e
 echo "compat: the suite took $(( $(date +%s) - start_s )) s"

@@ -6,6 +6,7 @@ Owns the two committed lists beside this file and their reading:
 - `differences.txt`: the few of those tests where kvswap deliberately answers otherwise
   (`TEST_ID | reason`), each explained in docs/COMPAT.md.
 
+`ids` lists the pass list's tests of some files (what scripts/compat.sh runs by default).
 `check` prints, per file, llama-server's passes, kvswap's, and every test of the list kvswap
 does not pass; it fails (exit 1) on any such test not listed as a difference. `measure`
 writes the pass list from a run against llama-server. `table` prints docs/COMPAT.md's table.
@@ -125,8 +126,14 @@ def table(results: dict[str, str], files: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "ids":  # the pass list's tests of these files, one per line
+        files = set(argv[1:])
+        print("\n".join(t for t in read_ids(PASSES) if _file_of(t) in files))
+        return 0
     if len(argv) < 3 or argv[0] not in ("check", "measure", "table"):
-        print("usage: report.py check|table RESULTS FILE... | measure RESULTS COMMAND")
+        print(
+            "usage: report.py ids FILE... | check|table RESULTS FILE... | measure RESULTS COMMAND"
+        )
         return 2
     results = read_results(Path(argv[1]))
     if argv[0] == "measure":
