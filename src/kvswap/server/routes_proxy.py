@@ -52,7 +52,8 @@ _DROPPED = frozenset(
 
 
 def explicit_headers(headers: list[tuple[str, str]]) -> dict[str, str]:
-    """The headers the page asked to forward, their prefix removed (case kept)."""
+    """The headers the page asked to forward, their prefix removed (names as received:
+    lowercase, which HTTP treats alike)."""
     out: dict[str, str] = {}
     for key, value in headers:
         if key.lower().startswith(PROXY_HEADER_PREFIX):
@@ -149,9 +150,7 @@ async def _proxy(request: Request, method: str) -> Response:
     )
     thread.start()
     try:
-        status, head = await upstream.head
-    except KvswapError:
-        raise
+        status, head = await upstream.head  # a KvswapError (a bad redirect) passes through
     except (OSError, http.client.HTTPException) as err:
         raise KvswapError(
             ErrorKind.SERVER, f"the proxy target could not be reached: {err}"
