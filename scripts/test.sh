@@ -3,6 +3,8 @@
 # then llama.cpp's own server test suite against kvswap (scripts/compat.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The pinned llama.cpp source setup.sh unpacks (tests/compat/source.py reads the same variable).
+export KVSWAP_LLAMA_CPP_SRC="${KVSWAP_LLAMA_CPP_SRC:-$PWD/.cache/llama-cpp-python-0.3.36/vendor/llama.cpp}"
 .venv/bin/ruff check src tests
 .venv/bin/ruff format --check src tests
 .venv/bin/mypy
