@@ -8,8 +8,10 @@ rest, and exit cleanly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -61,16 +63,43 @@ def main(argv: Sequence[str]) -> int:
         log.warning(
             "accepted but not implemented by kvswap (ignored): %s", ", ".join(config.ignored_flags)
         )
-    return run(config)
+    if config.context.context_shift:
+        log.warning(
+            "--context-shift: kvswap does not shift context; a request reaching its slot's "
+            "window ends with stop_type limit"
+        )
+    if config.http.server_tools or config.http.mcp_servers:
+        log.warning("kvswap runs no built-in tools or MCP servers (--tools, --mcp-servers-*)")
+    from kvswap.server.gcp import GcpCompat
+    from kvswap.server.startup import StartupError, bind_listeners, check_paths
+
+    gcp = GcpCompat.from_environ(os.environ)
+    if gcp is not None and gcp.port != config.http.port:  # Vertex AI names the port
+        log.warning("Google Cloud Platform compat: AIP_HTTP_PORT %d overrides --port", gcp.port)
+        config = dataclasses.replace(config, http=dataclasses.replace(config.http, port=gcp.port))
+
+    try:
+        check_paths(config)
+        sockets = bind_listeners(config.http)
+    except StartupError as err:
+        print(f"kvswap serve: error: {err}", file=sys.stderr)
+        return 1
+    return run(config, sockets)
 
 
-def run(config: ServerConfig) -> int:
+def run(config: ServerConfig, sockets: list[socket.socket]) -> int:
+    """Serve on the bound `sockets` until stopped; 1 when the model failed to load."""
+    from kvswap.server.prefetch import ModelPrefetch
+
+    prefetch = ModelPrefetch(config)  # the weights load while the HTTP stack imports
     import uvicorn
 
     from kvswap.server.app import create_app
     from kvswap.server.loader import Loader
+    from kvswap.server.startup import listening_urls, remove_unix_sockets
 
-    loader = Loader(config)
+    loader = Loader(config, prefetch)
+    loader.listening = tuple(listening_urls(sockets))
     app = create_app(config, loader)
     uv_config = uvicorn.Config(
         app,
@@ -84,10 +113,13 @@ def run(config: ServerConfig) -> int:
     server = uvicorn.Server(uv_config)
     loader.on_failure = lambda: setattr(server, "should_exit", True)
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         loader.close()
+        for sock in sockets:
+            sock.close()
+        remove_unix_sockets(config.http)
     if loader.error is not None:
-        log.error("failed to load the model: %s", loader.error)
+        print(f"kvswap serve: error: failed to load the model: {loader.error}", file=sys.stderr)
         return 1
     return 0

@@ -275,7 +275,7 @@ def test_spec_type_errors() -> None:
 
 
 def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
-    words = "--mmproj p.gguf --rope-scaling yarn -cb --no-ui-mcp-proxy --jinja --reasoning-format x"
+    words = "--mmproj p.gguf --rope-scaling yarn -cb --no-warmup --perf --reasoning-format x"
     argv = [*words.split(), "-fit", "off", "--control-vector-layer-range", "1", "4"]
     argv += ["--mmproj", "q.gguf", "-c", "512"]
     cfg = parse(argv, {"LLAMA_ARG_NO_CONT_BATCHING": "1", "HF_TOKEN": "t"})
@@ -285,8 +285,8 @@ def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
         "--mmproj",
         "--rope-scaling",
         "-cb",
-        "--no-ui-mcp-proxy",
-        "--jinja",
+        "--no-warmup",
+        "--perf",
         "--reasoning-format",
         "-fit",
         "--control-vector-layer-range",

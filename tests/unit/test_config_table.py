@@ -53,6 +53,12 @@ SAMPLES = {
 NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file", "--path"}
 NEEDS_DIR = {"--slot-save-path", "--path"}
 FAILS_BY_DESIGN = {"--spec-default"}  # asks for ngram-mod, which kvswap refuses
+FAILS_BY_DESIGN |= {
+    "--models-dir",
+    "--models-preset",
+    "--models-max",
+    "--models-autoload",
+}  # router
 
 
 def test_no_spelling_or_env_var_is_claimed_twice() -> None:

@@ -26,7 +26,15 @@ import os
 import textwrap
 from collections.abc import Mapping, Sequence
 
-from kvswap.config import table_ignored, table_model, table_sampling, table_serving, table_spec
+from kvswap.config import (
+    table_cors,
+    table_ignored,
+    table_model,
+    table_router,
+    table_sampling,
+    table_serving,
+    table_spec,
+)
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
 from kvswap.config.errors import ConfigError, HelpRequested
 from kvswap.config.machine import MachineInfo
@@ -76,6 +84,8 @@ def all_flags() -> tuple[Flag, ...]:
         table_model.PARALLEL,
         *table_sampling.FLAGS,
         *table_serving.FLAGS,
+        *table_cors.FLAGS,
+        *table_router.FLAGS,
         *table_spec.FLAGS,
         *table_spec.REMOVED,
         *table_ignored.FLAGS,
@@ -257,6 +267,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
     static_path = b.http.static_path
     if b.http.webui and static_path is not None and not os.path.isdir(static_path):
         raise ConfigError(f"--path: static assets path not found: {static_path}")
+    table_cors.cors_origins_default(b)
     return ServerConfig(
         model=b.model,
         context=b.context,

@@ -22,7 +22,7 @@ from kvswap.config.argspec import (
     set_size,
 )
 from kvswap.config.sizes import parse_size
-from kvswap.config.values import read_int, split_csv
+from kvswap.config.values import read_int, read_on_off_auto, split_csv
 
 VALUE, VOID, TOGGLE = Kind.VALUE, Kind.VOID, Kind.TOGGLE
 SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
@@ -78,6 +78,10 @@ def _set_chat_template_file(b: Builder, v: str) -> None:
     b.update("model", chat_template_file=v, chat_template=None)
 
 
+def _set_reasoning(b: Builder, v: str) -> None:
+    b.update("model", reasoning=read_on_off_auto(v))
+
+
 def _set_checkpoint_min_step(b: Builder, v: str) -> None:
     step = read_int(v)
     if step < 0:
@@ -119,6 +123,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("-cram --cache-ram", VALUE, SERVER, set_int("paging", "cache_ram_mib", lo=-1),
          env="LLAMA_ARG_CACHE_RAM", hint="N",
          help="maximum prompt cache size in MiB (default: 8192, -1 - no limit, 0 - disable)"),
+    flag("--cache-idle-slots", TOGGLE, SERVER, set_bool("paging", "cache_idle_slots"),
+         neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+         help="save idle slots to the prompt cache (clearing them with unified KV) when a "
+         "task starts (default: enabled; needs --cache-ram)"),
     flag("--cache-prompt", TOGGLE, SERVER, set_bool("context", "cache_prompt"),
          neg="--no-cache-prompt", env="LLAMA_ARG_CACHE_PROMPT",
          help="prompt caching (default: enabled)"),
@@ -166,6 +174,18 @@ FLAGS: tuple[Flag, ...] = (
     flag("--chat-template-file", VALUE, SERVER, _set_chat_template_file,
          env="LLAMA_ARG_CHAT_TEMPLATE_FILE", hint="JINJA_TEMPLATE_FILE",
          help="set custom jinja chat template file (default: template from model's metadata)"),
+    flag("--jinja", TOGGLE, SERVER, set_bool("model", "use_jinja"), neg="--no-jinja",
+         env="LLAMA_ARG_JINJA",
+         help="whether to use jinja template engine for chat (default: enabled); without it, "
+         "libllama's built-in chat formats render the template"),
+    flag("--prefill-assistant", TOGGLE, SERVER, set_bool("model", "prefill_assistant"),
+         neg="--no-prefill-assistant", env="LLAMA_ARG_PREFILL_ASSISTANT",
+         help="whether to prefill the assistant's response if the last message is an "
+         "assistant message (default: prefill enabled)"),
+    flag("-rea --reasoning", VALUE, SERVER, _set_reasoning, env="LLAMA_ARG_REASONING",
+         hint="[on|off|auto]",
+         help="use reasoning/thinking in the chat ('on', 'off', or 'auto', default: 'auto' "
+         "(detect from template))"),
     flag("-sps --slot-prompt-similarity", VALUE, SERVER,
          set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
          help="how much the prompt of a request must match the prompt of a slot to use that "

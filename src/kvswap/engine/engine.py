@@ -112,7 +112,13 @@ class Engine:
         )
         rt = self.runtime
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
-        self.anon = AnonCache(store=self.store, runtime=rt, budget_bytes=config.cache_ram_bytes)
+        self.anon = AnonCache(
+            store=self.store,
+            runtime=rt,
+            slots=self.slots,
+            budget_bytes=config.cache_ram_bytes,
+            cache_idle_slots=config.cache_idle_slots,
+        )
         self.seating = Seating(
             store=self.store,
             slots=self.slots,
@@ -361,6 +367,9 @@ class Engine:
         )
         slot.running.checkpoint_at = rt.memory.plan(len(prompt), n_keep)
         slot.running.spec.enabled = self.spec is not None
+        if req.return_progress and req.stream:  # llama-server's 0% event, before any decode
+            slot.running.sink(slot.running.progress())
+        self.anon.cache_idle_slots(slot)
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 

@@ -44,6 +44,7 @@ class EngineConfig:
     ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
     spec: SpecConfig | None = None  # speculative decoding; None = off
     cache_ram_bytes: int = 0  # anonymous prompt cache (--cache-ram); 0 = off, -1 = no limit
+    cache_idle_slots: bool = True  # --cache-idle-slots: a start saves (and clears) idle slots
     page_ram_bytes: int = 0  # the page store's ceiling (--page-ram-bytes); 0 = no store
     # A test seam: a reconfigure's context build fails, so its rollback path runs.
     fault_on_install: bool = False

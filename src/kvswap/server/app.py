@@ -7,6 +7,7 @@ engine thread does the model work, handlers only validate, tokenize, post and sh
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,9 +18,12 @@ from kvswap import __version__
 from kvswap.config.settings import ServerConfig
 from kvswap.server import routes_web
 from kvswap.server.anthropic import routes as routes_anthropic
+from kvswap.server.cors import CorsMiddleware, cors_policy
 from kvswap.server.errors import install_error_handlers
+from kvswap.server.gcp import GcpCompat
+from kvswap.server.gcp import install as install_gcp
 from kvswap.server.guard import Guard
-from kvswap.server.llama import routes_completion, routes_info, routes_lora
+from kvswap.server.llama import routes_completion, routes_info, routes_lora, routes_proxy
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs
@@ -28,7 +32,7 @@ from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
 
 
-def create_app(config: ServerConfig, loader: Loader) -> Guard:
+def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
     sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
 
     @asynccontextmanager
@@ -50,14 +54,22 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.state.sleeper = sleeper
 
     install_error_handlers(app)
-    app.include_router(routes_info.router)
-    app.include_router(routes_completion.router)
-    app.include_router(routes_chat.router)
-    app.include_router(routes_anthropic.router)
-    app.include_router(routes_responses.router)
-    app.include_router(routes_slots.router)
-    app.include_router(routes_reconfigure.router)
-    app.include_router(routes_lora.router)
+    routers = [
+        routes_info.router,
+        routes_completion.router,
+        routes_chat.router,
+        routes_anthropic.router,
+        routes_responses.router,
+        routes_slots.router,
+        routes_reconfigure.router,
+        routes_lora.router,
+        routes_proxy.router,
+    ]
+    for router in routers:
+        app.include_router(router)
+    gcp = GcpCompat.from_environ(os.environ)
+    if gcp is not None:
+        install_gcp(app, gcp, routers)
     app.include_router(routes_web.router(config.http))  # last: a --path folder takes the rest
 
     def openapi() -> dict[str, Any]:
@@ -66,7 +78,7 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return Guard(
+    guard = Guard(
         app,
         api_keys=config.http.api_keys,
         api_prefix=config.http.api_prefix,
@@ -75,3 +87,4 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         sleeper=sleeper,
         page_paths=page_paths(),
     )
+    return CorsMiddleware(guard, cors_policy(config.http))

@@ -21,7 +21,7 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.plan.geometry import resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
-from kvswap.models import default_model_path
+from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.state import ServerState, build_state
 
 log = logging.getLogger("kvswap.server")
@@ -53,6 +53,7 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         cache_ram_bytes=config.paging.cache_ram_mib * (1 << 20)
         if config.paging.cache_ram_mib > 0
         else config.paging.cache_ram_mib,
+        cache_idle_slots=config.paging.cache_idle_slots,
         spec=spec_config(config),
         page_ram_bytes=config.paging.page_ram_bytes,
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
@@ -82,14 +83,17 @@ def spec_config(config: ServerConfig) -> SpecConfig | None:
 class Loader:
     """Loads in the background; see the module docstring."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, prefetch: ModelPrefetch | None = None) -> None:
         self.config = config
+        self.prefetch = prefetch  # the weights already loading (serve.run), taken once
         self.state: ServerState | None = None
         self.error: BaseException | None = None
         self.on_failure: Callable[[], None] = lambda: None
         self._thread: threading.Thread | None = None
         self.adapters: Adapters | None = None  # freed after the engine, before the model
         self.draft_model: Model | None = None
+        # Where the bound sockets listen (serve.run), logged once the model is loaded.
+        self.listening: tuple[str, ...] = ()
 
     def ready(self) -> bool:
         return self.state is not None
@@ -103,15 +107,12 @@ class Loader:
     def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             t0 = time.perf_counter()
-            path = self.config.model.path or str(default_model_path())
-            model = Model.load(
-                path,
-                ModelParams(
-                    n_gpu_layers=self.config.model.n_gpu_layers,
-                    use_mmap=self.config.model.use_mmap,
-                    use_mlock=self.config.model.use_mlock,
-                ),
-            )
+            path = target_path(self.config)
+            prefetch, self.prefetch = self.prefetch, None  # the first load only
+            if prefetch is not None:
+                model = prefetch.take()
+            else:
+                model = Model.load(path, target_params(self.config))
             lora = self.config.model.lora
             self.adapters = Adapters.load(
                 model,
@@ -153,11 +154,9 @@ class Loader:
                 snap.n_ctx_slot,
                 snap.geometry.kv_unified,
             )
-            log.info(
-                "server is listening on http://%s:%d", self.config.http.host, self.config.http.port
-            )
+            log.info("server is listening on %s", ", ".join(self.listening))
         except Exception as err:
-            log.exception("model loading failed")
+            log.debug("model loading failed", exc_info=True)  # -v shows where
             self.error = err
             loop.call_soon_threadsafe(self.on_failure)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fastapi import Request
 
+from kvswap.backend.chat_builtin import apply_builtin, builtin_template_names
 from kvswap.backend.lora import AdapterInfo
 from kvswap.backend.model import Model
 from kvswap.backend.vocab import TokenArray, Vocab
@@ -29,6 +30,7 @@ from kvswap.server.llama.prometheus import MetricsRenderer
 from kvswap.server.pages.minds import MindGate
 from kvswap.server.requests.lora import LoraScales
 from kvswap.server.streaming import Runner
+from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 from kvswap.tiers.demoter import Demoter, MindPolicy
 
@@ -42,7 +44,7 @@ class ServerState:
     config: ServerConfig
     model: Model
     client: EngineClient  # the engine, through its asyncio client
-    template: ChatTemplate
+    template: ChatTemplate | BuiltinTemplate
     model_name: str
     save_dir: Path | None
     io: ThreadPoolExecutor  # file I/O off the engine thread and off the event loop
@@ -85,19 +87,38 @@ def get_state(request: Request) -> ServerState:
     return state
 
 
-def load_chat_template(config: ServerConfig, model: Model) -> ChatTemplate:
-    """The template llama-server would use: --chat-template(-file), the GGUF's, else ChatML."""
+def load_chat_template(config: ServerConfig, model: Model) -> ChatTemplate | BuiltinTemplate:
+    """The template llama-server would use: --chat-template(-file), the GGUF's, else ChatML;
+    a built-in name (but "chatml") and every template under --no-jinja render through
+    libllama's built-in formats."""
     source = model.info.chat_template
     if config.model.chat_template_file:
         source = Path(config.model.chat_template_file).read_text(encoding="utf-8")
     elif config.model.chat_template:
         source = config.model.chat_template
-    if not source:
-        log.warning("the model has no chat template: using ChatML")
-        source = CHATML_TEMPLATE
     vocab = model.vocab
     bos = vocab.piece(vocab.bos, special=True).decode("utf-8", "replace") if vocab.bos >= 0 else ""
     eos = vocab.piece(vocab.eos, special=True).decode("utf-8", "replace") if vocab.eos >= 0 else ""
+    named = source in builtin_template_names() and source != "chatml"
+    if named or not config.model.use_jinja:
+        builtin = BuiltinTemplate(
+            source or "chatml",
+            bos,
+            eos,
+            apply_builtin,
+            add_bos=vocab.add_bos,
+            add_eos=vocab.add_eos,
+        )
+        if builtin.supported():
+            return builtin
+        log.warning("--no-jinja: libllama has no built-in format for this template: using ChatML")
+        return BuiltinTemplate(
+            "chatml", bos, eos, apply_builtin, add_bos=vocab.add_bos, add_eos=vocab.add_eos
+        )
+    if not source or source == "chatml":
+        if not source:
+            log.warning("the model has no chat template: using ChatML")
+        source = CHATML_TEMPLATE
     return ChatTemplate(source, bos, eos, add_bos=vocab.add_bos, add_eos=vocab.add_eos)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import psutil
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -124,16 +125,19 @@ def _slot_view(s: SlotSnapshot) -> SlotView:
     task = None
     if s.request is not None:
         n_predict = s.request.n_predict
+        # llama-server resets a released slot's counters (server_slot::reset): an idle slot
+        # shows its last task's params but no budget or counts of it.
+        busy = s.is_processing
         task = SlotTaskView(
             id_task=s.id_task,
             request=s.request,
             n_prompt_tokens=s.n_cached,
-            n_prompt_tokens_processed=s.n_prompt_tokens_processed,
-            n_prompt_tokens_cache=s.n_prompt_tokens_cache,
+            n_prompt_tokens_processed=s.n_prompt_tokens_processed if busy else 0,
+            n_prompt_tokens_cache=s.n_prompt_tokens_cache if busy else 0,
             has_next_token=s.has_next_token,
             has_new_line="\n" in s.generated_text,
-            n_remain=-1 if n_predict < 0 else max(0, n_predict - s.n_decoded),
-            n_decoded=s.n_decoded,
+            n_remain=-1 if n_predict < 0 or not busy else max(0, n_predict - s.n_decoded),
+            n_decoded=s.n_decoded if busy else 0,
             generated=s.generated_text,
         )
     return SlotView(
@@ -159,7 +163,12 @@ async def metrics(request: Request) -> Response:
     if not state.config.http.metrics:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "This server does not support metrics endpoint.")
     text = state.metrics.render(state.snapshot.metrics)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    # llama-server's header, in its case (Starlette lowercases names given to a Response);
+    # kvswap sends the process's real start time in unix seconds.
+    started = str(int(psutil.Process().create_time())).encode()
+    response.raw_headers.append((b"Process-Start-Time-Unix", started))
+    return response
 
 
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))

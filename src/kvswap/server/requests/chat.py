@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvswap.chat.parser import ParseSpec
-from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning
+from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning, close_thinking
 from kvswap.chat.toolformats import ToolFormat, tool_format_for
 from kvswap.chat.tools import ToolChoice, ToolError, ToolMode, parse_tool_choice, parse_tools
 from kvswap.core.errors import ErrorKind, KvswapError
@@ -28,6 +28,7 @@ from kvswap.server.requests.constraints import (
     response_format_schema,
     schema_grammar,
 )
+from kvswap.server.requests.continuation import split_continuation
 from kvswap.server.requests.params import chat_messages
 from kvswap.server.requests.schemas import ChatCompletionRequest
 from kvswap.server.state import ServerState
@@ -146,14 +147,23 @@ def _render(
         kwargs["enable_thinking"] = False
     elif effort:
         kwargs["reasoning_effort"] = effort
+    cont = split_continuation(
+        messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        prefill_assistant=state.config.model.prefill_assistant,
+    )
+    reasoning = state.config.model.reasoning  # --reasoning: on, off or auto (the template's)
     try:
-        return state.template.render(
-            messages,
-            add_generation_prompt=True
-            if body.add_generation_prompt is None
-            else body.add_generation_prompt,
+        prompt = state.template.render(
+            cont.messages,
+            add_generation_prompt=cont.add_generation_prompt,
             tools=tools,
             chat_template_kwargs=kwargs,
+            enable_thinking=None if reasoning == "auto" else reasoning == "on",
         )
+        if reasoning == "off" and cont.add_generation_prompt and not cont.suffix:
+            prompt = close_thinking(state.template.source, prompt)
+        return prompt + cont.suffix
     except (InvalidMessagesError, TemplateError) as err:
         raise _invalid(str(err)) from err
