@@ -15,6 +15,7 @@ class ErrorKind(StrEnum):
     EXCEED_CONTEXT = "exceed_context_size_error"
     AUTHENTICATION = "authentication_error"
     NOT_FOUND = "not_found_error"
+    PERMISSION = "permission_error"
     SERVER = "server_error"
     NOT_SUPPORTED = "not_supported_error"
     UNAVAILABLE = "unavailable_error"
@@ -29,6 +30,7 @@ _ERROR_CODES = {
     ErrorKind.EXCEED_CONTEXT: 400,
     ErrorKind.AUTHENTICATION: 401,
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.PERMISSION: 403,
     ErrorKind.SERVER: 500,
     ErrorKind.NOT_SUPPORTED: 501,
     ErrorKind.UNAVAILABLE: 503,

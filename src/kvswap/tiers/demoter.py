@@ -86,6 +86,7 @@ class Demoter:
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
+        self.registry.set_disk_tier(publisher is not None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._io = threading.Lock()  # one spill at a time: demoter and close never interleave
@@ -174,6 +175,7 @@ class Demoter:
                     len(captured) + len(minds_in_ram),
                 )
             return
+        self._write_handoffs()
         n_spilled = sum(self._spill_captured(key, cap) for key, cap in captured)
         for key in minds_in_ram:
             n_spilled += self._spill(store, key, drop=False, bounded=False)
@@ -201,6 +203,7 @@ class Demoter:
             if self._stop.is_set():
                 return
             try:
+                self._write_handoffs()
                 self._demote()
             except Exception as err:
                 log.exception("the demoter failed; it retries")
@@ -208,6 +211,19 @@ class Demoter:
                 self._refused = f"the demoter failed ({type(err).__name__})"
             self._n_passes += 1
             self.post(RoomReport(self._n_passes, self._refused))
+
+    def _write_handoffs(self) -> None:
+        """Write the minds too large for the page store that the engine handed over."""
+        while (handoff := self.registry.take_handoff()) is not None:
+            key, cap = handoff
+            if self._disk_room(key, cap.layout.n_bytes):
+                written = self._spill_captured(key, cap)
+            else:
+                cap.buffer.close()
+                written = 0
+            self.registry.handoff_done(key, bool(written))
+            if written:
+                self.registry.count(spills_total=1)
 
     def _demote(self) -> None:
         """Shed the anonymous cache, then spill least recently used idle mind pages, until the

@@ -50,6 +50,7 @@ class SlotView:
     speculative: bool  # has a draft model
     is_processing: bool
     task: SlotTaskView | None = None  # None: never ran a task
+    mind: str | None = None  # the mind it holds, named only to that mind's own tenant
 
 
 def slot_json(
@@ -61,6 +62,7 @@ def slot_json(
         "n_ctx": slot.n_ctx,
         "speculative": slot.speculative,
         "is_processing": slot.is_processing,
+        "mind": slot.mind,  # kvswap's: the mind the slot holds (null: none, or another key's)
     }
     task = slot.task
     if task is None:

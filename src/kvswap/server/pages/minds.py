@@ -35,17 +35,31 @@ from kvswap.tiers.slotfiles import ReadState, files_error, read_state
 log = logging.getLogger("kvswap.minds")
 
 
+def caller_namespace(headers: Mapping[str, str], keyed: bool) -> str:
+    """The mind namespace of a request: its API key's when the server has keys."""
+    api_key = ""
+    if keyed:
+        raw = headers.get("authorization") or headers.get("x-api-key") or ""
+        api_key = raw.removeprefix("Bearer ")
+    return namespace_of(api_key)
+
+
 def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool) -> str:
     """The mind key a request names (`"mind"` in the body, else `X-Mind-Id`), in the namespace
     of its API key when the server has keys; "" when it names none."""
     name = body_mind if body_mind is not None else headers.get("x-mind-id")
     if name is None:
         return ""
-    api_key = ""
-    if keyed:
-        raw = headers.get("authorization") or headers.get("x-api-key") or ""
-        api_key = raw.removeprefix("Bearer ")
-    return mind_key(namespace_of(api_key), name)
+    return mind_key(caller_namespace(headers, keyed), name)
+
+
+def mind_name(key: str, namespace: str) -> str | None:
+    """The name of mind `key` as a caller of `namespace` may see it: None for another
+    tenant's mind (or no mind)."""
+    if not key:
+        return None
+    owner, name = split_key(key)
+    return name if owner == namespace else None
 
 
 class MindGate:
@@ -116,6 +130,18 @@ class MindGate:
             return await loop.run_in_executor(self.io, read_state, self.publisher, key, geometry)
         except FilesError as err:
             raise files_error(err, "read the mind back") from err
+
+    async def forget(self, key: str) -> None:
+        """A slot verb ended mind `key` (erase, page_out): its spilled copy goes too, so no
+        tier holds it any more (the files are removed on an I/O worker)."""
+        copy = self.registry.forget(key)
+        if copy is None or self.publisher is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.io, self.publisher.remove, key)
+        except FilesError as err:
+            raise files_error(err, "remove the mind's spilled copy") from err
 
     def views(self) -> list[MindView]:
         """Every mind this server serves, with its live tier."""
