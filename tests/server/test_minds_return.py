@@ -23,7 +23,9 @@ N_MINDS = 8
 
 def _system(m: int, n_facts: int) -> str:
     """A long system prompt of its own for mind m (about 13 tokens a fact)."""
-    return " ".join(f"Fact {m}.{i}: box {i} of shelf {m} holds {i * 7 % 13} red keys." for i in range(n_facts))
+    return " ".join(
+        f"Fact {m}.{i}: box {i} of shelf {m} holds {i * 7 % 13} red keys." for i in range(n_facts)
+    )
 
 
 class Minds:
@@ -86,3 +88,129 @@ def test_minds_that_left_a_full_unified_pool_come_back_with_only_new_tokens(
     assert metrics["llamacpp:mind_new_total"] == N_MINDS
     assert metrics["llamacpp:mind_hits_ram_total"] >= N_MINDS
     assert metrics["llamacpp:page_failed_total"] == 0
+
+
+# One slot, so a mind in it is the slot's whole state.
+ONE_SLOT_ARGS = ("-c", "2048", "-np", "1", "-t", "1", "-tb", "1", "--metrics")
+KA, KB = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
+
+
+def _ask(server: ServerProcess, prompt: str, headers: dict[str, str], **extra: Any) -> dict:
+    body = {"prompt": prompt, "n_predict": 3, "temperature": 0, **extra}
+    resp = server.post("/completion", body, headers=headers)
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+def _slot0(server: ServerProcess, headers: dict[str, str]) -> dict[str, Any]:
+    return dict(server.client.get("/slots", headers=headers).json()[0])
+
+
+def _pages(server: ServerProcess, headers: dict[str, str]) -> dict[str, Any]:
+    return dict(server.client.get("/pages", headers=headers).json())
+
+
+@pytest.mark.timeout(300)
+def test_slot_verbs_on_a_slot_holding_a_mind_act_on_the_mind(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    save = tmp_path / "slots"
+    save.mkdir()
+    keys = ("--api-key", "ka,kb", "--slot-save-path", str(save))
+    server = start(*ONE_SLOT_ARGS, *keys)
+    prompt = chat_prompt(("system", _system(1, 8)), ("user", "Which box?"))
+    zed = {**KA, "X-Mind-Id": "zed"}
+    first = _ask(server, prompt, zed)
+    n_tokens = first["timings"]["prompt_n"] + first["tokens_predicted"] - 1
+    assert _slot0(server, KA)["mind"] == "zed"
+    assert _slot0(server, KB)["mind"] is None  # another key never sees the name
+
+    # Another key's verbs never act on the mind, and never name it.
+    for action in ("save", "erase", "page_out"):
+        resp = server.post(
+            f"/slots/0?action={action}&page=stolen", {"filename": "stolen.bin"}, headers=KB
+        )
+        assert resp.status_code == 403, (action, resp.text)
+        error = resp.json()["error"]
+        assert error["type"] == "permission_error" and "zed" not in error["message"], action
+    assert not (save / "stolen.bin").exists()
+    assert _slot0(server, KA)["mind"] == "zed"
+
+    # save writes the mind's state (the mind stays where it is).
+    saved = server.post("/slots/0?action=save", {"filename": "zed.bin"}, headers=KA)
+    assert saved.status_code == 200, saved.text
+    assert saved.json()["n_saved"] == n_tokens and saved.json()["mind"] == "zed"
+    assert _slot0(server, KA)["mind"] == "zed"
+
+    # page_out pages it under the name given: the page is its state, the mind has left.
+    moved = server.post("/slots/0?action=page_out&page=alice", headers=KA)
+    assert moved.status_code == 200, moved.text
+    assert moved.json()["n_tokens"] == n_tokens and moved.json()["mind"] == "zed"
+    pages = _pages(server, KA)
+    assert [p["name"] for p in pages["pages"]] == ["alice"]
+    assert all(v["mind"] != "zed" for v in pages["minds"])
+    assert _slot0(server, KA)["mind"] is None
+    back = server.post("/slots/0?action=page_in&page=alice", headers=KA)
+    assert back.status_code == 200 and back.json()["n_tokens"] == n_tokens
+    assert _ask(server, prompt, KA, id_slot=0)["timings"]["cache_n"] == len_prompt(first)
+
+    ann = {**KA, "X-Mind-Id": "ann"}
+    _ask(server, prompt, ann)
+    server.stop()  # SIGTERM spills every mind: ann is on disk, zed (paged out) is not
+    ann_file = save / _key("ka", "ann")
+    assert ann_file.exists() and not (save / _key("ka", "zed")).exists()
+
+    # The save restores into a fresh server with the mind's tokens.
+    fresh = start(*ONE_SLOT_ARGS, *keys)
+    restored = fresh.post("/slots/0?action=restore", {"filename": "zed.bin"}, headers=KA)
+    assert restored.status_code == 200, restored.text
+    assert restored.json()["n_restored"] == n_tokens
+    again = _ask(fresh, prompt, KA, id_slot=0)
+    assert again["timings"]["cache_n"] == len_prompt(first)
+    assert again["content"] == first["content"]
+
+    # erase erases the mind: its state in the slot and its copy on disk.
+    assert _ask(fresh, prompt, ann)["timings"]["cache_n"] == len_prompt(first)  # from disk
+    erased = fresh.post("/slots/0?action=erase", headers=KA)
+    assert erased.status_code == 200, erased.text
+    assert erased.json()["n_erased"] == n_tokens and erased.json()["mind"] == "ann"
+    assert not ann_file.exists()
+    assert all(v["mind"] != "ann" for v in _pages(fresh, KA)["minds"])
+    assert _ask(fresh, prompt, ann)["timings"]["cache_n"] == 0  # it starts anew
+
+
+def len_prompt(out: dict[str, Any]) -> int:
+    """The prompt tokens of a first turn (what a cache of its slot holds, but the last)."""
+    return int(out["timings"]["prompt_n"] + out["timings"]["cache_n"]) - 1
+
+
+def _key(api_key: str, name: str) -> str:
+    from kvswap.engine.minds.registry import mind_key, namespace_of
+
+    return mind_key(namespace_of(api_key), name)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("disk", [False, True], ids=["ram-only", "with-disk"])
+def test_a_mind_larger_than_the_page_store_never_stops_other_requests(
+    start: Callable[..., ServerProcess], tmp_path: Path, disk: bool
+) -> None:
+    save = tmp_path / "slots"
+    save.mkdir()
+    extra = ("--slot-save-path", str(save)) if disk else ()
+    server = start(*ONE_SLOT_ARGS, "--page-ram-bytes", "4M", *extra)
+    big = chat_prompt(("system", _system(2, 36)), ("user", "Which box?"))  # ~760 tokens
+    out1 = _ask(server, big, {"X-Mind-Id": "big1"})
+    n_big = out1["timings"]["prompt_n"]
+    assert n_big > 700  # a state of ~17.5 MB: more than the whole page store
+    # Another mind, then a request naming none: each takes the only slot.
+    _ask(server, big.replace("Which box?", "Which shelf?"), {"X-Mind-Id": "big2"})
+    _ask(server, chat_prompt(("user", "Hello!")), {})
+    # The big mind answers again: read back from disk when there is one, else re-prefilled.
+    again = _ask(server, big, {"X-Mind-Id": "big1"})
+    assert again["timings"]["cache_n"] == (n_big - 1 if disk else 0)
+    assert again["content"] == out1["content"]
+    metrics = server.metrics()
+    assert metrics["llamacpp:mind_too_large_total"] >= 2
+    log = server.log_path.read_text()
+    assert log.count("more than the whole page store") == 2  # once per mind
