@@ -45,12 +45,32 @@ def caller_namespace(headers: Mapping[str, str], keyed: bool) -> str:
 
 
 def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool) -> str:
-    """The mind key a request names (`"mind"` in the body, else `X-Mind-Id`), in the namespace
-    of its API key when the server has keys; "" when it names none."""
-    name = body_mind if body_mind is not None else headers.get("x-mind-id")
+    """The mind key a request names (`"mind"` in the body and/or `X-Mind-Id`), in the namespace
+    of its API key when the server has keys; "" when it names none. The header is read as
+    UTF-8 (HTTP hands its bytes over as Latin-1), so both ways name the same mind; a typed 400
+    when they disagree or the header is not UTF-8."""
+    header = _header_utf8(headers.get("x-mind-id"))
+    if body_mind is not None and header is not None and body_mind != header:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f'the X-Mind-Id header ({header!r}) and the body\'s "mind" ({body_mind!r}) name '
+            "different minds",
+        )
+    name = body_mind if body_mind is not None else header
     if name is None:
         return ""
     return mind_key(caller_namespace(headers, keyed), name)
+
+
+def _header_utf8(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError as err:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST, "the X-Mind-Id header must be UTF-8 text"
+        ) from err
 
 
 def mind_name(key: str, namespace: str) -> str | None:

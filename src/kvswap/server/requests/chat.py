@@ -84,12 +84,23 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     )
     # A response format wins over optional tool calls, as llama-server's autoparser.
     calling = calling and schema is None
+    # tool_choice "none" shows the tools as "auto" does (llama-server renders them either way),
+    # so a switch between the two keeps the prompt and the conversation's cache; a template
+    # with no tool syntax is then held to the JSON reply, without its call alternative.
+    answering = (
+        choice.mode is ToolMode.NONE
+        and fmt is not None
+        and fmt.name == "generic"
+        and schema is None
+        and not body.grammar
+    )
     messages = chat_messages(body)
     if fmt is not None:
+        shown = ToolChoice(ToolMode.AUTO) if answering else choice
         messages = fmt.adapt_messages(
             messages,
             tools,
-            choice if calling else ToolChoice(ToolMode.NONE),
+            shown if calling or answering else ToolChoice(ToolMode.NONE),
             parallel,
             template.caps,
         )
@@ -98,7 +109,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     reasoning_format = _reasoning_format(body)
     reasoning = Reasoning.detect(template.source, prompt) if reasoning_format != "none" else None
     constraint: Constraint | None = None
-    if calling and fmt is not None:
+    if (calling or answering) and fmt is not None:
         try:
             tool_grammar = fmt.grammar(tools, choice, parallel)
         except SchemaError as err:
@@ -119,7 +130,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         check_constraint(state.vocab, constraint)
     streamed_legacy = reasoning_format == "deepseek-legacy" and bool(body.stream)
     spec = ParseSpec(
-        tool_format=fmt if calling else None,
+        tool_format=fmt if calling or answering else None,
         reasoning=None if streamed_legacy else reasoning,
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
