@@ -80,6 +80,8 @@ def run(config: ServerConfig) -> int:
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
         timeout_keep_alive=max(5, min(config.http.timeout_s, 600)),
         lifespan="on",
+        ssl_keyfile=config.http.ssl_key_file,
+        ssl_certfile=config.http.ssl_cert_file,
     )
     server = uvicorn.Server(uv_config)
     loader.on_failure = lambda: setattr(server, "should_exit", True)

@@ -49,9 +49,11 @@ SAMPLES = {
     "--page-disk-bytes": "1M",
     "--max-body-bytes": "1M",
     "-sps": "0.5",
+    "--chat-template-kwargs": '{"enable_thinking": false}',
 }
 NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file"}
-FAILS_BY_DESIGN = {"--spec-default"}  # asks for ngram-mod, which kvswap refuses
+# --spec-default asks for ngram-mod, which kvswap refuses; a TLS file alone needs its pair.
+FAILS_BY_DESIGN = {"--spec-default", "--ssl-key-file", "--ssl-cert-file"}
 
 
 def test_no_spelling_or_env_var_is_claimed_twice() -> None:

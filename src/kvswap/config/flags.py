@@ -253,6 +253,12 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
         b.update("sampling", dry_sequence_breakers=breakers)
     b.update("model", alias=b.model.aliases[0] if b.model.aliases else None)
     b.update("spec", spec_type=_spec_type(b))
+    if (b.http.ssl_key_file is None) != (b.http.ssl_cert_file is None):
+        given = "--ssl-key-file" if b.http.ssl_key_file is not None else "--ssl-cert-file"
+        raise ConfigError(
+            f"{given} needs its pair: HTTPS takes both --ssl-key-file and --ssl-cert-file "
+            "(kvswap never serves plain HTTP where TLS was asked for)"
+        )
     return ServerConfig(
         model=b.model,
         context=b.context,

@@ -77,6 +77,9 @@ class ModelSettings:
     chat_template: str | None = None
     # --chat-template-file (LLAMA_ARG_CHAT_TEMPLATE_FILE): path of a jinja template file.
     chat_template_file: str | None = None
+    # --chat-template-kwargs (LLAMA_ARG_CHAT_TEMPLATE_KWARGS): a JSON object's (key, value as
+    # JSON text) pairs, the defaults under each request's own `chat_template_kwargs`.
+    chat_template_kwargs: tuple[tuple[str, str], ...] = ()
     # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).
@@ -220,6 +223,10 @@ class HttpSettings:
     # --slot-save-path (no env var): an existing directory, as given; None: save/restore off.
     slot_save_path: str | None = None
     api_prefix: str = ""  # --api-prefix (LLAMA_ARG_API_PREFIX), no trailing slash
+    # --ssl-key-file / --ssl-cert-file (LLAMA_ARG_SSL_KEY_FILE / _CERT_FILE): PEM files; both
+    # given: the server speaks HTTPS (one alone is refused at start).
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
     # kvswap-only --max-body-bytes (KVSWAP_ARG_MAX_BODY_BYTES): request bodies past this: 413.
     max_body_bytes: int = 32 << 20
     # kvswap-only --max-n-predict (KVSWAP_ARG_MAX_N_PREDICT): caps every request's n_predict;

@@ -7,6 +7,7 @@ page store and the request limits. kvswap-only flags take `KVSWAP_ARG_*` environ
 
 from __future__ import annotations
 
+import json
 import os
 
 from kvswap.config.argspec import (
@@ -14,6 +15,7 @@ from kvswap.config.argspec import (
     Flag,
     Group,
     Kind,
+    Setter,
     flag,
     set_bool,
     set_float,
@@ -75,6 +77,27 @@ def _set_chat_template_file(b: Builder, v: str) -> None:
     if not os.path.isfile(v):
         raise ValueError(f"failed to open file '{v}'")
     b.update("model", chat_template_file=v, chat_template=None)
+
+
+def _set_chat_template_kwargs(b: Builder, v: str) -> None:
+    try:
+        parsed = json.loads(v)
+    except ValueError as err:
+        raise ValueError(f"not valid JSON: {err}") from err
+    if not isinstance(parsed, dict):
+        raise ValueError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    pairs = dict(b.model.chat_template_kwargs)
+    pairs.update({key: json.dumps(value) for key, value in parsed.items()})
+    b.update("model", chat_template_kwargs=tuple(pairs.items()))
+
+
+def _set_pem_file(name: str) -> Setter:
+    def apply(b: Builder, v: str) -> None:
+        if not os.path.isfile(v):
+            raise ValueError(f"failed to open file '{v}'")
+        b.update("http", **{name: v})
+
+    return apply
 
 
 def _set_checkpoint_min_step(b: Builder, v: str) -> None:
@@ -160,6 +183,20 @@ FLAGS: tuple[Flag, ...] = (
     flag("--chat-template-file", VALUE, SERVER, _set_chat_template_file,
          env="LLAMA_ARG_CHAT_TEMPLATE_FILE", hint="JINJA_TEMPLATE_FILE",
          help="set custom jinja chat template file (default: template from model's metadata)"),
+    flag("--chat-template-kwargs", VALUE, SERVER, _set_chat_template_kwargs,
+         env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", hint="STRING",
+         help="sets additional params for the json template parser, must be a valid json object "
+         "string, e.g. '{\"key1\":\"value1\",\"key2\":\"value2\"}' (a request's own "
+         "chat_template_kwargs win)"),
+    flag("--jinja", TOGGLE, SERVER, lambda b, v: None, neg="--no-jinja", env="LLAMA_ARG_JINJA",
+         help="whether to use jinja template engine for chat (default: enabled; kvswap always "
+         "renders templates with jinja, in a sandbox: --no-jinja changes nothing)"),
+    flag("--ssl-key-file", VALUE, SERVER, _set_pem_file("ssl_key_file"),
+         env="LLAMA_ARG_SSL_KEY_FILE", hint="FNAME",
+         help="path to file a PEM-encoded SSL private key"),
+    flag("--ssl-cert-file", VALUE, SERVER, _set_pem_file("ssl_cert_file"),
+         env="LLAMA_ARG_SSL_CERT_FILE", hint="FNAME",
+         help="path to file a PEM-encoded SSL certificate"),
     flag("-sps --slot-prompt-similarity", VALUE, SERVER,
          set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
          help="how much the prompt of a request must match the prompt of a slot to use that "

@@ -153,9 +153,9 @@ class Loader:
                 snap.n_ctx_slot,
                 snap.geometry.kv_unified,
             )
-            log.info(
-                "server is listening on http://%s:%d", self.config.http.host, self.config.http.port
-            )
+            http = self.config.http
+            scheme = "https" if http.ssl_cert_file else "http"
+            log.info("server is listening on %s://%s:%d", scheme, http.host, http.port)
         except Exception as err:
             log.exception("model loading failed")
             self.error = err

@@ -247,7 +247,10 @@ class Seating:
                 return
         else:
             self._log_too_large(
-                mind, n_bytes, ceiling, "dropped (no --slot-save-path): its next request re-prefills"
+                mind,
+                n_bytes,
+                ceiling,
+                "dropped (no --slot-save-path): its next request re-prefills",
             )
         verbs.clear(slot)
         self._left(slot, mind)

@@ -11,6 +11,7 @@ parser uses. Typed 400s for what cannot be honoured.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,7 +152,9 @@ def _render(
     tools: list[dict[str, Any]] | None,
 ) -> str:
     """The chat template applied to the messages (typed 400 on bad messages)."""
-    kwargs = dict(body.chat_template_kwargs or {})
+    # --chat-template-kwargs are the defaults; the request's own keys win (llama-server).
+    kwargs = {k: json.loads(v) for k, v in state.config.model.chat_template_kwargs}
+    kwargs.update(body.chat_template_kwargs or {})
     effort = body.reasoning_effort
     if effort == "none":
         kwargs["enable_thinking"] = False

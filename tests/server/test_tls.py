@@ -1,0 +1,47 @@
+"""HTTPS: `--ssl-key-file` and `--ssl-cert-file` serve TLS (as llama-server built with SSL), and
+plain HTTP is then refused; one file alone refuses to start (never plain HTTP by mistake)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.harness import REPO, ServerProcess
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(180)]
+
+TLS = REPO / "tests" / "fixtures" / "tls"
+ARGS = ("-c", "512", "-np", "1", "-t", "1", "-tb", "1")
+
+
+def test_the_server_speaks_https_with_both_files(tmp_path: Path) -> None:
+    server = ServerProcess(
+        [*ARGS, "--ssl-key-file", str(TLS / "key.pem"), "--ssl-cert-file", str(TLS / "cert.pem")],
+        tmp_path / "server.log",
+    )
+    try:
+        assert server.url.startswith("https://")
+        out = server.post("/completion", {"prompt": "Hello", "n_predict": 2})
+        assert out.status_code == 200 and out.json()["tokens_predicted"] == 2
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{server.port}/health", timeout=10)
+        assert f"listening on https://127.0.0.1:{server.port}" in server.log()
+        assert "ignored" not in server.log()
+    finally:
+        server.stop()
+
+
+def test_one_tls_file_alone_refuses_to_start() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "kvswap", "serve", "--ssl-cert-file", str(TLS / "cert.pem")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert run.returncode != 0
+    assert "--ssl-cert-file needs its pair" in run.stderr
