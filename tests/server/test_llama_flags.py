@@ -1,5 +1,6 @@
-"""HTTPS: `--ssl-key-file` and `--ssl-cert-file` serve TLS (as llama-server built with SSL), and
-plain HTTP is then refused; one file alone refuses to start (never plain HTTP by mistake)."""
+"""Flags of llama-server that kvswap once ignored: HTTPS (`--ssl-key-file`, `--ssl-cert-file`)
+serves TLS as llama-server built with SSL, and plain HTTP is then refused; one file alone refuses
+to start (never plain HTTP by mistake); `--chat-template-kwargs` are the template's defaults."""
 
 from __future__ import annotations
 
@@ -45,3 +46,27 @@ def test_one_tls_file_alone_refuses_to_start() -> None:
     )
     assert run.returncode != 0
     assert "--ssl-cert-file needs its pair" in run.stderr
+
+
+# A template that shows one kwarg, so the render says which value won.
+KWARG_TEMPLATE = (
+    "{{ 'tone=' ~ (tone if tone is defined else 'none') }}"
+    "{% for m in messages %}|{{ m.content }}{% endfor %}"
+)
+
+
+def test_chat_template_kwargs_are_defaults_under_the_requests_own(tmp_path: Path) -> None:
+    server = ServerProcess(
+        [*ARGS, "--chat-template", KWARG_TEMPLATE, "--chat-template-kwargs", '{"tone": "calm"}'],
+        tmp_path / "server.log",
+    )
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        default = server.post("/apply-template", body)
+        assert default.status_code == 200, default.text
+        assert default.json()["prompt"] == "tone=calm|hi"
+        own = server.post("/apply-template", {**body, "chat_template_kwargs": {"tone": "bold"}})
+        assert own.json()["prompt"] == "tone=bold|hi"
+        assert "ignored" not in server.log()
+    finally:
+        server.stop()
