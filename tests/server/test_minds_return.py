@@ -88,6 +88,11 @@ def test_minds_that_left_a_full_unified_pool_come_back_with_only_new_tokens(
     assert metrics["llamacpp:mind_new_total"] == N_MINDS
     assert metrics["llamacpp:mind_hits_ram_total"] >= N_MINDS
     assert metrics["llamacpp:page_failed_total"] == 0
+    # /pages adds up: the store's count is its pages plus the spare buffer switches copy into.
+    pages = server.client.get("/pages").json()
+    parts = [*pages["pages"], *pages["held_by_spills"], *pages["reserved"]]
+    assert pages["n_bytes"] == sum(p["n_bytes"] for p in parts) + pages["closing_bytes"]
+    assert [r["what"] for r in pages["reserved"]] == ["spare switch buffer"]
 
 
 # One slot, so a mind in it is the slot's whole state.

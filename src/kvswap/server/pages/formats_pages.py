@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvswap.engine.commands import PageMoved
-from kvswap.engine.kv.pagestore import PageInfo
+from kvswap.engine.kv.pagestore import PageInfo, StoreUsage
 from kvswap.engine.minds.registry import MindView
 
 
@@ -56,13 +56,22 @@ def _page_json(p: PageInfo) -> dict[str, Any]:
     }
 
 
-def pages_json(infos: Sequence[PageInfo], n_bytes: int, ceiling_bytes: int) -> dict[str, Any]:
-    """Every page in the store, and the generations only running spills still hold."""
+def pages_json(usage: StoreUsage, ceiling_bytes: int) -> dict[str, Any]:
+    """Every page in the store, the generations only running spills still hold, and the bytes
+    admitted for no page yet: `n_bytes` is the sum of the three lists and `closing_bytes`."""
+    infos = usage.pages
     return {
-        "n_bytes": n_bytes,
+        "n_bytes": usage.charged_bytes,
         "ceiling_bytes": ceiling_bytes,
         "pages": [_page_json(p) for p in infos if p.in_store],
         "held_by_spills": [_page_json(p) for p in infos if not p.in_store],
+        "reserved": [
+            {"name": name, "what": "copy under way", "n_bytes": n}
+            if name
+            else {"name": "", "what": "spare switch buffer", "n_bytes": n}
+            for name, n in sorted(usage.reserved_bytes.items())
+        ],
+        "closing_bytes": usage.closing_bytes,
     }
 
 

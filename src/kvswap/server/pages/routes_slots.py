@@ -228,7 +228,7 @@ async def _spill(state: ServerState, store: PageStore, request: Request, name: s
 async def pages(request: Request) -> JSONResponse:
     state = get_state(request)
     store = _store(state)
-    body = pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes)
+    body = pages_json(store.usage(), store.ceiling_bytes)
     if state.minds is not None:
         body["minds"] = minds_json(state.minds.views(), time.time())
     return JSONResponse(body)
