@@ -1,6 +1,7 @@
 """Flags of llama-server that kvswap once ignored: HTTPS (`--ssl-key-file`, `--ssl-cert-file`)
 serves TLS as llama-server built with SSL, and plain HTTP is then refused; one file alone refuses
-to start (never plain HTTP by mistake); `--chat-template-kwargs` are the template's defaults."""
+to start (never plain HTTP by mistake); `--chat-template-kwargs` are the template's defaults.
+And llama-server's request log line, once per request."""
 
 from __future__ import annotations
 
@@ -68,5 +69,12 @@ def test_chat_template_kwargs_are_defaults_under_the_requests_own(tmp_path: Path
         own = server.post("/apply-template", {**body, "chat_template_kwargs": {"tone": "bold"}})
         assert own.json()["prompt"] == "tone=bold|hi"
         assert "ignored" not in server.log()
+        # One line per request at the default verbosity, in llama-server's words; the routes
+        # clients poll (/health, polled until ready) are not logged.
+        lines = [line for line in server.log().splitlines() if "done request:" in line]
+        assert len(lines) == 2, lines
+        assert all(
+            line.endswith("done request: POST /apply-template 127.0.0.1 200") for line in lines
+        )
     finally:
         server.stop()

@@ -23,10 +23,11 @@ from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs
 from kvswap.server.pages import routes_reconfigure, routes_slots
+from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 
 
-def create_app(config: ServerConfig, loader: Loader) -> Guard:
+def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
     sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
 
     @asynccontextmanager
@@ -63,7 +64,7 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return Guard(
+    guard = Guard(
         app,
         api_keys=config.http.api_keys,
         api_prefix=config.http.api_prefix,
@@ -71,3 +72,4 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         is_ready=loader.ready,
         sleeper=sleeper,
     )
+    return RequestLog(guard)

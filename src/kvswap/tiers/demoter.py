@@ -179,7 +179,8 @@ class Demoter:
         n_spilled = sum(self._spill_captured(key, cap) for key, cap in captured)
         for key in minds_in_ram:
             n_spilled += self._spill(store, key, drop=False, bounded=False)
-        log.info("spilled %d mind(s) before exit", n_spilled)
+        if n_spilled:
+            log.info("spilled %d mind(s) before exit", n_spilled)
 
     def _spill_captured(self, key: str, cap: Captured) -> int:
         assert self.publisher is not None

@@ -29,7 +29,6 @@ class ReconfigureBody(Body):
     """Omitted fields keep their value. An unknown field is a 400 naming it: a typo must not
     run a whole drain and rebuild that changes nothing."""
 
-
     n_ctx: int | None = Field(default=None, ge=1)
     n_parallel: int | None = Field(default=None, ge=1, le=256)
     cache_type_k: str | None = None
