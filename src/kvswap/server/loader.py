@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from kvswap.backend.lora import Adapters
-from kvswap.backend.model import Model, ModelParams
+from kvswap.backend.model import Model, ModelLoadError, ModelParams
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
 from kvswap.engine.plan.geometry import resolve_geometry
@@ -156,6 +156,9 @@ class Loader:
             http = self.config.http
             scheme = "https" if http.ssl_cert_file else "http"
             log.info("server is listening on %s://%s:%d", scheme, http.host, http.port)
+        except ModelLoadError as err:
+            self.error = err  # a missing or unreadable file: the one line at exit says it all
+            loop.call_soon_threadsafe(self.on_failure)
         except Exception as err:
             log.exception("model loading failed")
             self.error = err
