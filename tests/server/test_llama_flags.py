@@ -78,3 +78,27 @@ def test_chat_template_kwargs_are_defaults_under_the_requests_own(tmp_path: Path
         )
     finally:
         server.stop()
+
+
+def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvswap",
+            "serve",
+            "-m",
+            str(tmp_path / "model.gguf"),
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert (
+        f"failed to load the model: model file not found: {tmp_path / 'model.gguf'}" in run.stderr
+    )
