@@ -219,3 +219,32 @@ def test_a_mind_larger_than_the_page_store_never_stops_other_requests(
     assert metrics["llamacpp:mind_too_large_total"] >= 2
     log = server.log_path.read_text()
     assert log.count("more than the whole page store") == 2  # once per mind
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_with_other_kv_types_keeps_the_old_minds_files(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    save = tmp_path / "slots"
+    save.mkdir()
+    args = (*ONE_SLOT_ARGS, "-fa", "on", "--slot-save-path", str(save))
+    prompt = chat_prompt(("system", _system(4, 6)), ("user", "Which box?"))
+    first = start(*args)
+    out = _ask(first, prompt, {"X-Mind-Id": "m1"})
+    first.stop()  # SIGTERM: m1 is spilled, made with f16 KV
+    path = save / _key("", "m1")
+    before = path.read_bytes()
+
+    other = start(*args, "-ctk", "q8_0", "-ctv", "q8_0")
+    refused = other.post(
+        "/completion", {"prompt": prompt, "n_predict": 3}, headers={"X-Mind-Id": "m1"}
+    )
+    assert refused.status_code == 400, refused.text
+    assert "KV types f16/f16" in refused.json()["error"]["message"]
+    _ask(other, prompt, {"X-Mind-Id": "m2"})  # other minds are served
+    other.stop()
+    assert path.read_bytes() == before  # never written over
+
+    back = start(*args)  # the KV types it was made with: served again, whole
+    again = _ask(back, prompt, {"X-Mind-Id": "m1"})
+    assert again["timings"]["cache_n"] == len_prompt(out)

@@ -116,8 +116,13 @@ class Demoter:
             if not is_mind_key(info.name):
                 continue
             if info.fingerprint != fingerprint:
+                what = _made_with(info.fingerprint, fingerprint)
+                self.registry.record_foreign(info.name, what)
                 log.warning(
-                    "spilled mind %s was made by another model or KV type: not served", info.name
+                    "spilled mind %s was made with %s: not served, its file is kept (requests "
+                    "naming it are refused)",
+                    info.name,
+                    what,
                 )
                 continue
             if not self.own(info.name):
@@ -322,6 +327,16 @@ class Demoter:
                 copy.n_bytes,
             )
         return used + n_bytes <= bound
+
+
+def _made_with(theirs: str, ours: str) -> str:
+    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
+    their_model, _, their_kv = theirs.partition(";")
+    our_model, _, _ = ours.partition(";")
+    if their_model != our_model:
+        return "another model"
+    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
+    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
 
 
 def _n_tokens(path: Path) -> int:

@@ -140,6 +140,9 @@ class MindRegistry:
         # being written), then True (written) or False (the write failed).
         self._handoffs: dict[str, Captured | bool | None] = {}
         self._too_large: set[str] = set()  # minds whose size was logged
+        # Minds spilled by a server with another model or KV types: key -> its file's
+        # geometry. Never served here and never written over (their state stays on disk).
+        self._foreign: dict[str, str] = {}
 
     # -- use ---------------------------------------------------------------------------------
 
@@ -237,6 +240,16 @@ class MindRegistry:
             self._last_used.pop(key, None)
             self._too_large.discard(key)
             return self._disk.pop(key, None)
+
+    def record_foreign(self, key: str, what: str) -> None:
+        """Mind `key` is on disk under another model or KV types (`what` says which)."""
+        with self._lock:
+            self._foreign[key] = what
+
+    def foreign(self, key: str) -> str | None:
+        """What made mind `key`'s file when it is another model's or KV types', else None."""
+        with self._lock:
+            return self._foreign.get(key)
 
     # -- minds too large for the page store ----------------------------------------------------
 

@@ -114,6 +114,15 @@ class MindGate:
                     ErrorKind.UNAVAILABLE,
                     "this mind is served by another server sharing the save path",
                 )
+            made_with = self.registry.foreign(key)
+            if made_with is not None:
+                # Its state stays in its file for the server that made it: never written over.
+                raise KvswapError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"this mind was spilled by a server running {made_with}, which this server "
+                    "cannot load: its file is kept; serve it from a server with that model and "
+                    "those KV types, or name another mind",
+                )
             on_disk_only = self.registry.begin_use(key, store.has)
             read: ReadState | None = None
             try:
