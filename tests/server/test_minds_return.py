@@ -6,6 +6,8 @@ never stops other requests."""
 
 from __future__ import annotations
 
+import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -248,3 +250,33 @@ def test_a_restart_with_other_kv_types_keeps_the_old_minds_files(
     back = start(*args)  # the KV types it was made with: served again, whole
     again = _ask(back, prompt, {"X-Mind-Id": "m1"})
     assert again["timings"]["cache_n"] == len_prompt(out)
+
+
+def _wait_for(cond: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+def test_idle_minds_reach_disk_on_schedule_so_a_sigkill_keeps_them(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    save = tmp_path / "slots"
+    save.mkdir()
+    args = (*ONE_SLOT_ARGS, "--slot-save-path", str(save), "--page-flush-seconds", "1")
+    server = start(*args)
+    prompts = {m: chat_prompt(("system", _system(5 + m, 6)), ("user", "Box?")) for m in (1, 2)}
+    firsts = {m: _ask(server, prompts[m], {"X-Mind-Id": f"k{m}"}) for m in (1, 2)}
+    # k1 is a RAM page now, k2 in the slot: neither has been written under RAM pressure.
+    _wait_for(lambda: server.metrics()["llamacpp:mind_flushes_total"] >= 2)
+    assert server.metrics()["llamacpp:mind_spills_total"] == 0
+    server.stop(sig=signal.SIGKILL)
+
+    again = start(*args)
+    found = {v["mind"]: v["tier"] for v in _pages(again, {})["minds"]}
+    assert found == {"k1": "disk", "k2": "disk"}
+    for m in (1, 2):
+        out = _ask(again, prompts[m], {"X-Mind-Id": f"k{m}"})
+        assert out["timings"]["cache_n"] == len_prompt(firsts[m]), m

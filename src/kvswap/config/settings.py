@@ -247,6 +247,10 @@ class PagingSettings:
     # kvswap-only --page-disk-drop-lru (KVSWAP_ARG_PAGE_DISK_DROP_LRU): a full disk tier drops
     # the least recently used spilled minds instead of refusing new spills.
     page_disk_drop_lru: bool = False
+    # kvswap-only --page-flush-seconds (KVSWAP_ARG_PAGE_FLUSH_SECONDS): with --slot-save-path, a
+    # mind changed this long ago is written to disk at its next idle moment, so a SIGKILL loses
+    # at most about this many seconds of its turns; 0 = only under RAM pressure and at exit.
+    page_flush_seconds: float = 30.0
     # -cram/--cache-ram (LLAMA_ARG_CACHE_RAM): llama-server's prompt cache in MiB;
     # -1 = no limit, 0 = off.
     cache_ram_mib: int = 8192

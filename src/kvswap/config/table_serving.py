@@ -23,7 +23,7 @@ from kvswap.config.argspec import (
     set_size,
 )
 from kvswap.config.sizes import parse_size
-from kvswap.config.values import read_int, split_csv
+from kvswap.config.values import read_float, read_int, split_csv
 
 VALUE, VOID, TOGGLE = Kind.VALUE, Kind.VOID, Kind.TOGGLE
 SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
@@ -89,6 +89,13 @@ def _set_chat_template_kwargs(b: Builder, v: str) -> None:
     pairs = dict(b.model.chat_template_kwargs)
     pairs.update({key: json.dumps(value) for key, value in parsed.items()})
     b.update("model", chat_template_kwargs=tuple(pairs.items()))
+
+
+def _set_page_flush_seconds(b: Builder, v: str) -> None:
+    seconds = read_float(v)
+    if not 0 <= seconds <= 86400:
+        raise ValueError("must be between 0 (off) and 86400 seconds")
+    b.update("paging", page_flush_seconds=seconds)
 
 
 def _set_pem_file(name: str) -> Setter:
@@ -221,6 +228,11 @@ FLAGS: tuple[Flag, ...] = (
          env="KVSWAP_ARG_PAGE_DISK_DROP_LRU",
          help="when --page-disk-bytes is full, drop the least recently used spilled minds "
          "(logged and counted) instead of refusing new spills"),
+    flag("--page-flush-seconds", VALUE, KVSWAP, _set_page_flush_seconds,
+         env="KVSWAP_ARG_PAGE_FLUSH_SECONDS", hint="SECONDS",
+         help="with --slot-save-path, write each mind changed this many seconds ago to disk "
+         "when it is idle, so a SIGKILL loses at most that window (default: 30; 0 = only under "
+         "RAM pressure and at exit)"),
     flag("--max-body-bytes", VALUE, KVSWAP, _set_max_body_bytes,
          env="KVSWAP_ARG_MAX_BODY_BYTES", hint="SIZE",
          help="largest request body accepted (default: 32M)"),

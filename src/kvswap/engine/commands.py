@@ -119,11 +119,13 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FlushMinds:
-    """Copy every resident mind's state out (for a spill before exit); the slots keep theirs.
+    """Copy every idle resident mind's state out (for a spill before exit, or only `keys` for
+    a scheduled flush); the slots keep theirs.
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes."""
 
     reply: Reply[list[tuple[str, Captured]]]
+    keys: frozenset[str] | None = None  # None: every mind
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ class Engine:
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
             try:
-                cmd.reply(self.seating.flush())
+                cmd.reply(self.seating.flush(cmd.keys))
             except KvswapError as err:
                 cmd.reply(err)
         elif isinstance(cmd, SLOT_VERBS):

@@ -102,6 +102,7 @@ class MindCounters:
     disk_refused_total: int = 0  # a spill refused: --page-disk-bytes full
     disk_dropped_total: int = 0  # spilled minds dropped to make room (--page-disk-drop-lru)
     too_large_total: int = 0  # a mind larger than the whole page store left its slot
+    flushes_total: int = 0  # an idle mind's state written on schedule (--page-flush-seconds)
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
 
     def as_metrics(self) -> dict[str, float]:
@@ -130,6 +131,8 @@ class MindRegistry:
         self._lock = threading.Lock()
         self._disk: dict[str, DiskCopy] = {}
         self._last_used: dict[str, float] = {}  # key -> unix seconds
+        # key -> when it first changed after its last disk copy (the flush schedule)
+        self._dirty_since: dict[str, float] = {}
         self._busy: set[str] = set()
         self._resident: dict[str, int] = {}  # key -> the slot holding it (the engine says)
         self._counters = MindCounters()
@@ -139,21 +142,47 @@ class MindRegistry:
         # Minds too large for the store on their way to disk: key -> the copy to write (None:
         # being written), then True (written) or False (the write failed).
         self._handoffs: dict[str, Captured | bool | None] = {}
+        self._handed_at: dict[str, float] = {}  # key -> when its copy was taken
         self._too_large: set[str] = set()  # minds whose size was logged
         # Minds spilled by a server with another model or KV types: key -> its file's
         # geometry. Never served here and never written over (their state stays on disk).
         self._foreign: dict[str, str] = {}
+        self._forgotten: dict[str, float] = {}  # key -> when a slot verb ended it
 
     # -- use ---------------------------------------------------------------------------------
 
     def touch(self, key: str, when_unix_s: float | None = None) -> None:
-        """The mind was used now (or, for a mind found at start, at `when_unix_s` unless it has
-        been used since)."""
+        """The mind was used now (its state changes: it is dirty until a disk copy taken after
+        this is written), or, for a mind found at start, at `when_unix_s` unless it has been
+        used since."""
         with self._lock:
             if when_unix_s is None:
-                self._last_used[key] = time.time()
+                now = time.time()
+                self._last_used[key] = now
+                self._dirty_since.setdefault(key, now)
             else:
                 self._last_used.setdefault(key, when_unix_s)
+
+    def flushed(self, key: str, t_copied_unix_s: float) -> None:
+        """A disk copy of the mind taken at `t_copied_unix_s` is written: clean, unless it was
+        used after that."""
+        with self._lock:
+            if self._dirty_since.get(key, float("inf")) <= t_copied_unix_s:
+                del self._dirty_since[key]
+
+    def due_for_flush(self, age_s: float) -> list[str]:
+        """Idle minds changed at least `age_s` seconds ago and not written since (oldest
+        first); each is postponed by `age_s`, so a mind that cannot be written now is retried
+        then, not on every pass."""
+        with self._lock:
+            now = time.time()
+            due = [
+                k for k, t in self._dirty_since.items() if t <= now - age_s and k not in self._busy
+            ]
+            due.sort(key=self._dirty_since.__getitem__)
+            for key in due:
+                self._dirty_since[key] = now
+            return due
 
     def known(self, key: str) -> bool:
         with self._lock:
@@ -234,10 +263,13 @@ class MindRegistry:
             return dict(self._last_used)
 
     def forget(self, key: str) -> DiskCopy | None:
-        """A slot verb ended the mind (erase, page_out): it is known no more; returns its disk
-        copy (whose files the caller removes), if it had one."""
+        """A slot verb ended the mind (erase, page_out): it is known no more, and no copy of it
+        taken before now may be written (`forgotten_after`); returns its disk copy (whose files
+        the caller removes), if it had one."""
         with self._lock:
+            self._forgotten[key] = time.time()
             self._last_used.pop(key, None)
+            self._dirty_since.pop(key, None)
             self._too_large.discard(key)
             return self._disk.pop(key, None)
 
@@ -250,6 +282,11 @@ class MindRegistry:
         """What made mind `key`'s file when it is another model's or KV types', else None."""
         with self._lock:
             return self._foreign.get(key)
+
+    def forgotten_after(self, key: str, t_unix_s: float) -> bool:
+        """Mind `key` was ended at or after `t_unix_s`: a copy taken then must not be written."""
+        with self._lock:
+            return self._forgotten.get(key, -1.0) >= t_unix_s
 
     # -- minds too large for the page store ----------------------------------------------------
 
@@ -275,20 +312,22 @@ class MindRegistry:
         with self._lock:
             assert key not in self._handoffs, key
             self._handoffs[key] = captured
+            self._handed_at[key] = time.time()
         self._wake.set()
 
-    def take_handoff(self) -> tuple[str, Captured] | None:
-        """A copy to write (the demoter then owns its buffer), or None."""
+    def take_handoff(self) -> tuple[str, Captured, float] | None:
+        """A copy to write and when it was taken (the demoter then owns its buffer), or None."""
         with self._lock:
             for key, value in self._handoffs.items():
                 if value is not None and not isinstance(value, bool):
                     self._handoffs[key] = None
-                    return key, value
+                    return key, value, self._handed_at[key]
             return None
 
     def handoff_done(self, key: str, written: bool) -> None:
         with self._lock:
-            self._handoffs[key] = written
+            if key in self._handoffs:  # not ended by a slot verb meanwhile
+                self._handoffs[key] = written
 
     def handoff_state(self, key: str) -> bool | None:
         """True: the copy is on disk; False: its write failed; None: none asked or under way
@@ -304,6 +343,7 @@ class MindRegistry:
     def end_handoff(self, key: str) -> None:
         with self._lock:
             self._handoffs.pop(key, None)
+            self._handed_at.pop(key, None)
 
     # -- page sizes and the demoter's bell -----------------------------------------------------
 

@@ -278,6 +278,7 @@ class Seating:
         if mind is None:
             return ""
         self._left(slot, mind)
+        self.registry.end_handoff(mind)  # a copy on its way to disk is the ended mind's
         return mind
 
     # -- a full KV pool ---------------------------------------------------------------------
@@ -385,11 +386,14 @@ class Seating:
 
     # -- the flush before exit --------------------------------------------------------------
 
-    def flush(self) -> list[tuple[str, Captured]]:
-        """Copies of every idle resident mind's state (the slots keep theirs)."""
+    def flush(self, keys: frozenset[str] | None = None) -> list[tuple[str, Captured]]:
+        """Copies of every idle resident mind's state, or of those in `keys` (the slots keep
+        theirs)."""
         out = []
         for slot in self.slots:
             if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
+                continue
+            if keys is not None and slot.mind not in keys:
                 continue
             out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
         return out

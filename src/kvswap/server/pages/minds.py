@@ -163,12 +163,9 @@ class MindGate:
     async def forget(self, key: str) -> None:
         """A slot verb ended mind `key` (erase, page_out): its spilled copy goes too, so no
         tier holds it any more (the files are removed on an I/O worker)."""
-        copy = self.registry.forget(key)
-        if copy is None or self.publisher is None:
-            return
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.io, self.publisher.remove, key)
+            await loop.run_in_executor(self.io, self.demoter.forget, key)
         except FilesError as err:
             raise files_error(err, "remove the mind's spilled copy") from err
 
