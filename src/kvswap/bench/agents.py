@@ -16,7 +16,6 @@ tokens prefilled, and p50/p95 turn time. The report goes to stdout and `--out`/b
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from kvswap.bench.progress import progress
 from kvswap.bench.server import BenchServer
 from kvswap.models import default_model_path
 
@@ -115,7 +115,7 @@ class Agents:
                     with self.lock:
                         self.result.turns.append(turn)
                         self.n_done += 1
-                        _progress(self.label, self.n_done, a.agents * a.rounds)
+                        progress(self.label, self.n_done, a.agents * a.rounds, "turns")
 
     def _turn(
         self, http: httpx.Client, m: int, r: int, messages: list[dict[str, str]], n_before: int
@@ -134,18 +134,6 @@ class Agents:
             prompt_n=int(tm.get("prompt_n", 0)), cache_n=int(tm.get("cache_n", 0)),
             n_before=n_before, content=out["choices"][0]["message"].get("content") or "",
         )  # fmt: skip
-
-
-def _progress(label: str, done: int, total: int) -> None:
-    width = 30
-    filled = width * done // max(1, total)
-    end = "\n" if done == total else ""
-    print(
-        f"\r{label:>13} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} turns",
-        end=end,
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def _server_args(a: argparse.Namespace) -> list[str]:
