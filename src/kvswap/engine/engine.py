@@ -465,6 +465,7 @@ class Engine:
     def check_integrity(self) -> None:
         """Every byte owner's invariants (debug: run whenever the loop goes idle)."""
         self.runtime.check_integrity(self.slots)
+        self.seating.check_integrity()
         self.anon.check_integrity()
         if self.store is not None:
             self.store.check_integrity()

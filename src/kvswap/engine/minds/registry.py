@@ -345,6 +345,15 @@ class MindRegistry:
             self._handoffs.pop(key, None)
             self._handed_at.pop(key, None)
 
+    def residents(self) -> dict[str, int]:
+        """Every resident mind and its slot (a copy)."""
+        with self._lock:
+            return dict(self._resident)
+
+    def handoff_keys(self) -> set[str]:
+        with self._lock:
+            return set(self._handoffs)
+
     # -- page sizes and the demoter's bell -----------------------------------------------------
 
     def saw_page(self, n_bytes: int) -> None:

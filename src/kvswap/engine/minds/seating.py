@@ -398,6 +398,14 @@ class Seating:
             out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
         return out
 
+    def check_integrity(self) -> None:
+        """Assert the registry's residents are exactly the slots' minds, and a mind on its way
+        to disk (too large for the store) still holds its slot until its file is written."""
+        seated = {s.mind: s.id for s in self.slots if s.mind is not None}
+        assert self.registry.residents() == seated, (self.registry.residents(), seated)
+        for key in self.registry.handoff_keys():
+            assert key in seated, f"mind {key} on its way to disk left its slot first"
+
     def _store(self) -> PageStore:
         if self.store is None:
             raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
