@@ -62,8 +62,9 @@ def slot_json(
         "n_ctx": slot.n_ctx,
         "speculative": slot.speculative,
         "is_processing": slot.is_processing,
-        "mind": slot.mind,  # kvswap's: the mind the slot holds (null: none, or another key's)
     }
+    if slot.mind is not None:
+        out["mind"] = slot.mind  # kvswap's: the caller's own mind the slot holds
     task = slot.task
     if task is None:
         return out
