@@ -69,19 +69,21 @@ def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
         server.stop()
 
 
-@pytest.mark.timeout(400)
+# About a minute on an idle 2-core machine; a shared, loaded one can take ten times that.
+@pytest.mark.timeout(900)
 def test_minds_that_left_a_full_unified_pool_come_back_with_only_new_tokens(
     start: Callable[..., ServerProcess],
 ) -> None:
     server = start(*DEFAULT_ARGS)
     props = server.client.get("/props").json()["context_geometry"]
     assert props["n_parallel"] == 4 and props["kv_unified"] and props["n_ctx"] == 4096
-    minds = Minds(server, N_MINDS, n_facts=55)  # ~1,170 tokens each: three fill the pool
+    # ~1,050 tokens each: three residents leave fewer free cells than a returning mind needs.
+    minds = Minds(server, N_MINDS, n_facts=50)
     for turn in range(3):
         for m in range(N_MINDS):
             n_before = minds.n_prompt.get(m, 0)
             out = minds.turn(m, turn)
-            assert out["timings"]["prompt_n"] + out["timings"]["cache_n"] > 1100
+            assert out["timings"]["prompt_n"] + out["timings"]["cache_n"] > 1040
             if turn > 0:
                 # It returned from a RAM page into a pool other minds had filled: only the
                 # turn's new tokens are prefilled.

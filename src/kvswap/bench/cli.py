@@ -9,6 +9,7 @@ import sys
 BENCHES: dict[str, str] = {
     "agents": "chat agents with long system prompts at the default flags, against llama-server",
     "minds": "many minds taking turns on few slots: reprefill, disk, minds, llama-server",
+    "flush": "what a SIGKILL loses, with and without --page-flush-seconds",
     "paging": "what a mind switch costs: page_out/page_in against save/restore and re-prefill",
     "throughput": "the server against a bare batched llama_decode loop (several minutes)",
     "reconfigure": "a live reconfigure against a restart",
