@@ -8,7 +8,7 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   registry holds the copy until it is on disk); without one its state is dropped, logged once
   (a mind's state is a cache of the conversation its next request carries whole, so that
   request re-prefills it), and the slot serves the waiting work;
-- `save`, `erase` and `page_out` on a slot holding a mind act on the mind (`verb_on_mind`):
+- `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
   save copies it (the mind stays), erase and page_out end it (the caller then forgets its
   spilled copy). With API keys a verb of another tenant is refused, naming no mind;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
@@ -81,11 +81,6 @@ class NotYourMind(KvswapError):
         )
 
 
-def verb_acts_on_mind(cmd: object) -> bool:
-    """Slot verbs that act on the state a slot holds (a mind's, when it holds one)."""
-    return isinstance(cmd, SlotCapture | SlotErase | PageOut)
-
-
 class Seating:
     """See the module docstring."""
 
@@ -115,11 +110,12 @@ class Seating:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
-        if slot.mind is not None and verb_acts_on_mind(cmd):
-            namespace = getattr(cmd, "namespace", None)
-            if namespace is not None and split_key(slot.mind)[0] != namespace:
+        if slot.mind is not None and isinstance(cmd, SlotCapture | SlotErase | PageOut):
+            # These verbs act on the state the slot holds: the mind's, where it is (the engine
+            # calls `left` after erase and page_out).
+            if cmd.namespace is not None and split_key(slot.mind)[0] != cmd.namespace:
                 raise NotYourMind(slot.id)
-            return  # the verb acts on the mind's state where it is (`left` after it)
+            return
         mind = cmd.request.mind if isinstance(cmd, Submit) else ""
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
