@@ -103,6 +103,7 @@ class Seating:
         self._n_reported = 0  # the last demoter pass that reported
         self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
         self._room_refused = ""  # why such a pass could not make room
+        self._refusals_logged: set[str] = set()  # reasons a switch was refused, logged once
         self._spare: tuple[mmap.mmap, Reservation] | None = None
         self._spare_pending: Reservation | None = None  # asked of the buffer worker
 
@@ -319,10 +320,14 @@ class Seating:
         if self._room_ticket is not None and self._room_refused:
             reason = self._room_refused
             self._room_ticket, self._room_refused = None, ""
-            raise KvswapError(
-                ErrorKind.UNAVAILABLE,
-                f"cannot make room for a mind switch: the page store is full and {reason}",
-            ) from err
+            message = (
+                f"cannot make room for a mind switch: the page store is full (--page-ram-bytes "
+                f"{self._store().ceiling_bytes}) and {reason}; raise --page-ram-bytes"
+            )
+            if reason not in self._refusals_logged:  # once per reason, not once per request
+                self._refusals_logged.add(reason)
+                log.warning("%s", message)
+            raise KvswapError(ErrorKind.UNAVAILABLE, message) from err
         if self._room_ticket is None:
             self._room_ticket = self._n_reported + 1
         self.registry.need_room()
