@@ -170,8 +170,10 @@ class Seating:
         the state fits. Loading a state clears the slot's own cells first, so only the other
         slots' count."""
         rt = self.runtime
-        if not rt.geometry.kv_unified:
-            return  # each slot has a stream of its own, as large as a slot's window
+        if not rt.geometry.kv_unified or rt.model.info.is_recurrent:
+            # Each slot has a stream of its own, as large as its window; a recurrent model
+            # holds one cell per slot, whatever its tokens.
+            return
         while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > rt.ctx.n_ctx:
             idle = [s for s in self.slots.idle_residents() if s is not slot]
             if not idle:
