@@ -99,7 +99,8 @@ def run(config: ServerConfig, sockets: list[socket.socket]) -> int:
     from kvswap.server.startup import listening_urls, remove_unix_sockets
 
     loader = Loader(config, prefetch)
-    loader.listening = tuple(listening_urls(sockets))
+    scheme = "https" if config.http.ssl_cert_file else "http"
+    loader.listening = tuple(listening_urls(sockets, scheme))
     app = create_app(config, loader)
     uv_config = uvicorn.Config(
         app,
@@ -109,6 +110,8 @@ def run(config: ServerConfig, sockets: list[socket.socket]) -> int:
         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
         timeout_keep_alive=max(5, min(config.http.timeout_s, 600)),
         lifespan="on",
+        ssl_keyfile=config.http.ssl_key_file,
+        ssl_certfile=config.http.ssl_cert_file,
     )
     server = uvicorn.Server(uv_config)
     loader.on_failure = lambda: setattr(server, "should_exit", True)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -31,7 +32,9 @@ class ServerProcess:
         self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None
     ) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # With --ssl-cert-file the server speaks HTTPS; the client trusts that certificate.
+        cert = args[list(args).index("--ssl-cert-file") + 1] if "--ssl-cert-file" in args else None
+        self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
         self.args = list(args)
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
@@ -43,7 +46,8 @@ class ServerProcess:
             env={**os.environ, "KVSWAP_CHECK_INTEGRITY": "1", **(env or {})},
             cwd=REPO,
         )
-        self.client = httpx.Client(base_url=self.url, timeout=300)
+        verify = ssl.create_default_context(cafile=cert) if cert else True
+        self.client = httpx.Client(base_url=self.url, timeout=300, verify=verify)
         self.wait_ready()
 
     def wait_ready(self, timeout_s: float = 120) -> None:

@@ -204,3 +204,26 @@ def test_tool_choice_none_parses_nothing(agent_server: ServerProcess) -> None:
         max_tokens=20,  # type: ignore[list-item]
     )
     assert out.choices[0].message.content and not out.choices[0].message.tool_calls
+
+
+def test_switching_tool_choice_between_none_and_auto_keeps_the_cache(
+    agent_server: ServerProcess,
+) -> None:
+    # llama-server renders the tools under "none" as under "auto": the prompt, and so the
+    # conversation's cache, survives a switch (kvswap's generic instruction included).
+    messages = [{"role": "user", "content": "Plan a trip to Oslo, in one short sentence."}]
+    body = {"tools": [WEATHER], "temperature": 0, "max_tokens": 12}
+    first = agent_server.post(
+        "/v1/chat/completions", {**body, "messages": messages, "tool_choice": "none"}
+    )
+    assert first.status_code == 200, first.text
+    message = first.json()["choices"][0]["message"]
+    assert message["content"] and not message.get("tool_calls")
+    assert not message["content"].lstrip().startswith("{")  # the reply, not its JSON
+    n_first = first.json()["timings"]["cache_n"] + first.json()["timings"]["prompt_n"]
+    messages += [message, {"role": "user", "content": "And the weather there?"}]
+    second = agent_server.post(
+        "/v1/chat/completions", {**body, "messages": messages, "tool_choice": "auto"}
+    )
+    assert second.status_code == 200, second.text
+    assert second.json()["timings"]["cache_n"] >= n_first - 1

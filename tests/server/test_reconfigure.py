@@ -225,6 +225,15 @@ def test_a_kv_type_change_needs_force_and_leaves_token_only_pages(server_factory
         server.stop()
 
 
+def test_an_unknown_field_is_refused_naming_it_and_nothing_changes(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server: ServerProcess = server_factory(*ARGS)
+    before = _geometry(server)
+    status, body = _reconfigure(server, n_ctx=4096, n_foo=3)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert "'n_foo'" in body["error"]["message"]
+    assert _geometry(server) == before  # not even a drain: the generation is unchanged
+
+
 @pytest.mark.slow
 def test_100_grow_shrink_cycles_keep_resident_memory_flat(server_factory) -> None:  # type: ignore[no-untyped-def]
     server: ServerProcess = server_factory(*ARGS, fresh=True)

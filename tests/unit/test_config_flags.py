@@ -397,3 +397,33 @@ def test_format_help_lists_flags_envs_and_sections() -> None:
         "-mm, --mmproj",
     ):
         assert needle in text
+
+
+def test_jinja_is_what_kvswap_does_and_is_not_reported_ignored() -> None:
+    cfg = parse(["--jinja"], {})
+    assert cfg.ignored_flags == ()
+    assert parse([], {"LLAMA_ARG_JINJA": "1"}).ignored_flags == ()
+
+
+def test_chat_template_kwargs_accumulate_and_must_be_a_json_object() -> None:
+    cfg = parse(
+        ["--chat-template-kwargs", '{"a": 1, "b": "x"}', "--chat-template-kwargs", '{"a": [2]}'],
+        {},
+    )
+    assert dict(cfg.model.chat_template_kwargs) == {"a": "[2]", "b": '"x"'}
+    for bad in ("[1]", "{oops"):
+        with pytest.raises(ConfigError, match="--chat-template-kwargs"):
+            parse(["--chat-template-kwargs", bad], {})
+
+
+def test_tls_takes_both_files_or_refuses_to_start(tmp_path: Path) -> None:
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    key.write_text("k")
+    cert.write_text("c")
+    cfg = parse(["--ssl-key-file", str(key), "--ssl-cert-file", str(cert)], {})
+    assert (cfg.http.ssl_key_file, cfg.http.ssl_cert_file) == (str(key), str(cert))
+    assert cfg.ignored_flags == ()
+    with pytest.raises(ConfigError, match="--ssl-cert-file needs its pair"):
+        parse(["--ssl-cert-file", str(cert)], {})
+    with pytest.raises(ConfigError, match="failed to open file"):
+        parse(["--ssl-key-file", str(tmp_path / "none.pem"), "--ssl-cert-file", str(cert)], {})

@@ -49,10 +49,12 @@ SAMPLES = {
     "--page-disk-bytes": "1M",
     "--max-body-bytes": "1M",
     "-sps": "0.5",
+    "--chat-template-kwargs": '{"enable_thinking": false}',
 }
 NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file", "--path"}
 NEEDS_DIR = {"--slot-save-path", "--path"}
-FAILS_BY_DESIGN = {"--spec-default"}  # asks for ngram-mod, which kvswap refuses
+# --spec-default asks for ngram-mod, which kvswap refuses; a TLS file alone needs its pair.
+FAILS_BY_DESIGN = {"--spec-default", "--ssl-key-file", "--ssl-cert-file"}
 FAILS_BY_DESIGN |= {
     "--models-dir",
     "--models-preset",

@@ -236,6 +236,7 @@ def test_oai_completion_refuses_echo_best_of_and_suffix() -> None:
     [
         None,
         "string",
+        [],  # OpenAI answers an empty conversation with a 400 (the newcomer note, finding 18)
         [123],
         [{}],
         [{"role": 123}],

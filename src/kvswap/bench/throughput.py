@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvswap.backend.liblog import route_libllama_logs
+from kvswap.bench.progress import progress
 from kvswap.bench.server import BenchServer
 
 # Pause between two measured runs: libgomp's idle threads spin for a while after a parallel
@@ -220,14 +221,18 @@ def part1(load: Load, runs: int, llama_server: str | None) -> list[str]:
         for name, server in servers.items():
             sides[name] = functools.partial(server_run, server)
         order = list(sides)
+        n_done, n_steps = 0, runs * len(work) * len(order)
         for run in range(runs):
             # Alternated, so drift on a shared machine hits every side alike, and rotated: the
             # side that runs right after another meets its OpenMP threads still spinning.
             rotated = order[run % len(order) :] + order[: run % len(order)]
             for job in work:
                 for name in rotated:
+                    progress("part 1", n_done, n_steps, f"jobs ({job.name} on {name})")
                     time.sleep(_SETTLE_S)
                     seconds.setdefault((job.name, name), []).append(sides[name](job))
+                    n_done += 1
+        progress("part 1", n_done, n_steps, "jobs")
     finally:
         loop.close()
         for server in servers.values():
@@ -256,11 +261,14 @@ def part2(load: Load, mind_tokens: int, runs: int) -> list[str]:
     ]
     short_prompt = "Write a short note about the weather. " * 4
     slot_ctx = mind_tokens + 512
+    n_done = 0
     for unified in (True, False):
         server = BenchServer(_server_args(load, 3, unified, 3 * slot_ctx))
         try:
             base = 0.0
             for n_minds in (0, 1, 2):
+                progress("part 2", n_done, 6, "layouts x resident minds")
+                n_done += 1
                 if n_minds > 0:
                     mind = " ".join(f"mind{n_minds} fact{j}" for j in range(mind_tokens))
                     tokens = server.client.post(
@@ -287,6 +295,7 @@ def part2(load: Load, mind_tokens: int, runs: int) -> list[str]:
                 )
         finally:
             server.close()
+    progress("part 2", n_done, 6, "layouts x resident minds")
     return lines
 
 

@@ -268,6 +268,12 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
     if b.http.webui and static_path is not None and not os.path.isdir(static_path):
         raise ConfigError(f"--path: static assets path not found: {static_path}")
     table_cors.cors_origins_default(b)
+    if (b.http.ssl_key_file is None) != (b.http.ssl_cert_file is None):
+        given = "--ssl-key-file" if b.http.ssl_key_file is not None else "--ssl-cert-file"
+        raise ConfigError(
+            f"{given} needs its pair: HTTPS takes both --ssl-key-file and --ssl-cert-file "
+            "(kvswap never serves plain HTTP where TLS was asked for)"
+        )
     return ServerConfig(
         model=b.model,
         context=b.context,

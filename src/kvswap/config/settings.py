@@ -86,6 +86,9 @@ class ModelSettings:
     # -rea/--reasoning (LLAMA_ARG_REASONING): "on" | "off" | "auto" (from the template). "off"
     # renders with enable_thinking false and closes a thinking block the template opens.
     reasoning: str = "auto"
+    # --chat-template-kwargs (LLAMA_ARG_CHAT_TEMPLATE_KWARGS): a JSON object's (key, value as
+    # JSON text) pairs, the defaults under each request's own `chat_template_kwargs`.
+    chat_template_kwargs: tuple[tuple[str, str], ...] = ()
     # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).
@@ -234,6 +237,10 @@ class HttpSettings:
     # --path (LLAMA_ARG_STATIC_PATH): serve this folder's files at / instead of the page; None
     # (or an empty value): the page. With the UI on it must be a directory (checked at parse).
     static_path: str | None = None
+    # --ssl-key-file / --ssl-cert-file (LLAMA_ARG_SSL_KEY_FILE / _CERT_FILE): PEM files; both
+    # given: the server speaks HTTPS (one alone is refused at start).
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
     # kvswap-only --max-body-bytes (KVSWAP_ARG_MAX_BODY_BYTES): request bodies past this: 413.
     max_body_bytes: int = 32 << 20
     # kvswap-only --max-n-predict (KVSWAP_ARG_MAX_N_PREDICT): caps every request's n_predict;
@@ -269,6 +276,10 @@ class PagingSettings:
     # kvswap-only --page-disk-drop-lru (KVSWAP_ARG_PAGE_DISK_DROP_LRU): a full disk tier drops
     # the least recently used spilled minds instead of refusing new spills.
     page_disk_drop_lru: bool = False
+    # kvswap-only --page-flush-seconds (KVSWAP_ARG_PAGE_FLUSH_SECONDS): with --slot-save-path, a
+    # mind changed this long ago is written to disk at its next idle moment, so a SIGKILL loses
+    # at most about this many seconds of its turns; 0 = only under RAM pressure and at exit.
+    page_flush_seconds: float = 30.0
     # -cram/--cache-ram (LLAMA_ARG_CACHE_RAM): llama-server's prompt cache in MiB;
     # -1 = no limit, 0 = off.
     cache_ram_mib: int = 8192

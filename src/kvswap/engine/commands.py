@@ -49,6 +49,7 @@ class SlotCapture:
     req_id: int
     slot_id: int
     reply: Reply[Captured]
+    namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
@@ -63,21 +64,24 @@ class SlotApply:
 
 @dataclass(frozen=True)
 class SlotErase:
-    """Forget a slot's cached tokens and KV."""
+    """Forget a slot's cached tokens and KV (a mind it holds is erased)."""
 
     req_id: int
     slot_id: int
     reply: Reply[Erased]
+    namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
 class PageOut:
-    """Move a slot's whole state into the page store under `name`; the slot is freed."""
+    """Move a slot's whole state into the page store under `name`; the slot is freed (a mind
+    it holds becomes that page)."""
 
     req_id: int
     slot_id: int
     name: str
     reply: Reply[PageMoved]
+    namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
@@ -115,11 +119,13 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FlushMinds:
-    """Copy every resident mind's state out (for a spill before exit); the slots keep theirs.
+    """Copy every idle resident mind's state out (for a spill before exit, or only `keys` for
+    a scheduled flush); the slots keep theirs.
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes."""
 
     reply: Reply[list[tuple[str, Captured]]]
+    keys: frozenset[str] | None = None  # None: every mind
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ class Captured:
     slot_id: int
     buffer: mmap.mmap  # laid out by `layout`
     layout: PageLayout
+    mind: str = ""  # the key of the mind the slot holds ("": none)
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,7 @@ class Applied:
 class Erased:
     slot_id: int
     n_erased: int
+    mind: str = ""  # the key of the mind erased with the slot ("": none)
 
 
 @dataclass(frozen=True)
@@ -209,6 +217,7 @@ class PageMoved:
     t_ms: float  # the whole verb, from its start on the slot
     n_discarded: int = 0  # page_in: cached tokens the slot lost
     copy_ms: float = 0.0  # page_out: the copy on the engine thread (its only stall)
+    mind: str = ""  # page_out: the key of the mind the slot held ("": none)
 
 
 @dataclass(frozen=True)

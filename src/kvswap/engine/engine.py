@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -254,7 +255,7 @@ class Engine:
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
             try:
-                cmd.reply(self.seating.flush())
+                cmd.reply(self.seating.flush(cmd.keys))
             except KvswapError as err:
                 cmd.reply(err)
         elif isinstance(cmd, SLOT_VERBS):
@@ -311,7 +312,8 @@ class Engine:
             if isinstance(cmd, SlotApply):
                 cmd.reply(verbs.apply(cmd, slot))
             elif isinstance(cmd, SlotErase):
-                cmd.reply(verbs.erase(cmd, slot))
+                erased = verbs.erase(cmd, slot)
+                cmd.reply(replace(erased, mind=self.seating.left(slot)))
             elif self.store is not None and is_token_only(self.store, cmd.name):
                 # A KV type change dropped its state: the slot re-prefills its tokens.
                 submit = reprefill_request(
@@ -340,12 +342,15 @@ class Engine:
             verbs.abandon(pending)
             cmd.reply(KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the copy: {ready.error}"))
             return
+        slot = pending.slot
         try:
             if isinstance(cmd, PageOut):
-                cmd.reply(verbs.finish_page(pending, ready.buffer))
+                moved = verbs.finish_page(pending, ready.buffer)
+                cmd.reply(replace(moved, mind=self.seating.left(slot)))  # the mind is the page
             else:
-                cmd.reply(verbs.finish_copy(pending, ready.buffer))
-            pending.slot.t_last_used = time.monotonic()
+                captured = verbs.finish_copy(pending, ready.buffer)
+                cmd.reply(replace(captured, mind=slot.mind or ""))
+            slot.t_last_used = time.monotonic()
         except KvswapError as err:
             cmd.reply(err)
 
@@ -472,6 +477,7 @@ class Engine:
     def check_integrity(self) -> None:
         """Every byte owner's invariants (debug: run whenever the loop goes idle)."""
         self.runtime.check_integrity(self.slots)
+        self.seating.check_integrity()
         self.anon.check_integrity()
         if self.store is not None:
             self.store.check_integrity()

@@ -40,6 +40,7 @@ class SlotSnapshot:
     has_next_token: bool
     generated_text: str
     speculative: bool = False
+    mind: str = ""  # the key of the mind the slot holds ("": none)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ def take_snapshot(
                 has_next_token=slot.running is not None,
                 generated_text=run.text.content if run else "",
                 speculative=runtime.spec is not None,
+                mind=slot.mind or "",
             )
         )
     return EngineSnapshot(

@@ -28,11 +28,12 @@ from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs
 from kvswap.server.pages import routes_reconfigure, routes_slots
+from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
 
 
-def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
+def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
     sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
 
     @asynccontextmanager
@@ -87,4 +88,4 @@ def create_app(config: ServerConfig, loader: Loader) -> CorsMiddleware:
         sleeper=sleeper,
         page_paths=page_paths(),
     )
-    return CorsMiddleware(guard, cors_policy(config.http))
+    return RequestLog(CorsMiddleware(guard, cors_policy(config.http)))

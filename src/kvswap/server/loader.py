@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from kvswap.backend.lora import Adapters
-from kvswap.backend.model import Model, ModelParams
+from kvswap.backend.model import Model, ModelLoadError, ModelParams
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
 from kvswap.engine.plan.geometry import resolve_geometry
@@ -155,6 +155,9 @@ class Loader:
                 snap.geometry.kv_unified,
             )
             log.info("server is listening on %s", ", ".join(self.listening))
+        except ModelLoadError as err:
+            self.error = err  # a missing or unreadable file: the one line at exit says it all
+            loop.call_soon_threadsafe(self.on_failure)
         except Exception as err:
             log.debug("model loading failed", exc_info=True)  # -v shows where
             self.error = err

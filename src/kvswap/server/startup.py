@@ -122,7 +122,7 @@ def bind_listeners(http: HttpSettings) -> list[socket.socket]:
     return sockets
 
 
-def listening_urls(sockets: list[socket.socket]) -> list[str]:
+def listening_urls(sockets: list[socket.socket], scheme: str = "http") -> list[str]:
     """Where the bound sockets listen, for the log (the real port when --port 0)."""
     urls = []
     for sock in sockets:
@@ -131,7 +131,7 @@ def listening_urls(sockets: list[socket.socket]) -> list[str]:
             continue
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if sock.family == socket.AF_INET6 else host
-        urls.append(f"http://{shown}:{port}")
+        urls.append(f"{scheme}://{shown}:{port}")
     return urls
 
 

@@ -139,7 +139,11 @@ def build_state(
         post=client.post,
         publisher=publisher,
         save_dir=save_dir,
-        policy=MindPolicy(config.paging.page_disk_bytes, config.paging.page_disk_drop_lru),
+        policy=MindPolicy(
+            config.paging.page_disk_bytes,
+            config.paging.page_disk_drop_lru,
+            config.paging.page_flush_seconds,
+        ),
     )
     return ServerState(
         config=config,

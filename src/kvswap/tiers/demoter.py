@@ -50,6 +50,7 @@ class MindPolicy:
 
     page_disk_bytes: int | None = None  # --page-disk-bytes; None: no bound
     disk_drop_lru: bool = False  # --page-disk-drop-lru
+    flush_seconds: float = 0.0  # --page-flush-seconds; 0: no scheduled writes
 
 
 class _Answer:
@@ -86,6 +87,7 @@ class Demoter:
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
+        self.registry.set_disk_tier(publisher is not None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._io = threading.Lock()  # one spill at a time: demoter and close never interleave
@@ -103,6 +105,14 @@ class Demoter:
             self._thread = threading.Thread(target=self._loop, name="kvswap-demoter", daemon=True)
             self._thread.start()
 
+    def forget(self, key: str) -> None:
+        """A slot verb ended mind `key` (erase, page_out): its spilled files go too, so no
+        tier holds it. Under the spill lock: no copy taken before this is written after it."""
+        with self._io:
+            copy = self.registry.forget(key)
+            if copy is not None and self.publisher is not None:
+                self.publisher.remove(key)
+
     def own(self, key: str) -> bool:
         """This server owns mind `key` (now or already); False: another server does."""
         return self.owners is None or self.owners.own(key)
@@ -115,8 +125,13 @@ class Demoter:
             if not is_mind_key(info.name):
                 continue
             if info.fingerprint != fingerprint:
+                what = _made_with(info.fingerprint, fingerprint)
+                self.registry.record_foreign(info.name, what)
                 log.warning(
-                    "spilled mind %s was made by another model or KV type: not served", info.name
+                    "spilled mind %s was made with %s: not served, its file is kept (requests "
+                    "naming it are refused)",
+                    info.name,
+                    what,
                 )
                 continue
             if not self.own(info.name):
@@ -174,15 +189,21 @@ class Demoter:
                     len(captured) + len(minds_in_ram),
                 )
             return
+        self._write_handoffs()
         n_spilled = sum(self._spill_captured(key, cap) for key, cap in captured)
         for key in minds_in_ram:
             n_spilled += self._spill(store, key, drop=False, bounded=False)
-        log.info("spilled %d mind(s) before exit", n_spilled)
+        if n_spilled:
+            log.info("spilled %d mind(s) before exit", n_spilled)
 
-    def _spill_captured(self, key: str, cap: Captured) -> int:
+    def _spill_captured(self, key: str, cap: Captured, t_copied: float | None = None) -> int:
+        """Write a copy of mind `key` (taken at `t_copied`, if known) and close its buffer; 1
+        when written. A copy of a mind a slot verb ended since is not written."""
         assert self.publisher is not None
         try:
             with self._io:
+                if t_copied is not None and self.registry.forgotten_after(key, t_copied):
+                    return 0
                 receipt = publish_state(self.publisher, key, cap.buffer, cap.layout)
             self._record_disk(key, receipt.n_bytes, cap.layout.n_tokens)
             return 1
@@ -201,13 +222,80 @@ class Demoter:
             if self._stop.is_set():
                 return
             try:
+                self._write_handoffs()
                 self._demote()
+                if self.policy.flush_seconds > 0 and self.publisher is not None:
+                    self._flush_due()
             except Exception as err:
                 log.exception("the demoter failed; it retries")
                 self.registry.count(spill_failed_total=1)
                 self._refused = f"the demoter failed ({type(err).__name__})"
             self._n_passes += 1
             self.post(RoomReport(self._n_passes, self._refused))
+
+    def _flush_due(self) -> None:
+        """Write the idle minds changed `--page-flush-seconds` ago (RAM pages directly, resident
+        minds through a copy from the engine), so a SIGKILL loses at most that window. A mind
+        whose write is refused (the disk budget: flushes never drop other minds) waits another
+        window."""
+        store, reg = self.store, self.registry
+        assert store is not None
+        due = reg.due_for_flush(self.policy.flush_seconds)
+        if not due:
+            return
+        for key in [k for k in due if store.has(k)]:
+            self._flush_page(store, key)
+        resident = frozenset(k for k in due if reg.resident_slot(k) is not None)
+        if not resident:
+            return
+        t_asked = time.time()
+        answer = _Answer()
+        self.post(FlushMinds(answer, resident))
+        if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, list):
+            return
+        for key, cap in answer.value:
+            if not self._disk_room(key, cap.layout.n_bytes, may_drop=False):
+                cap.buffer.close()
+            elif self._spill_captured(key, cap, t_asked):  # closes the buffer
+                reg.flushed(key, t_asked)
+                reg.count(flushes_total=1)
+
+    def _flush_page(self, store: PageStore, key: str) -> None:
+        """Write mind `key`'s RAM page to disk, keeping it in RAM."""
+        assert self.publisher is not None
+        try:
+            page = store.hold(key)
+        except KvswapError:
+            return  # paged in meanwhile: its next window writes it from the slot
+        t_held = time.time()
+        try:
+            if not self._disk_room(key, page.n_bytes, may_drop=False):
+                return
+            with self._io:
+                if self.registry.forgotten_after(key, t_held):
+                    return
+                receipt = publish_state(self.publisher, key, page.buffer, page.layout)
+            self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
+            self.registry.flushed(key, t_held)
+            self.registry.count(flushes_total=1)
+        except FilesError as err:
+            self.registry.count(spill_failed_total=1)
+            log.error("mind %s could not be written to disk: %s", key, err)
+        finally:
+            store.release(page)
+
+    def _write_handoffs(self) -> None:
+        """Write the minds too large for the page store that the engine handed over."""
+        while (handoff := self.registry.take_handoff()) is not None:
+            key, cap, t_copied = handoff
+            if self._disk_room(key, cap.layout.n_bytes):
+                written = self._spill_captured(key, cap, t_copied)
+            else:
+                cap.buffer.close()
+                written = 0
+            self.registry.handoff_done(key, bool(written))
+            if written:
+                self.registry.count(spills_total=1)
 
     def _demote(self) -> None:
         """Shed the anonymous cache, then spill least recently used idle mind pages, until the
@@ -253,9 +341,11 @@ class Demoter:
         try:
             if bounded and not self._disk_room(key, page.n_bytes):
                 return 0
+            t_held = time.time()
             with self._io:
                 receipt = publish_state(self.publisher, key, page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
+            self.registry.flushed(key, t_held)
             if drop:
                 reg.drop_if_idle(key, lambda: store.remove(key, page.generation))
             reg.count(spills_total=1)
@@ -271,8 +361,9 @@ class Demoter:
     def _record_disk(self, key: str, n_bytes: int, n_tokens: int) -> None:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
-    def _disk_room(self, key: str, n_bytes: int) -> bool:
-        """Room for `n_bytes` more on disk (the mind's own old copy is replaced)."""
+    def _disk_room(self, key: str, n_bytes: int, may_drop: bool = True) -> bool:
+        """Room for `n_bytes` more on disk (the mind's own old copy is replaced); `may_drop`:
+        --page-disk-drop-lru may make it (a scheduled flush never drops another mind)."""
         bound = self.policy.page_disk_bytes
         if bound is None:
             return True
@@ -282,6 +373,8 @@ class Demoter:
         used = sum(c.n_bytes for k, c in copies.items() if k != key)
         if used + n_bytes <= bound:
             return True
+        if not may_drop:
+            return False
         if not self.policy.disk_drop_lru:
             reg.count(disk_refused_total=1)
             self._refused = (
@@ -305,6 +398,16 @@ class Demoter:
                 copy.n_bytes,
             )
         return used + n_bytes <= bound
+
+
+def _made_with(theirs: str, ours: str) -> str:
+    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
+    their_model, _, their_kv = theirs.partition(";")
+    our_model, _, _ = ours.partition(";")
+    if their_model != our_model:
+        return "another model"
+    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
+    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
 
 
 def _n_tokens(path: Path) -> int:

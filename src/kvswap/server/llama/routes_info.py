@@ -29,6 +29,7 @@ from kvswap.server.llama.formats_info import (
     slots_json,
 )
 from kvswap.server.openapi import body_schema
+from kvswap.server.pages.minds import caller_namespace, mind_name
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
 from kvswap.server.requests.schemas import (
     CompletionRequest,
@@ -121,7 +122,7 @@ async def models(request: Request) -> JSONResponse:
     return JSONResponse(models_json(view, created=int(state.t_start)))
 
 
-def _slot_view(s: SlotSnapshot) -> SlotView:
+def _slot_view(s: SlotSnapshot, namespace: str) -> SlotView:
     task = None
     if s.request is not None:
         n_predict = s.request.n_predict
@@ -141,7 +142,12 @@ def _slot_view(s: SlotSnapshot) -> SlotView:
             generated=s.generated_text,
         )
     return SlotView(
-        id=s.id, n_ctx=s.n_ctx, speculative=s.speculative, is_processing=s.is_processing, task=task
+        id=s.id,
+        n_ctx=s.n_ctx,
+        speculative=s.speculative,
+        is_processing=s.is_processing,
+        task=task,
+        mind=mind_name(s.mind, namespace),
     )
 
 
@@ -153,7 +159,8 @@ async def slots(request: Request) -> JSONResponse:
     snap = state.snapshot
     if request.query_params.get("fail_on_no_slot") and snap.n_idle_slots == 0:
         raise KvswapError(ErrorKind.UNAVAILABLE, "no slot available")
-    views = [_slot_view(s) for s in snap.slots]
+    namespace = caller_namespace(request.headers, keyed=bool(state.config.http.api_keys))
+    views = [_slot_view(s, namespace) for s in snap.slots]
     return JSONResponse(slots_json(views, speculative_types=state.config.spec.spec_type))
 
 

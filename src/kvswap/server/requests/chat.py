@@ -11,6 +11,7 @@ parser uses. Typed 400s for what cannot be honoured.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,12 +86,23 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     )
     # A response format wins over optional tool calls, as llama-server's autoparser.
     calling = calling and schema is None
+    # tool_choice "none" shows the tools as "auto" does (llama-server renders them either way),
+    # so a switch between the two keeps the prompt and the conversation's cache; a template
+    # with no tool syntax is then held to the JSON reply, without its call alternative.
+    answering = (
+        choice.mode is ToolMode.NONE
+        and fmt is not None
+        and fmt.name == "generic"
+        and schema is None
+        and not body.grammar
+    )
     messages = chat_messages(body)
     if fmt is not None:
+        shown = ToolChoice(ToolMode.AUTO) if answering else choice
         messages = fmt.adapt_messages(
             messages,
             tools,
-            choice if calling else ToolChoice(ToolMode.NONE),
+            shown if calling or answering else ToolChoice(ToolMode.NONE),
             parallel,
             template.caps,
         )
@@ -99,7 +111,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     reasoning_format = _reasoning_format(body)
     reasoning = Reasoning.detect(template.source, prompt) if reasoning_format != "none" else None
     constraint: Constraint | None = None
-    if calling and fmt is not None:
+    if (calling or answering) and fmt is not None:
         try:
             tool_grammar = fmt.grammar(tools, choice, parallel)
         except SchemaError as err:
@@ -120,7 +132,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         check_constraint(state.vocab, constraint)
     streamed_legacy = reasoning_format == "deepseek-legacy" and bool(body.stream)
     spec = ParseSpec(
-        tool_format=fmt if calling else None,
+        tool_format=fmt if calling or answering else None,
         reasoning=None if streamed_legacy else reasoning,
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
@@ -141,7 +153,9 @@ def _render(
     tools: list[dict[str, Any]] | None,
 ) -> str:
     """The chat template applied to the messages (typed 400 on bad messages)."""
-    kwargs = dict(body.chat_template_kwargs or {})
+    # --chat-template-kwargs are the defaults; the request's own keys win (llama-server).
+    kwargs = {k: json.loads(v) for k, v in state.config.model.chat_template_kwargs}
+    kwargs.update(body.chat_template_kwargs or {})
     effort = body.reasoning_effort
     if effort == "none":
         kwargs["enable_thinking"] = False
