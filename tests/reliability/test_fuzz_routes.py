@@ -242,6 +242,15 @@ def test_found_defects_stay_fixed(tenants: Tenants, method: str, url: str, conte
     check_case(tenants, Case(method, url, content, AS_K1))
 
 
+@pytest.mark.parametrize("verb", ["save", "restore", "spill", "page_in", "page_out", "page_drop"])
+def test_slot_verbs_never_reach_another_tenants_mind_files(tenants: Tenants, verb: str) -> None:
+    """The fuzzer's aim, as fixed cases: each verb naming a file of tenant 2's spilled mind
+    (as `filename` and as `page`) is refused."""
+    for name in tenants.protected:
+        body = json.dumps({"filename": name, "drop": False}).encode()
+        check_case(tenants, Case("POST", f"/slots/0?action={verb}&page={name}", body, AS_K1))
+
+
 def test_the_openapi_document_publishes_every_body_field_with_standard_bounds(
     tenants: Tenants,
 ) -> None:
