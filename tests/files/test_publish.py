@@ -430,7 +430,10 @@ FLOCK_SYSCALL = {"x86_64": 73, "aarch64": 32}[platform.machine()]
 
 
 def _blocked_in_flock(tid: int) -> bool:
-    text = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
+    try:
+        text = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
+    except FileNotFoundError:
+        return False  # the thread has ended
     return bool(text) and text[0] == str(FLOCK_SYSCALL)
 
 
@@ -447,6 +450,7 @@ def test_a_reader_holds_commits_off(save_dir: Path) -> None:
             reading.set()
             deadline = time.monotonic() + 30
             while not (writer_tid and _blocked_in_flock(writer_tid[0])):
+                assert "commit" not in events, "the publisher committed while a read held the lock"
                 assert time.monotonic() < deadline, "the publisher never blocked on the lock"
                 time.sleep(0.001)
             events.append("writer blocked")
