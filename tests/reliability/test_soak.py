@@ -76,3 +76,4 @@ def test_soak(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> N
     worst = max(report.samples, key=lambda s: s.rss_bytes)
     assert worst.rss_bytes <= bound, (worst, bound, summary)
     assert server.proc.poll() is None
+    server.stop()  # its memory is the rest of the suite's
