@@ -29,7 +29,11 @@ class ServerProcess:
     """`python -m kvswap serve ARGS` with its output in a log file."""
 
     def __init__(
-        self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.port = free_port()
         # With --ssl-cert-file the server speaks HTTPS; the client trusts that certificate.
@@ -44,7 +48,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             # Every byte owner checks its integrity whenever the engine idles (debug mode).
             env={**os.environ, "KVSWAP_CHECK_INTEGRITY": "1", **(env or {})},
-            cwd=REPO,
+            cwd=cwd or REPO,
         )
         verify = ssl.create_default_context(cafile=cert) if cert else True
         self.client = httpx.Client(base_url=self.url, timeout=300, verify=verify)

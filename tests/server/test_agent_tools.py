@@ -22,6 +22,7 @@ from tests.server.agent_util import (
     WEATHER,
     WEATHER_PARAMS,
     collect_tool_calls,
+    from_scratch,
     oai,
 )
 from tests.server.harness import ServerProcess
@@ -50,7 +51,10 @@ def round_trip(server: ServerProcess, *, final_choice: str, max_tokens: int = 12
         "temperature": 0,
         "max_tokens": max_tokens,
     }
-    first = client.chat.completions.create(messages=ASK, tool_choice="required", **args)  # type: ignore[call-overload]
+    # The call and the same call streamed are compared token for token: both from scratch.
+    first = client.chat.completions.create(
+        messages=ASK, tool_choice="required", extra_body=from_scratch(server), **args
+    )  # type: ignore[call-overload]
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -58,7 +62,13 @@ def round_trip(server: ServerProcess, *, final_choice: str, max_tokens: int = 12
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
 
     chunks = list(
-        client.chat.completions.create(messages=ASK, tool_choice="required", stream=True, **args)  # type: ignore[call-overload]
+        client.chat.completions.create(
+            messages=ASK,
+            tool_choice="required",
+            stream=True,
+            extra_body=from_scratch(server),
+            **args,
+        )  # type: ignore[call-overload]
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"

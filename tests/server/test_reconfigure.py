@@ -162,7 +162,10 @@ def test_shrinking_below_an_in_flight_request_is_refused_and_nothing_changes(
 
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # until slot 0 runs it (the engine's own view)
+        while not server.client.get("/slots").json()[0]["is_processing"]:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.02)
         status, body = _reconfigure(server, n_ctx=256)
         assert status == 400 and "nothing changed" in body["error"]["message"], body
         t.join(120)

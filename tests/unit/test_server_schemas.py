@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kvswap.config.settings import SamplingDefaults
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.sampling import DEFAULT_SAMPLERS, LLAMA_DEFAULT_SEED
 from kvswap.server.requests import params
@@ -347,8 +348,7 @@ def test_defaults_fill_absent_fields() -> None:
 
 
 def test_real_sampling_defaults_satisfy_the_protocol() -> None:
-    settings = pytest.importorskip("kvswap.config.settings")
-    defaults = settings.SamplingDefaults()
+    defaults = SamplingDefaults()
     s = params.build_sampling(completion(), defaults)
     assert s.seed == LLAMA_DEFAULT_SEED
     assert s.temperature == defaults.temperature

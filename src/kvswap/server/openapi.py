@@ -12,17 +12,15 @@ from typing import Any
 from pydantic import BaseModel
 
 
-def body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")
-                }
-            },
-        }
-    }
+def body_schema(*models: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI `requestBody` of a route: one model's schema, or `anyOf` the bodies of a
+    route whose body depends on its query (POST /slots/{id}: a slot file, or a spill)."""
+    schemas = [m.model_json_schema(ref_template="#/components/schemas/{model}") for m in models]
+    schema = schemas[0]
+    if len(schemas) > 1:
+        defs = {k: v for s in schemas for k, v in s.pop("$defs", {}).items()}
+        schema = {"anyOf": schemas, **({"$defs": defs} if defs else {})}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def hoist_defs(document: dict[str, Any]) -> dict[str, Any]:

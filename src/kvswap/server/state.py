@@ -8,6 +8,7 @@ vocabulary calls) and post commands through `client`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
+from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
 from kvswap.server.llama.prometheus import MetricsRenderer
 from kvswap.server.pages.minds import MindGate
 from kvswap.server.requests.lora import LoraScales
@@ -132,7 +134,12 @@ def build_state(
 ) -> ServerState:
     """What handlers share, around a started engine; the demoter is built, not started."""
     save_dir = Path(config.http.slot_save_path) if config.http.slot_save_path else None
-    publisher = Publisher(save_dir) if save_dir is not None else None
+    publisher = None
+    if save_dir is not None:
+        seam = kill_seam_from_env(os.environ)  # the crash tests' seam (tests/reliability)
+        if seam is not None:
+            log.warning("%s is set: this server dies at that file step", KILL_AT_STEP_ENV)
+        publisher = Publisher(save_dir, seam)
     io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io")
     demoter = Demoter(
         pages=client.pages,

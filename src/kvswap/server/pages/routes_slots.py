@@ -95,7 +95,7 @@ async def _verb(
     return await state.client.call(make, request.is_disconnected, on_reply)
 
 
-@router.post("/slots/{id_slot}", openapi_extra=body_schema(SlotFileRequest))
+@router.post("/slots/{id_slot}", openapi_extra=body_schema(SlotFileRequest, SpillRequest))
 async def slot_action(
     id_slot: int, request: Request, action: str = "", page: str = ""
 ) -> JSONResponse:
