@@ -65,12 +65,19 @@ def main(argv: Sequence[str]) -> int:
 
 
 def run(config: ServerConfig) -> int:
+    import asyncio
+
     import uvicorn
 
-    from kvswap.server.app import create_app
     from kvswap.server.loader import Loader
 
+    # The model loads (in C, on the loader's thread) while the HTTP stack imports here: the
+    # loader reports to the event loop made now, which uvicorn then runs.
+    loop = asyncio.new_event_loop()
     loader = Loader(config)
+    loader.start(loop)
+    from kvswap.server.app import create_app
+
     app = create_app(config, loader)
     uv_config = uvicorn.Config(
         app,
@@ -84,7 +91,8 @@ def run(config: ServerConfig) -> int:
     server = uvicorn.Server(uv_config)
     loader.on_failure = lambda: setattr(server, "should_exit", True)
     try:
-        server.run()
+        with asyncio.Runner(loop_factory=lambda: loop) as runner:
+            runner.run(server.serve())
     finally:
         loader.close()
     if loader.error is not None:

@@ -110,6 +110,8 @@ class Engine:
             counters=PageCounters(),
         )
         rt = self.runtime
+        if config.warmup:
+            rt.warm_up()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
         self.anon = AnonCache(store=self.store, runtime=rt, budget_bytes=config.cache_ram_bytes)
         self.seating = Seating(

@@ -21,7 +21,7 @@ from kvswap.server.guard import Guard
 from kvswap.server.llama import routes_completion, routes_info, routes_lora
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
-from kvswap.server.openapi import hoist_defs
+from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import routes_reconfigure, routes_slots
 from kvswap.server.sleep import Sleeper
 
@@ -59,6 +59,7 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
+            resolve_bodies(app.routes)
             app.openapi_schema = hoist_defs(FastAPI.openapi(app))
         return app.openapi_schema
 

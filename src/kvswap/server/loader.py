@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model, ModelParams
@@ -22,7 +23,9 @@ from kvswap.engine.plan.geometry import resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
 from kvswap.models import default_model_path
-from kvswap.server.state import ServerState, build_state
+
+if TYPE_CHECKING:
+    from kvswap.server.state import ServerState
 
 log = logging.getLogger("kvswap.server")
 
@@ -57,6 +60,7 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         page_ram_bytes=config.paging.page_ram_bytes,
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
         check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
+        warmup=config.model.warmup,
     )
 
 
@@ -95,6 +99,9 @@ class Loader:
         return self.state is not None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Load in the background, reporting to `loop` (which may not run yet); once only."""
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(
             target=self._load, args=(loop,), name="kvswap-loader", daemon=True
         )
@@ -139,6 +146,10 @@ class Loader:
                 adapters=self.adapters,
                 draft_model=self.draft_model,
             )
+            # The HTTP side's state, imported here: `serve` starts this thread before it
+            # imports the HTTP stack, so the model loads while that import runs.
+            from kvswap.server.state import build_state
+
             state = build_state(self.config, model, client, self.adapters.infos)
             snap = client.snapshot
             state.demoter.start(snap.page_geometry)

@@ -3,18 +3,35 @@
 Routes read raw bodies and validate them with `schemas.parse_body` (so malformed JSON, bad
 UTF-8 and wrong types all become llama-server-shaped 400s); `body_schema` still publishes each
 body's JSON schema in the app's OpenAPI document, for clients and property-based fuzzing.
+
+The schemas are built when the document is first asked for (`resolve_bodies`), not when the
+routes are declared: building all of them at import cost a cold start about a tenth of the app's
+import time, for a document most servers never serve.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel
 
+_BODY_MODEL = "x-kvswap-body-model"  # a route's openapi_extra, until resolved
+
 
 def body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return {
-        "requestBody": {
+    """A route's `openapi_extra` naming its body model (resolved by `resolve_bodies`)."""
+    return {_BODY_MODEL: model}
+
+
+def resolve_bodies(routes: Iterable[object]) -> None:
+    """Replace each route's body model (from `body_schema`) by the body's JSON schema."""
+    for route in routes:
+        extra = getattr(route, "openapi_extra", None)
+        if not isinstance(extra, dict) or _BODY_MODEL not in extra:
+            continue
+        model: type[BaseModel] = extra.pop(_BODY_MODEL)
+        extra["requestBody"] = {
             "required": True,
             "content": {
                 "application/json": {
@@ -22,7 +39,6 @@ def body_schema(model: type[BaseModel]) -> dict[str, Any]:
                 }
             },
         }
-    }
 
 
 def hoist_defs(document: dict[str, Any]) -> dict[str, Any]:
