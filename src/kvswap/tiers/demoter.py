@@ -11,8 +11,14 @@ restart finds, and the spill before exit.
   spilled minds (logged, counted).
 - Ownership: a server owns each mind it serves through an exclusive lock file
   (`files.owners`), so two servers sharing a save path never serve one mind twice.
+- Write-behind: once no mind has been used for `_QUIET_S`, every mind whose newest state is not
+  on disk is written there and stays where it is (RAM pages as they are, residents copied out by
+  the engine), so a crash (SIGKILL) loses only what changed since the minds last went quiet.
+  It never drops another mind's copy for room and waits while any mind is in use, so a busy
+  server's decode threads share no core with it.
 - `start()` lists the minds spilled under the save path and serves them (a mind survives a
-  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page.
+  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page not
+  already current on disk.
 
 Owns the demoter thread and the ownership locks. File I/O happens here, on the demoter thread or
 the closing thread, never on the engine thread or the event loop.
@@ -42,6 +48,7 @@ log = logging.getLogger("kvswap.demoter")
 
 _POLL_S = 0.5  # the demoter also looks without being woken, this often
 _ENGINE_TIMEOUT_S = 60.0  # how long a flush or a shed waits for the engine's answer
+_QUIET_S = 1.0  # no mind used for this long: the write-behind runs
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,9 @@ class Demoter:
         self._n_passes = 0
         self._refused = ""  # why the last pass could not make room
         self._closed = False
+        # Minds the write-behind could not write (no room on disk), by their last use then:
+        # not tried again until used again.
+        self._unwritable: dict[str, float] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -154,7 +164,11 @@ class Demoter:
         store = self.store
         if store is None:
             return
-        minds_in_ram = [i.name for i in store.infos() if i.in_store and is_mind_key(i.name)]
+        minds_in_ram = [
+            i.name
+            for i in store.infos()
+            if i.in_store and is_mind_key(i.name) and not self._is_current(i.name)
+        ]
         answer = _Answer()
         self.post(FlushMinds(answer))
         if not answer.wait(_ENGINE_TIMEOUT_S):
@@ -179,8 +193,16 @@ class Demoter:
             n_spilled += self._spill(store, key, drop=False, bounded=False)
         log.info("spilled %d mind(s) before exit", n_spilled)
 
+    def _is_current(self, key: str) -> bool:
+        """Mind `key`'s disk copy was written after its last use."""
+        copy = self.registry.disk_copies().get(key)
+        return copy is not None and copy.t_unix_s >= self.registry.last_used().get(key, 0.0)
+
     def _spill_captured(self, key: str, cap: Captured) -> int:
         assert self.publisher is not None
+        if self._is_current(key):
+            cap.buffer.close()
+            return 1
         try:
             with self._io:
                 receipt = publish_state(self.publisher, key, cap.buffer, cap.layout)
@@ -202,6 +224,7 @@ class Demoter:
                 return
             try:
                 self._demote()
+                self._write_behind()
             except Exception as err:
                 log.exception("the demoter failed; it retries")
                 self.registry.count(spill_failed_total=1)
@@ -232,6 +255,55 @@ class Demoter:
             if not self._spill(store, candidates[0], drop=True, bounded=True):
                 return
         self._refused = ""
+
+    def _write_behind(self) -> None:
+        """Write every stale mind to disk, keeping it in place, once all minds are quiet."""
+        store, reg = self.store, self.registry
+        last = reg.last_used()
+        if self.publisher is None or store is None or not last:
+            return
+        if time.time() - max(last.values()) < _QUIET_S:
+            return
+        stale = [k for k in last if not self._is_current(k) and self._unwritable.get(k) != last[k]]
+        idle = reg.idle(stale)
+        if not stale or len(idle) < len(stale):
+            return  # nothing to write, or a mind is in use: not quiet after all
+        in_ram = {i.name: i.n_bytes for i in store.infos() if i.in_store and i.name in idle}
+        for key, n_bytes in in_ram.items():
+            if self._stop.is_set():
+                return
+            if not self._fits_on_disk(key, n_bytes) or not self._spill(
+                store, key, drop=False, bounded=False
+            ):
+                self._unwritable[key] = last[key]
+            else:
+                reg.count(written_behind_total=1)
+        residents = [k for k in idle if reg.resident_slot(k) is not None]
+        if not residents or self._stop.is_set():
+            return
+        answer = _Answer()
+        self.post(FlushMinds(answer))  # copies of the residents; the slots keep theirs
+        if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, list):
+            return
+        for key, cap in answer.value:
+            if key not in residents:
+                cap.buffer.close()
+            elif not self._fits_on_disk(key, cap.layout.n_bytes):
+                cap.buffer.close()
+                self._unwritable[key] = last[key]
+            elif self._spill_captured(key, cap):
+                reg.count(written_behind_total=1)
+            else:
+                self._unwritable[key] = last[key]
+
+    def _fits_on_disk(self, key: str, n_bytes: int) -> bool:
+        """Room on disk for `n_bytes` of mind `key` without dropping any other copy."""
+        bound = self.policy.page_disk_bytes
+        copies = self.registry.disk_copies()
+        return (
+            bound is None
+            or sum(c.n_bytes for k, c in copies.items() if k != key) + n_bytes <= bound
+        )
 
     def _shed(self, n_bytes: int) -> int:
         """Ask the anonymous cache (on the engine thread) to drop `n_bytes`; bytes it freed."""

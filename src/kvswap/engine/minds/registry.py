@@ -92,6 +92,7 @@ class MindCounters:
     spill_failed_total: int = 0
     disk_refused_total: int = 0  # a spill refused: --page-disk-bytes full
     disk_dropped_total: int = 0  # spilled minds dropped to make room (--page-disk-drop-lru)
+    written_behind_total: int = 0  # quiet minds written to disk, kept where they were
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
 
     def as_metrics(self) -> dict[str, float]:
@@ -111,6 +112,7 @@ class MindView:
     n_bytes: int
     last_used_unix_s: float
     on_disk: bool  # a durable copy exists (possibly older than the live one)
+    n_tokens_on_disk: int = 0  # the tokens of that copy (0: none)
 
 
 class MindRegistry:
