@@ -49,8 +49,13 @@ def _grammar(argv: list[str]) -> int:
 
 
 def _minds(argv: list[str]) -> int:
-
     from kvswap.bench.minds import main
+
+    return main(argv)
+
+
+def _startup(argv: list[str]) -> int:
+    from kvswap.bench.startup import main
 
     return main(argv)
 
@@ -64,6 +69,7 @@ BENCHES: dict[str, Callable[[list[str]], int]] = {
     "lora": _lora,
     "spec": _spec,
     "grammar": _grammar,
+    "startup": _startup,
 }
 
 

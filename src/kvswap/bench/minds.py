@@ -116,6 +116,7 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
         probe_of = kvswap_probe if kvswap else llama_probe
         server = BenchServer(args, binary=binary)
         try:
+            script.fit_to(server)
             t0 = time.perf_counter()
             result.turns = script.play(server, probe_of(server), range(1), extra)
             if case.restart is not None:
@@ -146,21 +147,23 @@ def _would_take_s(first_round: Result, case: Case) -> float:
 
 def cases(a: argparse.Namespace) -> list[Case]:
     model = a.model or str(default_model_path())
-    per_mind = kv_bytes_per_token(model) * (a.tokens + a.rounds * 30)
+    per_mind = kv_bytes_per_token(model) * (a.tokens + 50 + a.rounds * _GROWTH)
     total = per_mind * a.minds
     base = Case("fit", model, a.minds, a.tokens, a.slots, a.rounds, budget_bytes=4 * total)
+    # A page must fit the store beside the switch's spare buffer: at least 2.5 minds.
+    exceed = max(int(total / a.exceed), int(2.5 * per_mind))
     out = {
         "fit": base,
-        "exceed": replace(base, name="exceed", budget_bytes=int(total / a.exceed)),
+        "exceed": replace(base, name="exceed", budget_bytes=exceed),
         "restart-term": replace(base, name="restart-term", restart=signal.SIGTERM),
         "restart-kill": replace(base, name="restart-kill", restart=signal.SIGKILL),
     }
     if a.long_tokens:
         long_model = a.long_model or _long_model(a.long_tokens)
-        long_mind = kv_bytes_per_token(long_model) * (a.long_tokens + 2 * 30)
+        long_mind = kv_bytes_per_token(long_model) * (a.long_tokens + 50 + 2 * _GROWTH)
         out["long"] = Case(
             "long", long_model, a.long_minds, a.long_tokens, 1, 2,
-            budget_bytes=int(1.5 * long_mind), real_limit_s=a.real_limit_s,
+            budget_bytes=int(2.5 * long_mind), real_limit_s=a.real_limit_s,
         )  # fmt: skip
     return [out[name] for name in a.cases.split(",") if name in out]
 
@@ -192,10 +195,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-m", "--model", default=None, help="GGUF model (default: the embedded SmolLM2)")
     p.add_argument(
-        "--exceed", type=float, default=3.0, help="minds' bytes over the budget (exceed)"
+        "--exceed", type=float, default=2.5, help="minds' bytes over the budget (exceed)"
     )
     p.add_argument("--long-tokens", type=int, default=8192, help="tokens of a long mind (0: skip)")
-    p.add_argument("--long-minds", type=int, default=3)
+    p.add_argument("--long-minds", type=int, default=4)
     p.add_argument("--long-model", default=None, help="model of the long case (default: generated)")
     p.add_argument("--real-limit-s", type=float, default=120.0,
                    help="llama-server's later long rounds run for real below this, else estimated")  # fmt: skip

@@ -127,10 +127,12 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def opening(m: int, n_tokens: int) -> str:
+def opening(m: int, n_facts: int) -> str:
+    """Mind `m`'s first prompt: a system prompt of `n_facts` facts (about 20 SmolLM2 tokens
+    each), then a question."""
     facts = " ".join(
         f"Fact {j} of mind {m}: the {j % 7}th lamp of room {m * 31 + j} is lit."
-        for j in range(max(1, n_tokens // 20))
+        for j in range(max(1, n_facts))
     )
     return (
         f"<|im_start|>system\nYou are mind {m}. Remember these facts. {facts}<|im_end|>\n"
@@ -183,10 +185,24 @@ class Script:
     """Every mind's conversation so far; plays rounds of it against a server."""
 
     def __init__(self, n_minds: int, n_tokens: int, n_predict: int, label: str) -> None:
-        self.prompts = {m: opening(m, n_tokens) for m in range(n_minds)}
+        self.n_tokens = n_tokens
+        self.prompts = {m: opening(m, n_tokens // 20) for m in range(n_minds)}
         self.n_prompt: dict[int, int] = {}  # each mind's last prompt length, in tokens
         self.n_predict = n_predict
         self.label = label
+
+    def fit_to(self, server: BenchServer) -> None:
+        """Resize the openings to about `n_tokens` tokens of the server's own vocabulary."""
+        for m in self.prompts:
+            n_facts = self.n_tokens // 20
+            for _ in range(3):
+                text = opening(m, n_facts)
+                resp = server.client.post("/tokenize", json={"content": text})
+                n = len(resp.json()["tokens"])
+                if abs(n - self.n_tokens) <= self.n_tokens // 50:
+                    break
+                n_facts = max(1, round(n_facts * self.n_tokens / max(1, n)))
+            self.prompts[m] = opening(m, n_facts)
 
     def play(
         self,

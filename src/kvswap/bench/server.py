@@ -58,7 +58,8 @@ class BenchServer:
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         resp = self.client.post("/completion", json=body)
-        resp.raise_for_status()
+        if resp.status_code != 200:
+            raise RuntimeError(f"/completion answered {resp.status_code}: {resp.text[:500]}")
         return json.loads(resp.content)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
