@@ -105,6 +105,12 @@ def test_flag_sets_its_field(argv: list[str], section: str, field: str, value: o
     assert getattr(getattr(parse(argv), section), field) == value
 
 
+def test_no_warmup_turns_the_load_time_decode_off() -> None:
+    assert parse(["--no-warmup"]).model.warmup is False
+    assert parse(["--no-warmup", "--warmup"]).model.warmup is True
+    assert "--no-warmup" not in parse(["--no-warmup"]).ignored_flags
+
+
 def test_later_flag_wins_and_underscores_read_as_dashes() -> None:
     cfg = parse(["-c", "100", "--ctx_size", "200", "--batch_size", "64"])
     assert (cfg.context.n_ctx, cfg.context.n_batch) == (200, 64)
