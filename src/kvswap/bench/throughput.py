@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import statistics
 import threading
 import time
@@ -290,6 +291,10 @@ def part2(load: Load, mind_tokens: int, runs: int) -> list[str]:
     return lines
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv: list[str]) -> int:
     from kvswap.models import default_model_path
 
@@ -323,8 +328,10 @@ def main(argv: list[str]) -> int:
     print(
         f"# kvswap bench throughput: model {load.model}, {load.threads} threads, n_batch {load.n_batch}, n_ubatch {load.n_ubatch}, prompts {load.prompt_tokens} tokens, {load.gen_tokens} generated, median of {args.runs}"
     )
+    print(f"load average at the start: {_load()}", flush=True)
     for line in part1(load, args.runs, args.llama_server):
         print(line, flush=True)
+    print(f"load average at the end: {_load()}", flush=True)
     if not args.skip_residents:
         print()
         for line in part2(load, args.mind_tokens, max(1, args.runs // 2)):
