@@ -7,6 +7,7 @@ took from its start to a first `/health` 200; `stop` ends it by SIGTERM or SIGKI
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -14,11 +15,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 _POLL_S = 0.02  # how often start-up polls /health
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of every thread of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:

@@ -17,17 +17,10 @@ import subprocess
 import sys
 import time
 from http.client import HTTPConnection
-from pathlib import Path
 
-from kvswap.bench.server import free_port
+from kvswap.bench.server import free_port, process_cpu_s
 
 _POLL_S = 0.01
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def first_completion_s(cmd: list[str], timeout_s: float = 300) -> tuple[float, float]:
@@ -49,7 +42,7 @@ def first_completion_s(cmd: list[str], timeout_s: float = 300) -> tuple[float, f
                 resp = conn.getresponse()
                 resp.read()
                 if resp.status == 200:
-                    return time.perf_counter() - t0, _cpu_s(proc.pid)
+                    return time.perf_counter() - t0, process_cpu_s(proc.pid)
             except OSError:
                 pass
             time.sleep(_POLL_S)
