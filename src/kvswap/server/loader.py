@@ -170,7 +170,8 @@ class Loader:
         except Exception as err:
             log.exception("model loading failed")
             self.error = err
-            loop.call_soon_threadsafe(self.on_failure)
+            # Read when the loop runs: a load that fails fast may beat `serve` setting it.
+            loop.call_soon_threadsafe(lambda: self.on_failure())
 
     def before_exit(self) -> None:
         """Spill every mind to disk (SIGTERM, normal exit): called while the engine runs."""
