@@ -48,18 +48,23 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.state.sleeper = sleeper
 
     install_error_handlers(app)
-    app.include_router(routes_info.router)
-    app.include_router(routes_completion.router)
-    app.include_router(routes_chat.router)
-    app.include_router(routes_anthropic.router)
-    app.include_router(routes_responses.router)
-    app.include_router(routes_slots.router)
-    app.include_router(routes_reconfigure.router)
-    app.include_router(routes_lora.router)
+    routers = [
+        routes_info.router,
+        routes_completion.router,
+        routes_chat.router,
+        routes_anthropic.router,
+        routes_responses.router,
+        routes_slots.router,
+        routes_reconfigure.router,
+        routes_lora.router,
+    ]
+    for router in routers:
+        app.include_router(router)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            resolve_bodies(app.routes)
+            for router in routers:
+                resolve_bodies(router.routes)
             app.openapi_schema = hoist_defs(FastAPI.openapi(app))
         return app.openapi_schema
 
