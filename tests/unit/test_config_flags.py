@@ -105,6 +105,12 @@ def test_flag_sets_its_field(argv: list[str], section: str, field: str, value: o
     assert getattr(getattr(parse(argv), section), field) == value
 
 
+def test_no_warmup_turns_the_load_time_decode_off() -> None:
+    assert parse(["--no-warmup"]).model.warmup is False
+    assert parse(["--no-warmup", "--warmup"]).model.warmup is True
+    assert "--no-warmup" not in parse(["--no-warmup"]).ignored_flags
+
+
 def test_later_flag_wins_and_underscores_read_as_dashes() -> None:
     cfg = parse(["-c", "100", "--ctx_size", "200", "--batch_size", "64"])
     assert (cfg.context.n_ctx, cfg.context.n_batch) == (200, 64)
@@ -275,7 +281,7 @@ def test_spec_type_errors() -> None:
 
 
 def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
-    words = "--mmproj p.gguf --rope-scaling yarn -cb --no-warmup --perf --reasoning-format x"
+    words = "--mmproj p.gguf --rope-scaling yarn -cb --perf --reasoning-format x"
     argv = [*words.split(), "-fit", "off", "--control-vector-layer-range", "1", "4"]
     argv += ["--mmproj", "q.gguf", "-c", "512"]
     cfg = parse(argv, {"LLAMA_ARG_NO_CONT_BATCHING": "1", "HF_TOKEN": "t"})
@@ -285,7 +291,6 @@ def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
         "--mmproj",
         "--rope-scaling",
         "-cb",
-        "--no-warmup",
         "--perf",
         "--reasoning-format",
         "-fit",

@@ -8,10 +8,11 @@ import sys
 # name -> what it measures (each bench's module is `kvswap.bench.<name>`, run by its `main`).
 BENCHES: dict[str, str] = {
     "agents": "chat agents with long system prompts at the default flags, against llama-server",
-    "minds": "many minds taking turns on few slots: reprefill, disk, minds, llama-server",
+    "minds": "minds that fit, exceed RAM, restart (SIGTERM, SIGKILL), grow long: vs llama-server",
+    "startup": "process start to a first completion, beside llama-server (wall and CPU)",
     "flush": "what a SIGKILL loses, with and without --page-flush-seconds",
     "paging": "what a mind switch costs: page_out/page_in against save/restore and re-prefill",
-    "throughput": "the server against a bare batched llama_decode loop (several minutes)",
+    "throughput": "the server against a bare llama_decode loop and llama-server (several minutes)",
     "reconfigure": "a live reconfigure against a restart",
     "checkpoints": "what context checkpoints save, and what they hold",
     "lora": "what serving several LoRA sets at once costs",

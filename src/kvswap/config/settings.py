@@ -93,6 +93,9 @@ class ModelSettings:
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).
     lora_init_without_apply: bool = False
+    # --warmup/--no-warmup: one empty decode at load (weights faulted in, the graph allocated),
+    # so the first request does not pay for it.
+    warmup: bool = True
 
     @property
     def use_mmap(self) -> bool:

@@ -37,7 +37,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("--perf", TOGGLE, neg="--no-perf", env="LLAMA_ARG_PERF"),
     ign("-r --reverse-prompt", VALUE),
     ign("-sp --special", VOID),
-    ign("--warmup", TOGGLE, neg="--no-warmup"),
     ign("--spm-infill", VOID),
     ign("--grammar", VALUE),
     ign("--grammar-file", VALUE),

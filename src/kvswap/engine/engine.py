@@ -67,9 +67,6 @@ from kvswap.engine.step import StepOutcome, Stepper
 
 log = logging.getLogger("kvswap.engine")
 
-# While slots are busy, the snapshot read by /slots and /metrics is refreshed at most this often.
-_SNAPSHOT_EVERY_S = 0.05
-
 
 class Engine:
     """Runs requests on a model's context in a thread of its own."""
@@ -112,6 +109,8 @@ class Engine:
             counters=PageCounters(),
         )
         rt = self.runtime
+        if config.warmup:
+            rt.warm_up()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
         self.anon = AnonCache(
             store=self.store,
@@ -141,8 +140,10 @@ class Engine:
         )
         self.crashed: str | None = None  # set when the loop died: every command then fails
         self._thread: threading.Thread | None = None
-        self.snapshot = self._make_snapshot()
-        self._t_snapshot = 0.0
+        # The view read by /slots, /props, /metrics and /health (see `snapshot`).
+        self._snapshot = self._make_snapshot()
+        self._changed = False  # something besides a running request's progress changed
+        self._read = False  # `snapshot` was read since the last publish
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -182,15 +183,13 @@ class Engine:
                 # The step or the tick may have freed a slot that queued work waits for: start
                 # it now, or the next drain would sleep on the inbox with that work stranded.
                 self._start_waiting()
-                now = time.monotonic()
-                if not self._busy() or now - self._t_snapshot >= _SNAPSHOT_EVERY_S:
-                    self.snapshot = self._make_snapshot()
-                    self._t_snapshot = now
+                if self._changed or self._read or not self._busy():
+                    self._publish()
         except Exception as err:
             log.exception("engine loop crashed")
             self.crashed = f"the engine stopped after an internal error ({type(err).__name__})"
             self._fail_everything(ErrorKind.SERVER, self.crashed)
-            self.snapshot = self._make_snapshot()
+            self._publish()
             self._refuse_forever(self.crashed)
             return
         self._fail_everything(ErrorKind.UNAVAILABLE, "the server is shutting down")
@@ -206,6 +205,22 @@ class Engine:
 
     def _busy(self) -> bool:
         return bool(self.slots.busy()) or not self.reconfigurer.admission_open
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state as of a step boundary (any thread).
+
+        Republished after every loop pass that changed more than a running request's progress
+        (a command, an admission, a release, a reconfigure), after a pass that found it read,
+        and whenever the engine goes idle: a decode that nobody watches builds no views, and a
+        reader polling it sees progress at most one step old."""
+        self._read = True
+        return self._snapshot
+
+    def _publish(self) -> None:
+        # Flags first: a read while the view is built asks for the next one.
+        self._changed = self._read = False
+        self._snapshot = self._make_snapshot()
 
     def _frozen(self) -> set[int]:
         """Slots whose capture waits for its buffer (their page layout is fixed)."""
@@ -229,6 +244,7 @@ class Engine:
                 return True
 
     def _handle(self, cmd: Command | BufferReady) -> None:
+        self._changed = True
         if isinstance(cmd, Submit):
             err = self._check_submit(cmd)
             if err is not None:
@@ -280,6 +296,7 @@ class Engine:
         if not self.reconfigurer.admission_open:
             return  # a reconfigure waits for seats: arriving work queues
         for job, slot in self.waiting.startable(self.slots):
+            self._changed = True
             cmd = job.payload
             try:
                 self.seating.seat(slot, cmd)
@@ -397,8 +414,7 @@ class Engine:
             )
             ended.append(self._end(victim, EngineError(req_id, ErrorKind.UNAVAILABLE, message)))
         if ended:
-            self.snapshot = self._make_snapshot()
-            self._t_snapshot = time.monotonic()
+            self._publish()
         for deliver in ended:
             deliver()
 
@@ -412,6 +428,7 @@ class Engine:
         assert run is not None
         slot.running = None
         slot.t_last_used = time.monotonic()
+        self._changed = True
         completion: Completion | EngineError
         if error is not None:
             completion = error
@@ -440,7 +457,7 @@ class Engine:
                             ErrorKind.INVALID_REQUEST, "Invalid slot ID (the geometry changed)"
                         ),
                     )
-            self.snapshot = self._make_snapshot()
+            self._publish()
         finished.cmd.reply(finished.result)
 
     # -- cancellation and shutdown ----------------------------------------------------------
@@ -482,7 +499,7 @@ class Engine:
         if self.store is not None:
             self.store.check_integrity()
 
-    # -- snapshots --------------------------------------------------------------------------
+    # -- snapshots (see `snapshot`) -----------------------------------------------------------
 
     def _make_snapshot(self) -> EngineSnapshot:
         return take_snapshot(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
@@ -50,6 +52,8 @@ class EngineConfig:
     fault_on_install: bool = False
     # Debug: every byte owner checks its integrity whenever the engine goes idle.
     check_integrity: bool = False
+    # One empty decode when the engine is built (--warmup), as llama-server.
+    warmup: bool = False
 
 
 class Runtime:
@@ -137,6 +141,18 @@ class Runtime:
             draft=self.spec.draft if self.spec is not None else None,
         )
         self.verbs = SlotVerbs(ctx, self.mover, self.store, self.counters)
+
+    def warm_up(self) -> None:
+        """Decode BOS and EOS on sequence 0, then clear the memory (llama-server's `--warmup`):
+        the weights are faulted in and the compute buffers allocated now, not on the first
+        request. Before the engine thread starts, or on it."""
+        vocab = self.model.vocab
+        tokens = [t for t in (vocab.bos, vocab.eos) if vocab.valid(t)] or [0]
+        self.batch.clear()
+        self.batch.add_span(np.asarray(tokens, dtype=np.int32), 0, 0, True)
+        self.ctx.decode(self.batch)
+        self.batch.clear()
+        self.ctx.clear()
 
     def apply_lora(self, lora: LoraSet) -> None:
         """Make `lora` the context's active adapter set (a no-op when it already is)."""

@@ -26,7 +26,7 @@ from kvswap.server.guard import Guard
 from kvswap.server.llama import routes_completion, routes_info, routes_lora, routes_proxy
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
-from kvswap.server.openapi import hoist_defs
+from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import routes_reconfigure, routes_slots
 from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
@@ -75,6 +75,8 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
+            for router in routers:
+                resolve_bodies(router.routes)
             app.openapi_schema = hoist_defs(FastAPI.openapi(app))
         return app.openapi_schema
 

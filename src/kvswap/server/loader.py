@@ -22,7 +22,7 @@ from kvswap.engine.plan.geometry import resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
-from kvswap.server.state import ServerState, build_state
+from kvswap.server.state import ServerState
 
 log = logging.getLogger("kvswap.server")
 
@@ -58,6 +58,7 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         page_ram_bytes=config.paging.page_ram_bytes,
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
         check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
+        warmup=config.model.warmup,
     )
 
 
@@ -99,6 +100,9 @@ class Loader:
         return self.state is not None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Load in the background, reporting to `loop` (which may not run yet); once only."""
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(
             target=self._load, args=(loop,), name="kvswap-loader", daemon=True
         )
@@ -140,6 +144,10 @@ class Loader:
                 adapters=self.adapters,
                 draft_model=self.draft_model,
             )
+            # The HTTP side's state, imported here: `serve` starts this thread before it
+            # imports the HTTP stack, so the model loads while that import runs.
+            from kvswap.server.state import build_state
+
             state = build_state(self.config, model, client, self.adapters.infos)
             snap = client.snapshot
             state.demoter.start(snap.page_geometry)
@@ -157,11 +165,12 @@ class Loader:
             log.info("server is listening on %s", ", ".join(self.listening))
         except ModelLoadError as err:
             self.error = err  # a missing or unreadable file: the one line at exit says it all
-            loop.call_soon_threadsafe(self.on_failure)
+            loop.call_soon_threadsafe(lambda: self.on_failure())
         except Exception as err:
             log.debug("model loading failed", exc_info=True)  # -v shows where
             self.error = err
-            loop.call_soon_threadsafe(self.on_failure)
+            # Read when the loop runs: a load that fails fast may beat `serve` setting it.
+            loop.call_soon_threadsafe(lambda: self.on_failure())
 
     def before_exit(self) -> None:
         """Spill every mind to disk (SIGTERM, normal exit): called while the engine runs."""

@@ -11,8 +11,15 @@ restart finds, and the spill before exit.
   spilled minds (logged, counted).
 - Ownership: a server owns each mind it serves through an exclusive lock file
   (`files.owners`), so two servers sharing a save path never serve one mind twice.
+- Flushes (`--page-flush-seconds N`, 0: off): an idle mind changed N seconds ago is written to
+  disk and stays where it is (RAM pages as they are, residents copied out by the engine), and
+  once no mind has been used for `_QUIET_S` (none in use), every changed mind is written at
+  once; so a SIGKILL loses at most N seconds of turns, and none once the minds went quiet. A
+  flush never drops another mind's copy for room, and a copy of a mind ended since is never
+  written.
 - `start()` lists the minds spilled under the save path and serves them (a mind survives a
-  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page.
+  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page not
+  already current on disk.
 
 Owns the demoter thread and the ownership locks. File I/O happens here, on the demoter thread or
 the closing thread, never on the engine thread or the event loop.
@@ -42,6 +49,7 @@ log = logging.getLogger("kvswap.demoter")
 
 _POLL_S = 0.5  # the demoter also looks without being woken, this often
 _ENGINE_TIMEOUT_S = 60.0  # how long a flush or a shed waits for the engine's answer
+_QUIET_S = 1.0  # no mind used for this long: the write-behind runs
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,7 @@ class Demoter:
         self._n_passes = 0
         self._refused = ""  # why the last pass could not make room
         self._closed = False
+        self._quiet_flushed = 0.0  # the last use before the quiet spell last flushed
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -169,7 +178,11 @@ class Demoter:
         store = self.store
         if store is None:
             return
-        minds_in_ram = [i.name for i in store.infos() if i.in_store and is_mind_key(i.name)]
+        minds_in_ram = [
+            i.name
+            for i in store.infos()
+            if i.in_store and is_mind_key(i.name) and not self._is_current(i.name)
+        ]
         answer = _Answer()
         self.post(FlushMinds(answer))
         if not answer.wait(_ENGINE_TIMEOUT_S):
@@ -196,10 +209,18 @@ class Demoter:
         if n_spilled:
             log.info("spilled %d mind(s) before exit", n_spilled)
 
+    def _is_current(self, key: str) -> bool:
+        """Mind `key`'s disk copy holds its newest state (nothing changed since it was taken)."""
+        return self.registry.is_clean(key)
+
     def _spill_captured(self, key: str, cap: Captured, t_copied: float | None = None) -> int:
         """Write a copy of mind `key` (taken at `t_copied`, if known) and close its buffer; 1
-        when written. A copy of a mind a slot verb ended since is not written."""
+        when written (or already current on disk). A copy of a mind a slot verb ended since is
+        not written."""
         assert self.publisher is not None
+        if self._is_current(key):
+            cap.buffer.close()
+            return 1
         try:
             with self._io:
                 if t_copied is not None and self.registry.forgotten_after(key, t_copied):
@@ -225,7 +246,7 @@ class Demoter:
                 self._write_handoffs()
                 self._demote()
                 if self.policy.flush_seconds > 0 and self.publisher is not None:
-                    self._flush_due()
+                    self._flush_due(self._flush_age())
             except Exception as err:
                 log.exception("the demoter failed; it retries")
                 self.registry.count(spill_failed_total=1)
@@ -233,14 +254,14 @@ class Demoter:
             self._n_passes += 1
             self.post(RoomReport(self._n_passes, self._refused))
 
-    def _flush_due(self) -> None:
-        """Write the idle minds changed `--page-flush-seconds` ago (RAM pages directly, resident
-        minds through a copy from the engine), so a SIGKILL loses at most that window. A mind
+    def _flush_due(self, age_s: float) -> None:
+        """Write the idle minds changed `age_s` ago (RAM pages directly, resident minds through
+        a copy from the engine), so a SIGKILL loses at most `--page-flush-seconds`. A mind
         whose write is refused (the disk budget: flushes never drop other minds) waits another
         window."""
         store, reg = self.store, self.registry
         assert store is not None
-        due = reg.due_for_flush(self.policy.flush_seconds)
+        due = reg.due_for_flush(age_s)
         if not due:
             return
         for key in [k for k in due if store.has(k)]:
@@ -320,6 +341,18 @@ class Demoter:
             if not self._spill(store, candidates[0], drop=True, bounded=True):
                 return
         self._refused = ""
+
+    def _flush_age(self) -> float:
+        """How long ago a mind must have changed to be written now: `--page-flush-seconds`, or
+        0 once in each quiet spell (no mind used for `_QUIET_S`), so that every changed mind
+        reaches disk as soon as the minds go quiet and a SIGKILL then loses none."""
+        last = self.registry.last_used()
+        newest = max(last.values(), default=0.0)
+        quiet = newest and time.time() - newest >= _QUIET_S and not self.registry.any_busy()
+        if quiet and newest != self._quiet_flushed:
+            self._quiet_flushed = newest
+            return 0.0
+        return self.policy.flush_seconds
 
     def _shed(self, n_bytes: int) -> int:
         """Ask the anonymous cache (on the engine thread) to drop `n_bytes`; bytes it freed."""

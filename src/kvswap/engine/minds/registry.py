@@ -122,6 +122,7 @@ class MindView:
     n_bytes: int
     last_used_unix_s: float
     on_disk: bool  # a durable copy exists (possibly older than the live one)
+    n_tokens_on_disk: int = 0  # the tokens of that copy (0: none)
 
 
 class MindRegistry:
@@ -183,6 +184,16 @@ class MindRegistry:
             for key in due:
                 self._dirty_since[key] = now
             return due
+
+    def is_clean(self, key: str) -> bool:
+        """Mind `key` has a disk copy holding its newest state (not changed since it was taken)."""
+        with self._lock:
+            return key in self._disk and key not in self._dirty_since
+
+    def any_busy(self) -> bool:
+        """A request is using some mind now."""
+        with self._lock:
+            return bool(self._busy)
 
     def known(self, key: str) -> bool:
         with self._lock:

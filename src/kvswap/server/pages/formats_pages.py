@@ -92,6 +92,7 @@ def minds_json(views: Sequence[MindView], now_unix_s: float) -> list[dict[str, A
             "last_used_unix_s": round(v.last_used_unix_s, 3),
             "idle_s": round(max(0.0, now_unix_s - v.last_used_unix_s), 3),
             "on_disk": v.on_disk,
+            "n_tokens_on_disk": v.n_tokens_on_disk,
         }
         for v in views
     ]

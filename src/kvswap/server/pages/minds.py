@@ -198,6 +198,7 @@ class MindGate:
                 slot_id, n_tokens, n_bytes, tier = -1, copy.n_tokens, copy.n_bytes, "disk"
             out.append(
                 MindView(key, namespace, name, tier, slot_id, n_tokens, n_bytes,
-                         last.get(key, 0.0), copy is not None)
+                         last.get(key, 0.0), copy is not None,
+                         copy.n_tokens if copy is not None else 0)
             )  # fmt: skip
         return out

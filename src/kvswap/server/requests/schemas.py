@@ -52,9 +52,14 @@ IntOrMinus1 = Annotated[int, Field(ge=-1, le=INT32_MAX), _ToInt]  # -1: "default
 
 
 class Body(BaseModel):
-    """Base of every request body: strict types, unknown fields ignored, no NaN or infinity."""
+    """Base of every request body: strict types, unknown fields ignored, no NaN or infinity.
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+    Validators are built on a model's first use (`defer_build`), not at import: a cold start
+    builds only the bodies its first requests send."""
+
+    model_config = ConfigDict(
+        strict=True, extra="ignore", allow_inf_nan=False, frozen=True, defer_build=True
+    )
 
 
 class PromptObject(Body):
