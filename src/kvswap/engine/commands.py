@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.core.types import EngineError, Event, GenerationRequest
 from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.engine.kv.slotstate import SlotState
@@ -72,21 +73,21 @@ class SlotErase:
 
 @dataclass(frozen=True)
 class PageOut:
-    """Move a slot's whole state into the page store under `name`; the slot is freed."""
+    """Move a slot's whole state into the page store under `key`; the slot is freed."""
 
     req_id: int
     slot_id: int
-    name: str
+    key: PageKey
     reply: Reply[PageMoved]
 
 
 @dataclass(frozen=True)
 class PageIn:
-    """Load page `name` into a slot; on success the page leaves the store."""
+    """Load page `key` into a slot; on success the page leaves the store."""
 
     req_id: int
     slot_id: int
-    name: str
+    key: PageKey
     reply: Reply[PageMoved]
 
 
@@ -117,9 +118,10 @@ class Reconfigure:
 class FlushMinds:
     """Copy every resident mind's state out (for a spill before exit); the slots keep theirs.
 
-    Replies with a list of (mind key, Captured) whose buffers the caller closes."""
+    Replies with a list of (mind key, Captured) whose buffers the caller closes, once every
+    copy is in a buffer the buffer worker mapped (the engine thread only copies)."""
 
-    reply: Reply[list[tuple[str, Captured]]]
+    reply: Reply[list[tuple[PageKey, Captured]]]
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,7 @@ class PageMoved:
     """The result of `PageOut` and `PageIn` (SPEC §3 result fields)."""
 
     slot_id: int
-    name: str
+    key: PageKey
     n_tokens: int
     n_bytes: int  # the target state
     n_bytes_spec: int  # the draft state
@@ -217,9 +219,9 @@ class SlotFate:
 
     old_slot: int
     kind: str  # "request" | "mind"
-    new_slot: int | None  # None: it stays a page
-    page: str | None  # the page that holds it (when it stays one)
-    fate: str  # "kept" | "moved" | "paged" | "token_only"
+    new_slot: int | None  # None: it stays a page (or joins the anonymous cache, or is dropped)
+    page: PageKey | None  # the page that holds it (a mind that stays one)
+    fate: str  # "kept" | "moved" | "paged" | "token_only" | "cached" | "dropped"
     reason: str = ""
 
 

@@ -135,7 +135,7 @@ class Runtime:
             self.adapters.infos,
             draft=self.spec.draft if self.spec is not None else None,
         )
-        self.verbs = SlotVerbs(ctx, self.mover, self.store, self.counters)
+        self.verbs = SlotVerbs(ctx, self.mover, self.store)
 
     def apply_lora(self, lora: LoraSet) -> None:
         """Make `lora` the context's active adapter set (a no-op when it already is)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvswap.core.keys import PageKey
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
@@ -56,7 +57,7 @@ class EngineSnapshot:
     is_sleeping: bool = False
     crashed: str | None = None  # the engine loop died: /health answers 500
     # Resident minds: (mind key, slot id, tokens held), for /pages.
-    minds: tuple[tuple[str, int, int], ...] = ()
+    minds: tuple[tuple[PageKey, int, int], ...] = ()
 
     @property
     def n_idle_slots(self) -> int:

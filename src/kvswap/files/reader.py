@@ -133,6 +133,27 @@ def _open_regular(osio: OsAdapter, dir_fd: int, entry: str) -> int | None:
     return fd
 
 
+def read_head(root: SaveRoot, name: str, n_bytes: int) -> bytes:
+    """The first `n_bytes` of file `name` (fewer if it is shorter; b"" when it is absent),
+    through the adapter, never through a symlink or from a FIFO."""
+    osio = root.osio
+    fd = _open_regular(osio, root.save_fd, name)
+    if fd is None:
+        return b""
+    try:
+        buf = bytearray(n_bytes)
+        view = memoryview(buf)
+        got = 0
+        while got < n_bytes:
+            n = osio.readinto(fd, view[got:])
+            if n == 0:
+                break
+            got += n
+        return bytes(buf[:got])
+    finally:
+        osio.close(fd)
+
+
 def _read_exact(osio: OsAdapter, fd: int, view: memoryview, crc: checksum.StreamCrc) -> None:
     """Fill `view` from `fd`, feeding each piece to `crc`; a file that ends early is corrupt."""
     got = 0

@@ -1,14 +1,20 @@
-"""The ASGI guard in front of every route: API prefix, API keys, body size, loading state.
+"""The ASGI guard in front of every route: API prefix, API keys and tenants, body size, loading
+state, sleep.
 
-A plain ASGI middleware (no per-request task or body buffering of its own):
+A plain ASGI middleware (no per-request task or body buffering of its own), in this order:
 - `--api-prefix`: paths under the prefix are served with it stripped; others are 404.
+- While the model loads, every route (/health included) answers 503, as llama-server.
 - `--api-key`/`--api-key-file`: every route but /health and /v1/health needs a key, in
   `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time against every key.
+  The request's tenant namespace (`core.keys.namespace_of` of the key it authenticated with, the
+  public one on a key-less server) is set here, once, in the ASGI scope; `tenant_namespace`
+  reads it. No route derives a tenant from headers itself.
 - `--max-body-bytes`: a larger body (by Content-Length, or counted as it streams in) is a 413.
-- While the model loads, every route (/health included) answers 503, as llama-server.
-- `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health counts as activity and
-  wakes a sleeping server first; /health answers 200 while asleep without waking it.
-
+- `--sleep-idle-seconds` (`sleep.Sleeper`): a request that passed all of the above counts as
+  activity and wakes a sleeping server first, so a request without a valid key never wakes it.
+  The read-only routes llama-server serves while asleep (/health, /props, /models, /v1/models,
+  /metrics) and /slots answer from what the server showed when it fell asleep, without waking
+  it and without counting as activity.
 """
 
 from __future__ import annotations
@@ -16,13 +22,11 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvswap.core.errors import ErrorKind
-
-if TYPE_CHECKING:
-    from kvswap.server.sleep import Sleeper
-
+from kvswap.core.keys import namespace_of
+from kvswap.server.sleep import Sleeper, WakeFailed
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -31,6 +35,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+# GET routes answered while asleep without waking (llama-server's `bypass_sleep`, and /slots).
+SLEEP_EXEMPT = frozenset({*PUBLIC_PATHS, "/props", "/models", "/v1/models", "/metrics", "/slots"})
+_NAMESPACE = "kvswap.namespace"  # the scope["state"] entry the guard sets
 
 
 def _body(kind: ErrorKind, message: str, status: int | None = None) -> tuple[int, bytes]:
@@ -72,6 +79,13 @@ class BodyTooLarge(Exception):
     """The request body went past --max-body-bytes while streaming in."""
 
 
+def tenant_namespace(scope: Scope) -> str:
+    """The tenant namespace the guard gave this request (set for every request it let in)."""
+    namespace = scope.get("state", {}).get(_NAMESPACE)
+    assert isinstance(namespace, str) and namespace, "a request that did not pass the guard"
+    return namespace
+
+
 class Guard:
     """Wraps the app; see the module docstring."""
 
@@ -108,38 +122,37 @@ class Guard:
                 "path": path,
                 "root_path": scope.get("root_path", "") + self.api_prefix,
             }
-        sleeper = self.sleeper
-        if sleeper is not None and path in PUBLIC_PATHS and sleeper.sleeping:
-            await _respond(send, 200, json.dumps({"status": "ok"}).encode())  # asleep, not down
-            return
-        if sleeper is not None and path not in PUBLIC_PATHS:
-            await sleeper.enter()  # activity; wakes a sleeping server first
-            try:
-                await self._serve(scope, receive, send, path)
-            finally:
-                sleeper.leave()
-            return
-        await self._serve(scope, receive, send, path)
-
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         if not self.is_ready():
             await _respond(send, *_body(ErrorKind.UNAVAILABLE, "Loading model"))
             return
-
+        key = _request_key(scope)
+        valid = bool(self.api_keys) and key_matches(key, self.api_keys)
         if (
             self.api_keys
+            and not valid
             and path not in PUBLIC_PATHS
             and scope.get("method") != "OPTIONS"
-            and not key_matches(_request_key(scope), self.api_keys)
         ):
             await _respond(send, *_body(ErrorKind.AUTHENTICATION, "Invalid API Key"))
             return
+        namespace = namespace_of(key if valid else "")
+        scope = {**scope, "state": {**scope.get("state", {}), _NAMESPACE: namespace}}
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             await _respond(send, *_too_large(self.max_body_bytes))
             return
-        await self.app(scope, self._counting(receive), send)
+        sleeper = self.sleeper
+        if sleeper is None or (path in SLEEP_EXEMPT and scope.get("method") in ("GET", "HEAD")):
+            await self.app(scope, self._counting(receive), send)
+            return
+        try:
+            await sleeper.enter()  # activity; wakes a sleeping server first
+            await self.app(scope, self._counting(receive), send)
+        except WakeFailed as err:
+            await _respond(send, *_body(ErrorKind.SERVER, str(err)))
+        finally:
+            sleeper.leave()
 
     def _counting(self, receive: Receive) -> Receive:
         seen = 0

@@ -6,7 +6,9 @@ about 1 GB/s, eight times slower than copying a state into memory already mapped
 copies into it once it arrives: the engine's stall is the copy, nothing more. Closing a buffer
 (munmap) is also done here, so freeing a large page never stalls decoding either.
 
-Owns one thread. `allocate` answers through `post` (the engine's inbox) with a `BufferReady`.
+Owns one thread. `allocate` answers through `post` (the engine's inbox) with a `BufferReady`
+that names its receiver, so each internal move (a page_out, a mind switch's spare, the
+anonymous cache's spare, a reconfigure's moves, the flush before exit) gets its own buffer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from kvswap.engine.kv.pagestore import close_now
 
 log = logging.getLogger("kvswap.engine")
 
@@ -30,10 +34,11 @@ def new_buffer(n_bytes: int) -> mmap.mmap:
 
 @dataclass(frozen=True)
 class BufferReady:
-    """A buffer asked for by `allocate` (or the reason it could not be made)."""
+    """A buffer asked for by `allocate` (or the reason it could not be made), and who gets it:
+    the engine calls `then(self)` on its own thread."""
 
-    tag: int
     buffer: mmap.mmap | None
+    then: Callable[[BufferReady], None]
     error: str = ""
 
 
@@ -46,25 +51,23 @@ class BufferWorker:
         self._thread = threading.Thread(target=self._run, name="kvswap-buffers", daemon=True)
         self._thread.start()
 
-    def allocate(self, n_bytes: int, tag: int) -> None:
+    def allocate(self, n_bytes: int, then: Callable[[BufferReady], None]) -> None:
+        """Map `n_bytes`, then post the buffer to the engine, which hands it to `then`."""
+
         def job() -> None:
             try:
                 buffer = new_buffer(n_bytes)
             except (OSError, ValueError) as err:
-                self._post(BufferReady(tag, None, f"could not map {n_bytes} bytes: {err}"))
+                self._post(BufferReady(None, then, f"could not map {n_bytes} bytes: {err}"))
                 return
-            self._post(BufferReady(tag, buffer))
+            self._post(BufferReady(buffer, then))
 
         self._jobs.put(job)
 
-    def dispose(self, buffer: mmap.mmap, done: Callable[[], None]) -> None:
-        """Close `buffer` on the worker, then call `done` there."""
-
-        def job() -> None:
-            buffer.close()
-            done()
-
-        self._jobs.put(job)
+    def dispose(self, buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
+        """Close `buffer` on the worker, then call `done(closed)` there (the page store counts
+        a failed close as leaked bytes)."""
+        self._jobs.put(lambda: close_now(buffer, done))
 
     def _run(self) -> None:
         while True:

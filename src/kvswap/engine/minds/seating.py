@@ -7,10 +7,11 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from an empty slot).
 
-A switch copies into a spare buffer prepared ahead (reserved in the page store, mapped and
-faulted in by the buffer worker, a little larger than the largest mind page): faulting fresh
-memory in costs several times the copy, so it is done before the switch, not during it. The
-part of the spare a page does not use is given back to the OS and to the store's count.
+A switch copies into a spare buffer prepared ahead (`kv.spare`: reserved in the page store,
+mapped and faulted in by the buffer worker, a little larger than the largest mind page):
+faulting fresh memory in costs several times the copy, so it is done before the switch, never
+during it on the engine thread. A switch that finds no spare large enough waits for one (the
+job is retried when the buffer arrives), as it waits for room.
 
 When the page store cannot take the evicted mind now, the job waits: the demoter is woken to
 spill least recently used pages to disk, and answers each pass with a `RoomReport`; when a pass
@@ -18,7 +19,10 @@ that ran after the switch began waiting could not make room, the job fails with 
 reason instead of waiting forever.
 
 `page_out_idle_resident` is the engine's answer to a full KV pool: the least recently used idle
-resident moves to a page (a mind under its own name, an anonymous slot under `auto-slot...`).
+resident moves out (a mind to its own page; an anonymous slot's cached prompt into the
+anonymous cache, where it is found by its prefix and evicted like any entry, or, when the cache
+cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
+buffer, or that nothing can move. Nothing the engine makes here is a page that lives forever.
 
 Owns the spare and the wait for room; slots carry their mind, the registry the rest. Called only
 by the engine thread; does no file I/O.
@@ -27,29 +31,36 @@ by the engine thread; does no file I/O.
 from __future__ import annotations
 
 import logging
-import mmap
 import time
+from enum import Enum
 
 import numpy as np
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
-from kvswap.engine.commands import Captured, RoomReport, Submit
-from kvswap.engine.kv.buffers import BufferReady, BufferWorker
-from kvswap.engine.kv.pagestore import PageStore, Reservation
-from kvswap.engine.minds.anoncache import AnonCache
+from kvswap.core.keys import PageKey
+from kvswap.engine.commands import RoomReport, Submit
+from kvswap.engine.kv.buffers import BufferWorker
+from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.spare import Spare, ask_quietly
+from kvswap.engine.minds.anoncache import AnonCache, Kept
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
 
-SPARE_TAG = -1  # the buffer worker's tag for the spare (the engine's own tags are positive)
-_SPARE_SLACK = 1.25  # the spare's size over the largest mind page seen (pages grow each turn)
-_SPARE_ROUND = 2 << 20  # ... rounded up to whole huge pages
-
 
 class NoRoomYet(Exception):
-    """The page store cannot take an evicted mind now: the job waits for the demoter."""
+    """An evicted mind cannot be copied out now (the page store has no room, or its spare
+    buffer is still being mapped): the job waits for the demoter or the buffer worker."""
+
+
+class PagedOut(Enum):
+    """What `page_out_idle_resident` did."""
+
+    MOVED = "moved"  # an idle resident left its slot: retry the step
+    WAITING = "waiting"  # a buffer is being mapped (or room made): retry once it arrives
+    NOTHING = "nothing"  # nothing can move
 
 
 class Seating:
@@ -74,14 +85,13 @@ class Seating:
         self._n_reported = 0  # the last demoter pass that reported
         self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
         self._room_refused = ""  # why such a pass could not make room
-        self._spare: tuple[mmap.mmap, Reservation] | None = None
-        self._spare_pending: Reservation | None = None  # asked of the buffer worker
+        self.spare = Spare(store, buffers, "mind-switch") if store is not None else None
 
     def seat(self, slot: Slot, cmd: object) -> None:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
-        mind = cmd.request.mind if isinstance(cmd, Submit) else ""
+        mind = cmd.request.mind if isinstance(cmd, Submit) else None
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
         if not mind:
@@ -105,7 +115,7 @@ class Seating:
         # The next switch's buffer is faulted in now, not while this one copied.
         self.ask_spare()
 
-    def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
+    def _bring_in(self, slot: Slot, mind: PageKey, cmd: Submit) -> None:
         store, reg, verbs = self.store, self.registry, self.runtime.verbs
         if store is not None and store.has(mind) and store.get(mind).layout.token_only:
             # A KV-type reconfigure left it tokens only; the request carries its whole prompt,
@@ -136,19 +146,22 @@ class Seating:
         verbs = self.runtime.verbs
         t0 = time.perf_counter()
         layout = verbs.mover.measure(slot)
-        spare = self._take_spare(mind, layout.n_bytes)
-        try:
-            if spare is not None:
-                buffer, reservation = spare
-                moved = verbs.capture_to_page(
-                    slot, mind, layout=layout, reservation=reservation, buffer=buffer
-                )
-            else:
-                moved = verbs.capture_to_page(slot, mind, layout=layout)
-        except KvswapError as err:
-            if err.kind is not ErrorKind.UNAVAILABLE or spare is not None:
-                raise
-            self._no_room(err)
+        spare = self.spare
+        assert spare is not None
+        took = spare.take(mind, layout.n_bytes)
+        if took is None:
+            if spare.error:  # the last mapping failed: fail this switch rather than wait again
+                why, spare.error = spare.error, ""
+                raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for a mind switch: {why}")
+            try:
+                spare.ask(layout.n_bytes)
+            except KvswapError as err:
+                if err.kind is not ErrorKind.UNAVAILABLE:
+                    raise
+                self._no_room(err)
+            raise NoRoomYet()  # the buffer worker maps one; the job is retried on its arrival
+        buffer, reservation = took
+        moved = verbs.capture_to_page(slot, layout=layout, reservation=reservation, buffer=buffer)
         self._room_ticket, self._room_refused = None, ""
         self._left(slot, mind)
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
@@ -159,43 +172,49 @@ class Seating:
             self.registry.need_room()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
-    def _left(self, slot: Slot, mind: str) -> None:
+    def _left(self, slot: Slot, mind: PageKey) -> None:
         slot.mind = None
         self.registry.unseated(mind)
 
     # -- a full KV pool ---------------------------------------------------------------------
 
-    def page_out_idle_resident(self) -> bool:
-        """Page out the least recently used idle slot that holds tokens; True when one moved."""
+    def page_out_idle_resident(self) -> PagedOut:
+        """Move the least recently used idle slot that holds tokens out of the KV pool."""
         if self.store is None:
-            return False
+            return PagedOut.NOTHING
         idle = self.slots.idle_residents()
         if not idle:
-            return False
+            return PagedOut.NOTHING
         slot = idle[0]
+        n_tokens = len(slot.tokens)
         if slot.mind is not None:
             try:
-                self.evict(slot)  # the mind keeps its own page name
-            except (KvswapError, NoRoomYet):
-                log.warning("KV pool full and idle mind slot %d could not be paged out", slot.id)
-                return False
-            return True
-        name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
-        try:
-            # An emergency: map the buffer here rather than wait a step for the worker.
-            moved = self.runtime.verbs.capture_to_page(slot, name)
-        except KvswapError as err:
-            log.warning(
-                "KV pool full and idle slot %d could not be paged out: %s", slot.id, err.message
-            )
-            return False
+                self.evict(slot)  # the mind keeps its own page
+            except NoRoomYet:
+                return PagedOut.WAITING
+            except KvswapError as err:
+                log.warning(
+                    "KV pool full and idle mind slot %d could not be paged out: %s",
+                    slot.id,
+                    err.message,
+                )
+                return PagedOut.NOTHING
+            return PagedOut.MOVED
+        kept = self.anon.keep(slot)
+        if kept is Kept.WAITING:
+            return PagedOut.WAITING
+        if kept is Kept.REFUSED:
+            # The cache is off or cannot take it: a cached prompt is purged, as llama-server's
+            # try_clear_idle_slots does (a mind is never purged).
+            self.runtime.verbs.clear(slot)
+            log.warning("KV pool full: purged idle slot %d (%d cached tokens)", slot.id, n_tokens)
+            return PagedOut.MOVED
         log.warning(
-            "KV pool full: paged out idle slot %d (%d tokens) as page %r",
+            "KV pool full: idle slot %d (%d tokens) moved into the anonymous cache",
             slot.id,
-            moved.n_tokens,
-            name,
+            n_tokens,
         )
-        return True
+        return PagedOut.MOVED
 
     # -- waiting for room -------------------------------------------------------------------
 
@@ -225,57 +244,20 @@ class Seating:
 
     def ask_spare(self) -> None:
         """Have a spare buffer prepared for the next switch (when the store has room for it)."""
-        store = self.store
-        if self._spare is not None or self._spare_pending is not None or store is None:
-            return
         largest = self.registry.largest_page_bytes
-        if largest == 0:
-            return
-        n_bytes = -(-int(largest * _SPARE_SLACK) // _SPARE_ROUND) * _SPARE_ROUND
-        try:
-            self._spare_pending = store.reserve("", n_bytes)
-        except KvswapError:
-            return  # no room now: the next switch allocates its own buffer
-        self.buffers.allocate(n_bytes, SPARE_TAG)
-
-    def spare_ready(self, ready: BufferReady) -> None:
-        reservation, self._spare_pending = self._spare_pending, None
-        assert reservation is not None and self.store is not None
-        if ready.buffer is None:
-            self.store.cancel(reservation)
-            return
-        self._spare = (ready.buffer, reservation)
-
-    def _take_spare(self, name: str, n_bytes: int) -> tuple[mmap.mmap, Reservation] | None:
-        """The spare, trimmed to `n_bytes` and reserved for page `name`, if it is large enough."""
-        if self._spare is None or len(self._spare[0]) < n_bytes:
-            return None
-        store = self._store()
-        buffer, reservation = self._spare
-        self._spare = None
-        kept = -(-n_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        if kept < len(buffer):
-            buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
-        return buffer, store.trim(reservation, name, min(kept, reservation.n_bytes))
+        if self.spare is not None and largest > 0:
+            ask_quietly(self.spare, largest)
 
     def close(self) -> None:
         """Give the spare back (the engine is closing)."""
-        if self._spare is not None and self.store is not None:
-            buffer, reservation = self._spare
-            self._spare = None
-            buffer.close()
-            self.store.cancel(reservation)
+        if self.spare is not None:
+            self.spare.close()
 
     # -- the flush before exit --------------------------------------------------------------
 
-    def flush(self) -> list[tuple[str, Captured]]:
-        """Copies of every idle resident mind's state (the slots keep theirs)."""
-        out = []
-        for slot in self.slots:
-            if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
-                continue
-            out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
-        return out
+    def flush_slots(self) -> list[Slot]:
+        """The idle slots holding a mind with tokens: what a spill before exit copies out."""
+        return [s for s in self.slots if s.mind is not None and s.is_idle and len(s.tokens) > 0]
 
     def _store(self) -> PageStore:
         if self.store is None:

@@ -43,7 +43,7 @@ async def messages(request: Request) -> Response:
     body = _chat_body(await request.body())
     plan = plan_chat(state, body)
     reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, http=request
     )
     runner = state.runner()
     msg_id = fa.new_message_id()
@@ -76,7 +76,13 @@ async def messages(request: Request) -> Response:
             yield from fa.message_end(event, parser.msg)
 
     return await open_stream(
-        runner, reqs, render, done_marker=False, encode=fa.encode, encode_error=fa.encode_error
+        runner,
+        reqs,
+        render,
+        http=request,
+        done_marker=False,
+        encode=fa.encode,
+        encode_error=fa.encode_error,
     )
 
 

@@ -58,7 +58,7 @@ async def completion(request: Request) -> Response:
     tokenize = tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
     constraint = checked_constraint(state, completion_constraint(body))
-    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
+    reqs = generation_requests(state, body, prompts, constraint, http=request)
     runner = state.runner()
     extras = TaskExtras(
         grammar=constraint.grammar if constraint else "",
@@ -91,7 +91,7 @@ async def completion(request: Request) -> Response:
         elif isinstance(event, Completion):
             yield final(index, event, reqs[index])
 
-    return await open_stream(runner, reqs, render, done_marker=False)
+    return await open_stream(runner, reqs, render, http=request, done_marker=False)
 
 
 @router.post("/apply-template", openapi_extra=body_schema(ApplyTemplateRequest))

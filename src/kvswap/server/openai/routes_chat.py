@@ -82,7 +82,7 @@ async def oai_completion(request: Request) -> Response:
     tokenize = tokenizer(state)
     prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
     constraint = checked_constraint(state, completion_constraint(body, body.response_format))
-    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
+    reqs = generation_requests(state, body, prompts, constraint, http=request)
     runner = state.runner()
     meta = oai_meta(state)
     if not body.stream:
@@ -104,7 +104,7 @@ async def oai_completion(request: Request) -> Response:
                 final.pop("usage", None)
             yield final
 
-    return await open_stream(runner, reqs, render, done_marker=True)
+    return await open_stream(runner, reqs, render, http=request, done_marker=True)
 
 
 # ----------------------------------------------------------------------- /v1/chat/completions
@@ -117,7 +117,7 @@ async def chat_completion(request: Request) -> Response:
     body = parse_body(ChatCompletionRequest, await request.body())
     plan = plan_chat(state, body)
     reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, http=request
     )
     runner = state.runner()
     meta = oai_meta(state)
@@ -173,7 +173,7 @@ async def chat_completion(request: Request) -> Response:
                 post_sampling=post_sampling,
             )
 
-    return await open_stream(runner, reqs, render, done_marker=True)
+    return await open_stream(runner, reqs, render, http=request, done_marker=True)
 
 
 @router.post("/v1/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))

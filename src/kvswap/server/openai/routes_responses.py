@@ -59,7 +59,7 @@ async def responses(request: Request) -> Response:
     req, body = _bodies(await request.body())
     plan = plan_chat(state, body)
     reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
+        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, http=request
     )
     runner = state.runner()
     meta = fr.ResponseMeta(
@@ -95,7 +95,13 @@ async def responses(request: Request) -> Response:
         return fr.encode(events.error(err))
 
     return await open_stream(
-        runner, reqs, render, done_marker=False, encode=fr.encode, encode_error=encode_error
+        runner,
+        reqs,
+        render,
+        http=request,
+        done_marker=False,
+        encode=fr.encode,
+        encode_error=encode_error,
     )
 
 

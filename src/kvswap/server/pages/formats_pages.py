@@ -17,7 +17,7 @@ def page_moved_json(m: PageMoved, *, page_in: bool) -> dict[str, Any]:
     """page_out / page_in: what moved and how long it took."""
     out: dict[str, Any] = {
         "id_slot": m.slot_id,
-        "page": m.name,
+        "page": m.key.name,
         "n_tokens": m.n_tokens,
         "n_bytes": m.n_bytes,
         "n_bytes_spec": m.n_bytes_spec,
@@ -46,7 +46,7 @@ def spill_json(
 
 def _page_json(p: PageInfo) -> dict[str, Any]:
     return {
-        "name": p.name,
+        "name": p.key.name,
         "generation": p.generation,
         "n_bytes": p.n_bytes,
         "n_tokens": p.n_tokens,
@@ -70,8 +70,8 @@ def minds_json(views: Sequence[MindView], now_unix_s: float) -> list[dict[str, A
     """Every mind with its live tier (slot, ram, disk), tokens, bytes and last use."""
     return [
         {
-            "mind": v.name,
-            "namespace": v.namespace,
+            "mind": v.key.name,
+            "namespace": v.key.namespace,
             "tier": v.tier,
             "id_slot": v.slot_id,
             "n_tokens": v.n_tokens,

@@ -6,6 +6,13 @@ publisher on a worker thread, so a save, restore or spill never blocks decoding.
 in order behind work queued on their slot; a client that disconnects while its verb waits
 cancels it. `spill` and `page_drop` act on the page store only (`{id_slot}` is validated and
 ignored), so they never wait behind a slot.
+
+Tenants: a page name is always a client page of the caller's own namespace
+(`core.keys.page_key` with `guard.tenant_namespace`), so no verb can reach another key's pages
+or any page the server made (minds, the anonymous cache), and GET /pages lists only the
+caller's own pages and minds. Minds' files live in a folder no `filename` can name
+(`tiers.mindfiles`), so save, restore and spill cannot reach them either. Slot files themselves
+are one folder for every key, as llama-server's.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
+from kvswap.core.keys import PageKey, PageKind, page_key
 from kvswap.engine.commands import (
     Applied,
     Captured,
@@ -33,9 +41,9 @@ from kvswap.engine.commands import (
     SlotVerb,
 )
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.registry import KEY_PREFIX, is_mind_key
 from kvswap.files import FilesError, Publisher, validate_filename, validate_page_name
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
+from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
 from kvswap.server.pages.formats_pages import minds_json, page_moved_json, pages_json, spill_json
 from kvswap.server.requests.schemas import SlotFileRequest, SpillRequest, parse_body
@@ -112,24 +120,19 @@ async def slot_action(
             return await _save(state, publisher, request, id_slot, filename)
         return await _restore(state, publisher, request, id_slot, filename)
     store = _store(state)
-    name = _name(validate_page_name, page, action)
-    if is_mind_key(name):
-        raise KvswapError(
-            ErrorKind.INVALID_REQUEST,
-            f"page names starting with {KEY_PREFIX!r} belong to minds; name the mind in a request",
-        )
+    key = page_key(tenant_namespace(request.scope), _name(validate_page_name, page, action))
     if action in ("page_out", "page_in"):
         cmd = PageOut if action == "page_out" else PageIn
         moved: PageMoved = await _verb(
-            state, request, lambda rid, reply: cmd(rid, id_slot, name, reply)
+            state, request, lambda rid, reply: cmd(rid, id_slot, key, reply)
         )
         return JSONResponse(page_moved_json(moved, page_in=action == "page_in"))
     if not 0 <= id_slot < len(state.snapshot.slots):
         raise KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID")
     if action == "page_drop":
-        store.drop(name)
-        return JSONResponse({"page": name, "dropped": True})
-    return await _spill(state, store, request, name)
+        store.drop(key)
+        return JSONResponse({"page": key.name, "dropped": True})
+    return await _spill(state, store, request, key)
 
 
 async def _save(
@@ -179,31 +182,46 @@ async def _restore(
     )
 
 
-async def _spill(state: ServerState, store: PageStore, request: Request, name: str) -> JSONResponse:
+async def _spill(
+    state: ServerState, store: PageStore, request: Request, key: PageKey
+) -> JSONResponse:
     publisher = _publisher(state)
     body = parse_body(SpillRequest, await request.body())
     filename = _name(validate_filename, body.filename, "spill")
     t0 = time.perf_counter()
-    page = store.hold(name)  # a running spill is an owner: the page stays counted until it ends
+    page = store.hold(key)  # a running spill is an owner: the page stays counted until it ends
 
     def spill() -> tuple[int, bool]:
         receipt = publish_state(publisher, filename, page.buffer, page.layout)
         # `drop` frees this generation only: a page stored under the name meanwhile stays.
-        return receipt.n_bytes, body.drop and store.remove(name, page.generation)
+        return receipt.n_bytes, body.drop and store.remove(key, page.generation)
 
     try:
         n_written, dropped = await _in_worker(state, spill, then=lambda: store.release(page))
     except FilesError as err:
         raise files_error(err, "spill") from err
     ms = (time.perf_counter() - t0) * 1e3
-    return JSONResponse(spill_json(name, filename, page.layout.n_tokens, n_written, dropped, ms))
+    return JSONResponse(
+        spill_json(key.name, filename, page.layout.n_tokens, n_written, dropped, ms)
+    )
 
 
 @router.get("/pages")
 async def pages(request: Request) -> JSONResponse:
+    """The caller's own pages and minds; the store's totals, its prepared spare buffers and
+    the anonymous cache's bytes (so a 503 is explained), nothing of other tenants but a sum."""
     state = get_state(request)
     store = _store(state)
-    body = pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes)
-    if state.minds is not None:
-        body["minds"] = minds_json(state.minds.views(), time.time())
+    namespace = tenant_namespace(request.scope)
+    infos = store.infos()
+    own = [i for i in infos if i.key.kind is PageKind.PAGE and i.key.namespace == namespace]
+    body = pages_json(own, store.charged_bytes, store.ceiling_bytes)
+    minds = state.minds.views(namespace)
+    body["minds"] = minds_json(minds, time.time())
+    spares = [(k, n) for k, n in store.reservations() if k.kind is PageKind.SPARE]
+    body["spares"] = [{"purpose": k.name, "n_bytes": n} for k, n in spares]
+    body["anon_cache_bytes"] = sum(i.n_bytes for i in infos if i.key.kind is PageKind.ANON)
+    shown = sum(i.n_bytes for i in own) + sum(m.n_bytes for m in minds if m.tier == "ram")
+    shown += sum(n for _, n in spares) + body["anon_cache_bytes"]
+    body["other_bytes"] = max(0, store.charged_bytes - shown)  # other tenants', copies in flight
     return JSONResponse(body)
