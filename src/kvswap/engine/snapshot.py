@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
@@ -87,6 +87,10 @@ def own_metrics(
         out["page_store_bytes"] = store.charged_bytes
         out["page_store_pages"] = store.n_pages
         out["page_spill_held_bytes"] = store.held_bytes
+        out["page_store_leaked_bytes"] = store.leaked_bytes
+        out["page_store_spare_bytes"] = sum(
+            n for key, n in store.reservations() if key.kind is PageKind.SPARE
+        )
     out.update(registry.metrics())
     out.update(anon.metrics())
     return out

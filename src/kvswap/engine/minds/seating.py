@@ -166,6 +166,7 @@ class Seating:
         self._left(slot, mind)
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
         self.registry.saw_page(layout.n_bytes)
+        self.ask_spare()  # the next switch's buffer, mapped meanwhile
         if store.charged_bytes > store.ceiling_bytes - self.registry.headroom_bytes(
             store.ceiling_bytes
         ):

@@ -8,6 +8,7 @@ vocabulary, so they never wait behind a decode step.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -28,6 +29,7 @@ from kvswap.server.llama.formats_info import (
     slots_json,
 )
 from kvswap.server.openapi import body_schema
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
 from kvswap.server.requests.schemas import (
     CompletionRequest,
@@ -164,31 +166,41 @@ async def metrics(request: Request) -> Response:
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
 async def tokenize(request: Request) -> JSONResponse:
     state = get_state(request)
-    body = parse_body(TokenizeRequest, await request.body())
-    if body.content is None:
-        return JSONResponse(tokenize_json([]))
+    raw = await request.body()
 
-    def tok(text: str, add_special: bool) -> list[int]:
-        return [int(t) for t in state.tokenize(text, add_special, body.parse_special)]
+    def run() -> dict[str, Any]:
+        body = parse_body(TokenizeRequest, raw)
+        if body.content is None:
+            return tokenize_json([])
 
-    tokens = tokenize_prompt(content_part(body.content), tok, add_special=body.add_special)
-    if any(not state.vocab.valid(t) for t in tokens):
-        raise KvswapError(ErrorKind.INVALID_REQUEST, "invalid token id in content")
-    pieces = [state.vocab.piece(t, special=True) for t in tokens] if body.with_pieces else None
-    return JSONResponse(tokenize_json(tokens, pieces))
+        def tok(text: str, add_special: bool) -> list[int]:
+            return [int(t) for t in state.tokenize(text, add_special, body.parse_special)]
+
+        tokens = tokenize_prompt(content_part(body.content), tok, add_special=body.add_special)
+        if any(not state.vocab.valid(t) for t in tokens):
+            raise KvswapError(ErrorKind.INVALID_REQUEST, "invalid token id in content")
+        pieces = [state.vocab.piece(t, special=True) for t in tokens] if body.with_pieces else None
+        return tokenize_json(tokens, pieces)
+
+    return JSONResponse(await prepared(raw, run))
 
 
 @router.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
 async def detokenize(request: Request) -> JSONResponse:
     state = get_state(request)
-    body = parse_body(DetokenizeRequest, await request.body())
-    bad = [t for t in body.tokens if not state.vocab.valid(t)]
-    if bad:
-        raise KvswapError(
-            ErrorKind.INVALID_REQUEST,
-            f"invalid token id {bad[0]} (the vocabulary has {state.vocab.n_tokens} tokens)",
-        )
-    return JSONResponse(detokenize_json(state.vocab.detokenize(body.tokens, special=True)))
+    raw = await request.body()
+
+    def run() -> dict[str, Any]:
+        body = parse_body(DetokenizeRequest, raw)
+        bad = [t for t in body.tokens if not state.vocab.valid(t)]
+        if bad:
+            raise KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                f"invalid token id {bad[0]} (the vocabulary has {state.vocab.n_tokens} tokens)",
+            )
+        return detokenize_json(state.vocab.detokenize(body.tokens, special=True))
+
+    return JSONResponse(await prepared(raw, run))
 
 
 _UNSUPPORTED = (

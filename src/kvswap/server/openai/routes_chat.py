@@ -34,7 +34,7 @@ from kvswap.server.openai.formats_oai import (
     merge_choices,
 )
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.chat import ChatPlan, plan_chat
 from kvswap.server.requests.constraints import (
     completion_constraint,
 )
@@ -45,6 +45,7 @@ from kvswap.server.requests.jobs import (
     prompt_tokens,
     tokenizer,
 )
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import (
     parse_prompt,
     tokenize_prompt,
@@ -78,11 +79,18 @@ async def _finals(
 @router.post("/v1/completions", openapi_extra=body_schema(OaiCompletionRequest))
 async def oai_completion(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(OaiCompletionRequest, await request.body())
-    tokenize = tokenizer(state)
-    prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    constraint = checked_constraint(state, completion_constraint(body, body.response_format))
-    reqs = generation_requests(state, body, prompts, constraint, http=request)
+    raw = await request.body()
+
+    def prepare() -> tuple[OaiCompletionRequest, list[GenerationRequest]]:
+        body = parse_body(OaiCompletionRequest, raw)
+        tokenize = tokenizer(state)
+        prompts = [
+            tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)
+        ]
+        constraint = checked_constraint(state, completion_constraint(body, body.response_format))
+        return body, generation_requests(state, body, prompts, constraint, http=request)
+
+    body, reqs = await prepared(raw, prepare)
     runner = state.runner()
     meta = oai_meta(state)
     if not body.stream:
@@ -114,11 +122,15 @@ async def oai_completion(request: Request) -> Response:
 @router.post("/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completion(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(ChatCompletionRequest, await request.body())
-    plan = plan_chat(state, body)
-    reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, http=request
-    )
+    raw = await request.body()
+
+    def prepare() -> tuple[ChatCompletionRequest, ChatPlan, list[GenerationRequest]]:
+        body = parse_body(ChatCompletionRequest, raw)
+        plan = plan_chat(state, body)
+        tokens = [prompt_tokens(state, plan.prompt)]
+        return body, plan, generation_requests(state, body, tokens, plan.constraint, http=request)
+
+    body, plan, reqs = await prepared(raw, prepare)
     runner = state.runner()
     meta = oai_meta(state)
     if not body.stream:
@@ -181,6 +193,11 @@ async def chat_completion(request: Request) -> Response:
 async def chat_input_tokens(request: Request) -> Response:
     """The prompt's token count for a chat body (llama-server's `handle_count_tokens`)."""
     state = get_state(request)
-    body = parse_body(ChatCompletionRequest, await request.body())
-    n = len(prompt_tokens(state, plan_chat(state, body).prompt))
+    raw = await request.body()
+
+    def count() -> int:
+        body = parse_body(ChatCompletionRequest, raw)
+        return len(prompt_tokens(state, plan_chat(state, body).prompt))
+
+    n = await prepared(raw, count)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

@@ -19,12 +19,13 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
-from kvswap.core.types import Completion, EngineError, Event, TokenEvent
+from kvswap.core.types import Completion, EngineError, Event, GenerationRequest, TokenEvent
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.chat import ChatPlan, plan_chat
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.state import get_state
 from kvswap.server.streaming import complete_all, open_stream
@@ -56,11 +57,18 @@ def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
 @router.post("/responses", openapi_extra=body_schema(ResponsesRequest))
 async def responses(request: Request) -> Response:
     state = get_state(request)
-    req, body = _bodies(await request.body())
-    plan = plan_chat(state, body)
-    reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, http=request
-    )
+    raw = await request.body()
+
+    def prepare() -> tuple[
+        ResponsesRequest, ChatCompletionRequest, ChatPlan, list[GenerationRequest]
+    ]:
+        req, body = _bodies(raw)
+        plan = plan_chat(state, body)
+        tokens = [prompt_tokens(state, plan.prompt)]
+        reqs = generation_requests(state, body, tokens, plan.constraint, http=request)
+        return req, body, plan, reqs
+
+    req, body, plan, reqs = await prepared(raw, prepare)
     runner = state.runner()
     meta = fr.ResponseMeta(
         id=fr.new_response_id(),
@@ -109,7 +117,10 @@ async def responses(request: Request) -> Response:
 @router.post("/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))
 async def input_tokens(request: Request) -> Response:
     state = get_state(request)
-    _, body = _bodies(await request.body())
-    plan = plan_chat(state, body)
-    n = len(prompt_tokens(state, plan.prompt))
+    raw = await request.body()
+
+    def count() -> int:
+        return len(prompt_tokens(state, plan_chat(state, _bodies(raw)[1]).prompt))
+
+    n = await prepared(raw, count)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
