@@ -55,7 +55,14 @@ def _minds(argv: list[str]) -> int:
     return main(argv)
 
 
+def _stalls(argv: list[str]) -> int:
+    from kvswap.bench.stalls import main
+
+    return main(argv)
+
+
 BENCHES: dict[str, Callable[[list[str]], int]] = {
+    "stalls": _stalls,
     "minds": _minds,
     "reconfigure": _reconfigure,
     "throughput": _throughput,
