@@ -61,7 +61,7 @@ def _n_loads(server: ServerProcess) -> int:
     return server.log_path.read_text().count("model loaded in")
 
 
-def _turn(server: ServerProcess, prompt: str, **extra: Any) -> dict:
+def _turn(server: ServerProcess, prompt: str | list[int], **extra: Any) -> dict:
     body = {"prompt": prompt, "n_predict": 6, "temperature": 0, **extra}
     resp = server.post("/completion", body)
     assert resp.status_code == 200, resp.text
@@ -249,11 +249,11 @@ def test_a_cancelled_re_prefill_of_a_tokens_only_page_keeps_the_page(
     start: Callable[..., ServerProcess],
 ) -> None:
     server = start(
-        "-c", "8192", "-np", "1", "-t", "1", "-tb", "1", "-ub", "32", "-fa", "on",
+        "-c", "8192", "-np", "1", "-t", "1", "-tb", "1", "-ub", "64", "-fa", "on",
         "--page-ram-bytes", "256M",
     )  # fmt: skip
-    prompt = _long_prompt(server, 3072)
-    _turn(server, "", prompt=prompt, n_predict=1, id_slot=0)
+    prompt = _long_prompt(server, 2048)
+    _turn(server, prompt, n_predict=1, id_slot=0)
     assert server.post("/slots/0?action=page_out&page=p").status_code == 200
     changed = {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "force": True}
     assert server.post("/reconfigure", changed).status_code == 200

@@ -110,10 +110,12 @@ def test_shrinking_past_an_idle_cached_prompt_keeps_it_in_the_anonymous_cache(
     server_factory,
 ) -> None:  # type: ignore[no-untyped-def]
     server: ServerProcess = server_factory("-c", "3072", "-np", "3", "-t", "2", fresh=True)
+
+    def prompt(i: int) -> str:  # longer than a block of the cache's index (64 tokens)
+        return chat_prompt(("user", f"Mind number {i}. " + "Tell me about the sea. " * 12))
+
     try:
-        minds = [
-            _complete(server, chat_prompt(("user", f"Mind number {i}.")), slot=i) for i in range(3)
-        ]
+        minds = [_complete(server, prompt(i), slot=i) for i in range(3)]
         status, receipt = _reconfigure(server, n_parallel=2, n_ctx=2048)
         assert status == 200, receipt
         fate = {f["old_slot"]: f for f in receipt["slots"]}[2]
@@ -122,7 +124,7 @@ def test_shrinking_past_an_idle_cached_prompt_keeps_it_in_the_anonymous_cache(
         assert server.client.get("/pages").json()["pages"] == []
         assert server.post("/slots/0?action=erase").status_code == 200
         # The next request with that prompt takes it from the cache, whole.
-        again = _complete(server, chat_prompt(("user", "Mind number 2.")), slot=0)
+        again = _complete(server, prompt(2), slot=0)
         assert (
             again["timings"]["cache_n"]
             == len(again["tokens"]) * 0 + minds[2]["tokens_evaluated"] - 1

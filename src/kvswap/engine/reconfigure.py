@@ -361,7 +361,13 @@ class Reconfigurer:
             lora=page.layout.lora,
         )
         reservation = store.reserve(key, layout.n_bytes)
-        buffer = new_buffer(layout.n_bytes)
+        try:
+            buffer = new_buffer(layout.n_bytes)
+        except OSError as err:
+            store.cancel(reservation)
+            raise KvswapError(
+                ErrorKind.UNAVAILABLE, f"no memory for a tokens-only page: {err}"
+            ) from err
         with memoryview(buffer) as view:
             write_tokens(view, layout, tokens)
         return store.commit(reservation, buffer, layout)

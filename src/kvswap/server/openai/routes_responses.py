@@ -27,7 +27,7 @@ from kvswap.server.requests.chat import ChatPlan, plan_chat
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
-from kvswap.server.state import get_state
+from kvswap.server.state import ServerState, get_state
 from kvswap.server.streaming import complete_all, open_stream
 
 router = APIRouter()
@@ -37,6 +37,12 @@ def _bodies(raw: bytes) -> tuple[ResponsesRequest, ChatCompletionRequest]:
     req = parse_body(ResponsesRequest, raw)
     data = json.loads(raw)  # valid: parse_body accepted it
     return req, parse_body(ChatCompletionRequest, to_chat_body(data, req))
+
+
+def _n_reasoning(state: ServerState, reasoning: str) -> int:
+    """The output tokens of the reasoning items: its text tokenized again (model-made text
+    tokenizes back into the tokens that made it, up to merges at its two ends)."""
+    return len(state.tokenize(reasoning, False, True)) if reasoning else 0
 
 
 def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -80,7 +86,13 @@ async def responses(request: Request) -> Response:
         [c] = await complete_all(runner, reqs, request)
         msg = ChatParser(plan.spec).parse_all(c.content)
         return JSONResponse(
-            fr.response_json(meta, status="completed", output=fr.output_items(msg), c=c)
+            fr.response_json(
+                meta,
+                status="completed",
+                output=fr.output_items(msg),
+                c=c,
+                n_reasoning=_n_reasoning(state, msg.reasoning_content),
+            )
         )
 
     parser = ChatParser(plan.spec)
@@ -97,7 +109,7 @@ async def responses(request: Request) -> Response:
             yield from events.blocks(blocks.feed(parser.feed(event.text)))
         elif isinstance(event, Completion):
             yield from events.blocks(blocks.feed(parser.finish()) + blocks.close())
-            yield from events.complete(event)
+            yield from events.complete(event, _n_reasoning(state, parser.msg.reasoning_content))
 
     def encode_error(err: EngineError) -> bytes:
         return fr.encode(events.error(err))
