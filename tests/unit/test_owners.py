@@ -28,13 +28,13 @@ def _n_fds() -> int:
 def test_any_number_of_claims_holds_no_descriptor(tmp_path: Path) -> None:
     owners = OwnerLocks(_save(tmp_path))
     n_fds = _n_fds()
+    claims = tmp_path / META_DIR_NAME / "owners"
     for i in range(2000):
         assert owners.own(f"m{i}")
-    assert _n_fds() == n_fds and owners.n_owned == 2000
+    assert _n_fds() == n_fds and len(list(claims.glob("*.claim"))) == 2000
     for i in range(2000):
         owners.release(f"m{i}")
-    assert owners.n_owned == 0
-    assert not list((tmp_path / META_DIR_NAME / "owners").glob("*.claim"))
+    assert not list(claims.glob("*.claim")) and not owners.owns("m0")
     owners.close()
 
 
@@ -93,5 +93,6 @@ def test_the_registry_forgets_a_mind_that_lives_nowhere() -> None:
     reg.seated(key, 0)
     assert not reg.forget_if_gone(key, in_ram.__contains__)  # resident
     reg.unseated(key)
-    assert reg.n_entries() == 1
-    assert reg.forget_if_gone(key, in_ram.__contains__) and reg.n_entries() == 0
+    assert reg.metrics()["mind_entries"] == 1
+    assert reg.forget_if_gone(key, in_ram.__contains__)
+    assert reg.metrics()["mind_entries"] == 0

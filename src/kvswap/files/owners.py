@@ -56,11 +56,6 @@ class OwnerLocks:
         self._owned: set[str] = set()
         self._mutex = threading.Lock()
 
-    @property
-    def n_owned(self) -> int:
-        with self._mutex:
-            return len(self._owned)
-
     def owns(self, name: str) -> bool:
         """This process owns `name` (no file is touched)."""
         with self._mutex:

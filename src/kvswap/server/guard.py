@@ -142,8 +142,8 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             await _respond(send, *_too_large(self.max_body_bytes))
             return
-        sleeper = self.sleeper
-        if sleeper is None or (path in SLEEP_EXEMPT and scope.get("method") in ("GET", "HEAD")):
+        sleeper, method = self.sleeper, scope.get("method")
+        if sleeper is None or method == "OPTIONS" or (path in SLEEP_EXEMPT and method == "GET"):
             await self.app(scope, self._counting(receive), send)
             return
         try:

@@ -43,10 +43,6 @@ class Spare:
         self._closed = False
         self.error = ""  # why the last allocation failed ("" when it did not)
 
-    @property
-    def pending(self) -> bool:
-        return self._pending is not None
-
     def ready_for(self, n_bytes: int) -> bool:
         """A buffer of at least `n_bytes` is in hand."""
         return self._held is not None and len(self._held[0]) >= n_bytes

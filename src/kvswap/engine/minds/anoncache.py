@@ -160,7 +160,9 @@ class AnonCache:
         so that the request which displaces it later finds one ready."""
         if self.enabled and slot.mind is None and len(slot.tokens) >= BLOCK_TOKENS:
             assert self.spare is not None
-            ask_quietly(self.spare, self.runtime.verbs.mover.measure(slot).n_bytes)
+            n_bytes = self.runtime.verbs.mover.measure(slot).n_bytes
+            if n_bytes <= self._limit():  # (a state the cache would refuse needs no buffer)
+                ask_quietly(self.spare, n_bytes)
 
     def save(self, slot: Slot) -> Kept:
         """Keep the slot's anonymous state as a cached page (the slot keeps it too)."""

@@ -163,11 +163,6 @@ class MindRegistry:
             self._last_used.pop(key, None)
             return True
 
-    def n_entries(self) -> int:
-        """Minds with an entry (for the bookkeeping bound)."""
-        with self._lock:
-            return len(self._last_used.keys() | self._disk.keys() | self._resident.keys())
-
     # -- tiers -------------------------------------------------------------------------------
 
     def seated(self, key: PageKey, slot_id: int) -> None:
@@ -241,4 +236,5 @@ class MindRegistry:
 
     def metrics(self) -> dict[str, float]:
         with self._lock:
-            return self._counters.as_metrics()
+            n_entries = len(self._last_used.keys() | self._disk.keys() | self._resident.keys())
+            return {**self._counters.as_metrics(), "mind_entries": float(n_entries)}

@@ -71,6 +71,7 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     "mind_spill_failed_total": ("counter", "Mind spills that failed"),
     "mind_disk_refused_total": ("counter", "Mind spills refused: --page-disk-bytes full"),
     "mind_disk_dropped_total": ("counter", "Spilled minds dropped (--page-disk-drop-lru)"),
+    "mind_entries": ("gauge", "Minds the registry keeps an entry for (those that hold state)"),
     "mind_switch_ms_total": (
         "counter",
         "Engine milliseconds spent moving minds in and out of slots",

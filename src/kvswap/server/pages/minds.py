@@ -70,10 +70,6 @@ class MindGate:
         # A lock per mind, with how many requests hold or await it (dropped at 0).
         self._locks: dict[PageKey, tuple[asyncio.Lock, int]] = {}
 
-    @property
-    def n_locks(self) -> int:
-        return len(self._locks)
-
     @asynccontextmanager
     async def session(self, request: GenerationRequest) -> AsyncIterator[SlotState | None]:
         """Hold the mind for one request; yields the state read from disk, if it must be."""
