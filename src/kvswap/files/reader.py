@@ -141,15 +141,7 @@ def read_head(root: SaveRoot, name: str, n_bytes: int) -> bytes:
     if fd is None:
         return b""
     try:
-        buf = bytearray(n_bytes)
-        view = memoryview(buf)
-        got = 0
-        while got < n_bytes:
-            n = osio.readinto(fd, view[got:])
-            if n == 0:
-                break
-            got += n
-        return bytes(buf[:got])
+        return osio.read_up_to(fd, n_bytes)
     finally:
         osio.close(fd)
 
