@@ -240,3 +240,19 @@ def test_adopt_and_drop_all() -> None:
     assert cache.best(np.array([*_toks(B), 1], dtype=np.int32)) == (key, B)
     cache.check_integrity()
     assert cache.drop_all() == 1 and _pages(store) == 0
+
+
+def test_a_paged_in_entry_becomes_the_next_saves_buffer() -> None:
+    worker = _Worker()
+    cache, store = _cache(worker=worker)
+    _save(cache, _slot(_toks(4 * B)))
+    [entry] = [i for i in store.infos() if i.key.kind is PageKind.ANON]
+    n_mapped = worker.n_mapped
+    other = _slot(_toks(4 * B, start=50_000))
+    cache.prepare(other, np.array([*_toks(4 * B), 1], dtype=np.int32))
+    assert cache.n_hits == 1 and cache.n_saved == 2
+    # The entry's buffer, faulted in already, is the spare now: nothing new was mapped.
+    assert worker.n_mapped == n_mapped
+    assert [(k.kind, n) for k, n in store.reservations()] == [(PageKind.SPARE, entry.n_bytes)]
+    cache.check_integrity()
+    store.check_integrity()

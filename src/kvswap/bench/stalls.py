@@ -92,7 +92,7 @@ def _tokens(server: BenchServer, n: int, tag: str) -> list[int]:
 
 def cache_case(server: BenchServer, n_tokens: int, n_turns: int) -> Gaps:
     prompts = [_tokens(server, n_tokens, tag) for tag in ("alpha", "beta", "gamma")]
-    for p in prompts:  # each is prefilled once, then saved to the cache by the next
+    for p in prompts * 2:  # each is prefilled once, saved to the cache by the next; then warm
         server.completion({"prompt": p, "n_predict": 1, "id_slot": 1})
 
     def rotate() -> None:

@@ -268,6 +268,18 @@ class PageStore:
         if not self.remove(key):
             raise PageNotFound(key.name)
 
+    def reclaim(self, page: Page, key: PageKey) -> Reservation | None:
+        """Turn `page`, left the store and held only by the caller, into a reservation under
+        `key` of its bytes, its buffer the caller's (already faulted in: a recycled spare).
+        None, and nothing changes, when anyone else still holds or lists it."""
+        with self._lock:
+            if page.owners != 1 or self._pages.get(page.key) is page:
+                return None
+            page.owners = 0
+            self._held.pop(page.generation, None)
+            self._reserved[key] += page.n_bytes  # the charge stays: now a reservation
+            return Reservation(key, page.n_bytes)
+
     def hold(self, key: PageKey) -> Page:
         """A spill (or a page_in) takes a hold: the page stays alive and counted until `release`."""
         with self._lock:

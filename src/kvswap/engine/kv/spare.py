@@ -18,7 +18,7 @@ import mmap
 from kvswap.core.errors import KvswapError, PageTooLarge, StoreFull
 from kvswap.core.keys import PageKey, spare_key
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
-from kvswap.engine.kv.pagestore import PageStore, Reservation
+from kvswap.engine.kv.pagestore import Page, PageStore, Reservation
 
 SLACK = 1.25  # a spare's size over what it was asked for (states grow between ask and take)
 _HUGE_PAGE = 2 << 20  # large spares are rounded to whole huge pages
@@ -44,8 +44,22 @@ class Spare:
         self.error = ""  # why the last allocation failed ("" when it did not)
 
     def ready_for(self, n_bytes: int) -> bool:
-        """A buffer of at least `n_bytes` is in hand."""
-        return self._held is not None and len(self._held[0]) >= n_bytes
+        """A buffer of at least `n_bytes` (faulted in and reserved) is in hand."""
+        return self._held is not None and self._held[1].n_bytes >= n_bytes
+
+    def adopt(self, page: Page) -> None:
+        """`page` (held by the caller, out of the store) is done with: keep its buffer, faulted
+        in already, as the spare when none as large is in hand or being mapped; else let it go."""
+        held = self._held[1].n_bytes if self._held is not None else 0
+        if self._closed or self._pending is not None or held >= page.n_bytes:
+            self.store.release(page)
+            return
+        reservation = self.store.reclaim(page, self.key)
+        if reservation is None:  # someone else holds it (a spill): it stays theirs
+            self.store.release(page)
+            return
+        self.give_back()
+        self._held = (page.buffer, reservation)
 
     def ask(self, n_bytes: int) -> None:
         """Have a buffer of at least `n_bytes` prepared: a no-op when one is in hand, or being

@@ -140,15 +140,20 @@ class AnonCache:
         n_slot = min(slot.tokens.common_prefix(prompt), len(prompt) - 1)
         best = self.best(prompt)
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
-            self.save(slot)
+            assert self.store is not None and self.spare is not None
+            self.save(slot, ask_next=False)
             key = best[0]
+            page = self.store.hold(key)  # its buffer, once paged in, is the next save's spare
             try:
                 self.runtime.verbs.page_in(slot, key)
             except KvswapError as err:
                 # Made under another geometry (a reconfigure): of no use to anyone now.
                 log.warning("anonymous cache: %s could not be paged in: %s", key, err.message)
+                self.store.release(page)
                 self.drop(key)
                 return
+            self.spare.adopt(page)  # no fault-in for the next save, no unmap for this page
+            ask_quietly(self.spare, page.n_bytes)  # (a no-op when the adopted one will do)
             self._remove(key)
             self.n_hits += 1
             slot.t_last_used = time.monotonic()
@@ -164,8 +169,9 @@ class AnonCache:
             if n_bytes <= self._limit():  # (a state the cache would refuse needs no buffer)
                 ask_quietly(self.spare, n_bytes)
 
-    def save(self, slot: Slot) -> Kept:
-        """Keep the slot's anonymous state as a cached page (the slot keeps it too)."""
+    def save(self, slot: Slot, ask_next: bool = True) -> Kept:
+        """Keep the slot's anonymous state as a cached page (the slot keeps it too); then
+        have the next save's buffer mapped (`ask_next`)."""
         if not self.enabled or slot.mind is not None or len(slot.tokens) < BLOCK_TOKENS:
             return Kept.REFUSED
         tokens = slot.tokens.view().copy()
@@ -196,7 +202,8 @@ class AnonCache:
         )
         self._add(_Entry(key, tokens, hashes, layout.n_bytes))
         self.n_saved += 1
-        ask_quietly(spare, layout.n_bytes)  # the next save's buffer, mapped meanwhile
+        if ask_next:
+            ask_quietly(spare, layout.n_bytes)  # the next save's buffer, mapped meanwhile
         return Kept.SAVED
 
     def keep(self, slot: Slot) -> Kept:
