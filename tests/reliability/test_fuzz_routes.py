@@ -39,6 +39,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from kvswap.core.errors import ErrorKind
+from kvswap.tiers.mindfiles import MINDS_DIR
 from kvswap.tiny import tiny_model_path
 from tests.files.util import tree
 from tests.reliability.openapi_cases import Case, Fuzzer
@@ -63,7 +64,8 @@ def _hints(root: Path, protected: tuple[str, ...]) -> dict[str, tuple[object, ..
     internal = ("mind~", "mind~public~736563726574", "anon~0", "anon~1", "anon~")
     escaping = ("../up.bin", "..", "a/b", str(root / "abs" / "abs.bin"), "/etc/passwd", "a\x00b")
     return {
-        "action": ("save", "restore", "erase", "page_out", "page_in", "spill", "page_drop"),
+        "action": ("save", "restore", "erase", "page_out", "page_in", "spill", "page_drop", "drop"),
+        "name": (SECRET, "mine", "anon~0"),  # POST /minds/{name}: tenant 2's mind's name
         "page": ("p0", "p1", SECRET, "x" * 300, "nul\x00", *internal, *protected),
         "filename": ("f0.bin", "f1.bin", "link.bin", ".lock", *escaping, *internal, *protected),
         "mind": (SECRET, "mine", "", "x" * 300, *internal),
@@ -118,10 +120,12 @@ def tenants(
     resp = first.post("/completion", body, headers={"Authorization": f"Bearer {K2}"})
     assert resp.status_code == 200, resp.text
     out = resp.json()
-    before = {p.name for p in (root / "slots").iterdir()}
     assert first.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # spills tenant 2's mind
-    protected = tuple(sorted({p.name for p in (root / "slots").iterdir()} - before))
-    assert protected, "the mind was not spilled at exit"
+    minds = root / "slots" / MINDS_DIR
+    spilled = [p.relative_to(root / "slots") for p in minds.iterdir()]
+    assert spilled, "the mind was not spilled at exit"
+    # Every name that could reach its files: the folder, each file's path and its bare name.
+    protected = tuple(sorted({MINDS_DIR, *map(str, spilled), *(p.name for p in spilled)}))
     server = server_factory(
         *_args(root), fresh=True, env={"PYTHONFAULTHANDLER": "1"}, cwd=root / "cwd"
     )

@@ -40,6 +40,7 @@ import pytest
 
 from kvswap.files import OsAdapter, Publisher
 from kvswap.files.faults import KILL_AT_STEP_ENV, StepCounter
+from kvswap.tiers.mindfiles import MINDS_DIR
 from kvswap.tiny import tiny_model_path
 from tests.files.util import FINGERPRINT, GenSpec
 from tests.server.harness import ServerProcess
@@ -225,7 +226,9 @@ def _check_file(server: ServerProcess, name: str, expected: Write) -> None:
 
 
 def _stage_entries(save_dir: Path) -> list[str]:
-    return sorted(p.name for p in (save_dir / ".kvswap" / "stage").iterdir())
+    """What the publications staged and did not finish: the slot files' and the minds'."""
+    stages = [save_dir / ".kvswap" / "stage", save_dir / MINDS_DIR / ".kvswap" / "stage"]
+    return sorted(str(p.relative_to(save_dir)) for d in stages if d.is_dir() for p in d.iterdir())
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import TypeVar
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.types import EngineError, Event, GenerationRequest
+from kvswap.engine.kv.buffers import BufferReady
 from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.plan.geometry import Geometry
@@ -160,6 +161,20 @@ class Shutdown:
     """Finish the loop: running requests end as cancelled."""
 
 
+@dataclass(frozen=True)
+class MindVerb:
+    """Move mind `key` without a request (POST /minds/{name}), once its slot is idle:
+    `to_slot` seats it in a slot (from its RAM page, or `restore`, its state read from disk),
+    `to_ram` pages it out of its slot, `erase` ends it there (a mind in no slot: nothing to
+    do). Replies with the slot it is in after the move (-1: none)."""
+
+    req_id: int
+    key: PageKey
+    action: str  # "to_slot" | "to_ram" | "erase"
+    reply: Reply[int]
+    restore: SlotState | None = None  # to_slot: the state read from disk (a mind on disk only)
+
+
 SlotVerb = SlotCapture | SlotApply | SlotErase | PageOut | PageIn
 SLOT_VERBS = (SlotCapture, SlotApply, SlotErase, PageOut, PageIn)
 Command = (
@@ -170,6 +185,7 @@ Command = (
     | SlotErase
     | PageOut
     | PageIn
+    | MindVerb
     | Reconfigure
     | FlushMinds
     | Nudge
@@ -256,7 +272,10 @@ def refuse(cmd: object, error: KvswapError) -> None:
     elif isinstance(cmd, Nudge):
         if cmd.reply is not None:
             cmd.reply(None)
+    elif isinstance(cmd, BufferReady):  # a buffer nobody will use now
+        if cmd.buffer is not None:
+            cmd.buffer.close()
     elif isinstance(cmd, ShedCache):
         cmd.reply(0)
-    elif isinstance(cmd, (*SLOT_VERBS, Reconfigure, FlushMinds)):
+    elif isinstance(cmd, (*SLOT_VERBS, MindVerb, Reconfigure, FlushMinds)):
         cmd.reply(error)

@@ -34,6 +34,7 @@ from kvswap.engine.commands import (
     Cancel,
     Command,
     FlushMinds,
+    MindVerb,
     Nudge,
     PageOut,
     Reconfigure,
@@ -66,6 +67,8 @@ from kvswap.engine.spec.speculate import Speculator
 from kvswap.engine.step import StepOutcome, Stepper
 
 log = logging.getLogger("kvswap.engine")
+
+_NO_TOKENS = np.zeros(0, dtype=np.int32)  # the prompt of a job that only seats a mind
 
 
 class Engine:
@@ -202,11 +205,7 @@ class Engine:
     def _refuse_forever(self, message: str) -> None:
         """After a crash: answer every command with a typed 500 until shutdown (no hang)."""
         while not isinstance(cmd := self.inbox.get(), Shutdown):
-            if isinstance(cmd, BufferReady):
-                if cmd.buffer is not None:
-                    cmd.buffer.close()
-            else:
-                refuse(cmd, KvswapError(ErrorKind.SERVER, message))
+            refuse(cmd, KvswapError(ErrorKind.SERVER, message))
 
     def _busy(self) -> bool:
         return bool(self.slots.busy()) or not self.reconfigurer.admission_open
@@ -281,6 +280,8 @@ class Engine:
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
                 return
             self.waiting.add(Job(cmd.req_id, cmd.slot_id, None, cmd))
+        elif isinstance(cmd, MindVerb):  # it waits for the mind's slot, as a request naming it
+            self.waiting.add(Job(cmd.req_id, -1, _NO_TOKENS, cmd, mind=cmd.key))
 
     def _check_submit(self, cmd: Submit) -> EngineError | None:
         return check_request(
@@ -313,6 +314,11 @@ class Engine:
                 self._admit(cmd, job.prompt, slot)
             elif isinstance(cmd, SLOT_VERBS):
                 self._run_verb(cmd, slot)
+            elif isinstance(cmd, MindVerb):
+                if cmd.action == "erase" and slot.mind == cmd.key:
+                    self.runtime.verbs.clear(slot)
+                    self.seating.left(slot)
+                cmd.reply(slot.id if slot.mind == cmd.key else -1)
 
     def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:
         verbs, counters = self.runtime.verbs, self.runtime.counters
@@ -446,7 +452,7 @@ class Engine:
     def _cancel(self, req_id: int) -> None:
         job = self.waiting.remove(req_id)
         if job is not None:
-            if isinstance(job.payload, SLOT_VERBS):
+            if isinstance(job.payload, (*SLOT_VERBS, MindVerb)):
                 # A verb's caller may hold buffers until the engine has answered.
                 refuse(
                     job.payload,

@@ -27,7 +27,7 @@ from kvswap.server.llama import routes_completion, routes_info, routes_lora, rou
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs, resolve_bodies
-from kvswap.server.pages import routes_reconfigure, routes_slots
+from kvswap.server.pages import routes_minds, routes_reconfigure, routes_slots
 from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
@@ -62,6 +62,7 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
         routes_anthropic.router,
         routes_responses.router,
         routes_slots.router,
+        routes_minds.router,
         routes_reconfigure.router,
         routes_lora.router,
         routes_proxy.router,

@@ -132,6 +132,14 @@ class Demoter:
                 self.publisher.remove(file_name(key))
         self.settle(key)  # its claim goes too: it lives nowhere now
 
+    def spill_now(self, key: PageKey) -> bool:
+        """A client's spill of mind `key` (POST /minds/{name}?action=spill): its RAM page is
+        written to disk and leaves RAM (it stays when a request holds the mind meanwhile);
+        False when the disk tier refused it (see the log) or there is none."""
+        if self.publisher is None or self.store is None:
+            return False
+        return bool(self._spill(self.store, key, drop=True, bounded=True))
+
     def owns(self, key: PageKey) -> bool:
         """This server owns mind `key` already (no file is touched)."""
         return self.owners is None or self.owners.owns(file_name(key))

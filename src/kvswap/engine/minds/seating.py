@@ -48,7 +48,14 @@ import numpy as np
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey
-from kvswap.engine.commands import PageOut, RoomReport, SlotCapture, SlotErase, Submit
+from kvswap.engine.commands import (
+    MindVerb,
+    PageOut,
+    RoomReport,
+    SlotCapture,
+    SlotErase,
+    Submit,
+)
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly
@@ -120,7 +127,13 @@ class Seating:
             if cmd.namespace is not None and slot.mind.namespace != cmd.namespace:
                 raise NotYourMind(slot.id)
             return
-        mind = cmd.request.mind if isinstance(cmd, Submit) else None
+        if isinstance(cmd, MindVerb) and cmd.action != "to_slot":
+            if cmd.action == "to_ram" and slot.mind == cmd.key:
+                self.evict(slot)  # (a mind that left the slot since: nothing to do)
+            return
+        mind = cmd.key if isinstance(cmd, MindVerb) else None
+        if isinstance(cmd, Submit):
+            mind = cmd.request.mind
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
         if not mind:
@@ -133,7 +146,7 @@ class Seating:
         if slot.mind == mind:
             reg.count(hits_slot_total=1)
             return
-        assert isinstance(cmd, Submit)
+        assert isinstance(cmd, Submit | MindVerb)
         t0 = time.perf_counter()
         if slot.mind is None:
             self.anon.save(slot)  # the anonymous prompt it held stays findable
@@ -144,7 +157,7 @@ class Seating:
         # The next switch's buffer is faulted in now, not while this one copied.
         self.ask_spare()
 
-    def _bring_in(self, slot: Slot, mind: PageKey, cmd: Submit) -> None:
+    def _bring_in(self, slot: Slot, mind: PageKey, cmd: Submit | MindVerb) -> None:
         store, reg, verbs = self.store, self.registry, self.runtime.verbs
         if store is not None and store.has(mind) and store.get(mind).layout.token_only:
             # A KV-type reconfigure left it tokens only; the request carries its whole prompt,

@@ -101,8 +101,14 @@ class MindGate:
     @asynccontextmanager
     async def session(self, request: GenerationRequest) -> AsyncIterator[SlotState | None]:
         """Hold the mind for one request; yields the state read from disk, if it must be."""
-        key = request.mind
-        assert key is not None
+        assert request.mind is not None
+        async with self.hold(request.mind) as restore:
+            yield restore
+
+    @asynccontextmanager
+    async def hold(self, key: PageKey, read: bool = True) -> AsyncIterator[SlotState | None]:
+        """Hold mind `key` (a request's, or a mind verb's): its lock, busy and claimed; yields
+        its state read back from disk when it lives there only (and `read`)."""
         store = self.store
         if store is None:
             raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
@@ -111,21 +117,29 @@ class MindGate:
         try:
             async with lock, self._held(key):
                 on_disk_only = self.registry.begin_use(key, store.has)
-                read: ReadState | None = None
+                state: ReadState | None = None
                 try:
-                    if on_disk_only:
-                        read = await self._read(key)
-                    yield read.state if read is not None else None
+                    if on_disk_only and read:
+                        state = await self._read(key)
+                    yield state.state if state is not None else None
                 finally:
-                    if read is not None:
+                    if state is not None:
                         await self._after_engine()  # the engine is done with the state
-                        read.close()
+                        state.close()
         finally:
             lock, n_users = self._locks[key]
             if n_users == 1:
                 del self._locks[key]
             else:
                 self._locks[key] = (lock, n_users - 1)
+
+    def tier(self, key: PageKey) -> str | None:
+        """Where mind `key` lives now: "slot", "ram", "disk", or None (nowhere)."""
+        if self.registry.resident_slot(key) is not None:
+            return "slot"
+        if self.store is not None and self.store.has(key):
+            return "ram"
+        return "disk" if self.registry.disk_copy(key) is not None else None
 
     @asynccontextmanager
     async def _held(self, key: PageKey) -> AsyncIterator[None]:

@@ -1,0 +1,91 @@
+"""POST /minds/{name}?action=page_out|page_in|spill|drop: move one of the caller's minds between
+the tiers without a request (the web page's mind actions; kvswap's own).
+
+- `page_out`: from its slot to its RAM page (a mind not in a slot stays where it is);
+- `page_in`: into a slot, as a request naming it would be seated (from RAM, or read back from
+  disk);
+- `spill`: to disk, leaving its slot and RAM (needs `--slot-save-path`);
+- `drop`: out of every tier: its slot is cleared, its RAM page and its files removed.
+
+Each holds the mind as a request does (`MindGate.hold`: its lock, so a move never races a turn
+of the same mind). The name is the caller's own, in its tenant namespace: another tenant's mind
+cannot be named, and a mind that lives nowhere is a 404. The answer is `{"mind", "action",
+"tier"}`, the tier after the move ("slot", "ram", "disk", or "none" after a drop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey, mind_key
+from kvswap.engine.commands import MindVerb
+from kvswap.engine.kv.slotstate import SlotState
+from kvswap.files import FilesError
+from kvswap.server.guard import tenant_namespace
+from kvswap.server.state import ServerState, get_state
+from kvswap.tiers.slotfiles import files_error
+
+router = APIRouter()
+
+MIND_ACTIONS = ("page_out", "page_in", "spill", "drop")
+
+
+@router.post("/minds/{name}")
+async def mind_action(name: str, request: Request, action: str = "") -> JSONResponse:
+    state = get_state(request)
+    if action not in MIND_ACTIONS:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f"Invalid action: {action!r} (one of {', '.join(MIND_ACTIONS)})",
+        )
+    key = mind_key(tenant_namespace(request.scope), name)
+    minds = state.minds
+    if minds.tier(key) is None:
+        raise KvswapError(ErrorKind.NOT_FOUND, f"no mind named {name!r}")
+    if action == "spill" and state.publisher is None:
+        raise KvswapError(
+            ErrorKind.NOT_SUPPORTED,
+            "spilling a mind needs a disk tier (start with --slot-save-path)",
+        )
+    async with minds.hold(key, read=action == "page_in") as restore:
+        if action == "page_in":
+            await _mind_verb(state, request, key, "to_slot", restore)
+        elif action in ("page_out", "spill"):
+            await _mind_verb(state, request, key, "to_ram")
+        else:
+            await _mind_verb(state, request, key, "erase")
+            if state.store is not None:
+                state.store.remove(key)
+    loop = asyncio.get_running_loop()
+    if action == "spill" and minds.tier(key) == "ram":
+        spilled = await loop.run_in_executor(state.io, state.demoter.spill_now, key)
+        if not spilled:
+            raise KvswapError(
+                ErrorKind.UNAVAILABLE,
+                "the mind could not be written to disk now (the disk tier is full, "
+                "--page-disk-bytes, or a write failed: see the server log); it stays in RAM",
+            )
+    if action == "drop":
+        try:
+            await loop.run_in_executor(state.io, state.demoter.forget, key)
+        except FilesError as err:
+            raise files_error(err, "remove the mind's spilled copy") from err
+    return JSONResponse({"mind": name, "action": action, "tier": minds.tier(key) or "none"})
+
+
+async def _mind_verb(
+    state: ServerState,
+    request: Request,
+    key: PageKey,
+    action: str,
+    restore: SlotState | None = None,
+) -> int:
+    seated: int = await state.client.call(
+        lambda rid, reply: MindVerb(rid, key, action, reply, restore),
+        request.is_disconnected,
+    )
+    return seated
