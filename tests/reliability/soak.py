@@ -146,6 +146,10 @@ class Mind:
     text: list[int] = field(default_factory=list)
     kv: int = 0
     epoch: int = 0  # a conversation that grew too long starts over as a new mind
+    # A slot verb's answer named it: an erase or page_out of its slot ended it (README: slot
+    # verbs act on a mind's slot), so a turn from then on finds it empty. Set by the verb
+    # clients, read by the one mind client.
+    ended: bool = False
 
 
 class Soak:
@@ -240,7 +244,19 @@ class Soak:
     def _post(self, client: httpx.Client, path: str, body: dict | None = None) -> httpx.Response:
         resp = client.post(path, json=body)
         self.report.record(classify(resp, resp.content))
+        ends = ("action=erase", "action=page_out")  # (a save names the mind, which stays)
+        if path.startswith("/slots/") and any(e in path for e in ends) and resp.status_code == 200:
+            self._ended(resp.json().get("mind"))
         return resp
+
+    def _ended(self, name: str | None) -> None:
+        """A slot verb acted on mind `name` (`m{i}-{epoch}`): an erase or page_out ended it."""
+        if name is None:
+            return
+        i, epoch = (int(part) for part in name[1:].split("-"))
+        mind = self._minds[i]
+        if mind.epoch == epoch:
+            mind.ended = True
 
     def _streamer(self, client: httpx.Client, rng: random.Random) -> None:
         body = {
@@ -317,12 +333,19 @@ class Soak:
         prompt = mind.text + self._prompt(rng, 20, 80)
         body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "ignore_eos": True,
                 "return_tokens": True, "mind": f"m{i}-{mind.epoch}"}  # fmt: skip
+        ended_before, mind.ended = mind.ended, False
         resp = self._post(client, "/completion", body)
         if resp.status_code != 200:
+            mind.ended |= ended_before
             return  # typed (a full store); the mind keeps its state
         out = resp.json()
         cache_n = out["timings"]["cache_n"]
-        assert cache_n == mind.kv, (f"m{i}-{mind.epoch}", cache_n, mind.kv)
+        if ended_before or (mind.ended and cache_n == 0):
+            # Ended before this turn (reported before it, or while it ran): found empty.
+            assert cache_n == 0, (f"m{i}-{mind.epoch}", "ended", cache_n)
+            mind.ended = False
+        else:  # (ended after this turn: the next one finds it empty)
+            assert cache_n == mind.kv, (f"m{i}-{mind.epoch}", cache_n, mind.kv)
         mind.text = prompt + out["tokens"]
         mind.kv = len(mind.text) - 1
         self.report.record("ok mind turn")
