@@ -22,10 +22,10 @@ from pathlib import Path
 
 import redis
 
-from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES as CHUNK
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import Fetched, SharedStore
+from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES as CHUNK
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.store import Fetched, SharedStore
 from tests.cluster.util import RedisServer, incarnation, synthetic_page
 
 

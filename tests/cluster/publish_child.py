@@ -11,9 +11,9 @@ import sys
 
 import redis
 
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import SharedStore
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.store import SharedStore
 from tests.cluster.util import incarnation, synthetic_page
 
 MIND_KEY = "mind~public~746f726e"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import redis
 
-from kvswap.cluster.errors import StaleOwner
-from kvswap.cluster.lease import Lease, LeaseHolder, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.token_log import TokenLog
+from kvswap.tiers.shared.errors import StaleOwner
+from kvswap.tiers.shared.lease import Lease, LeaseHolder, Leases
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.util import incarnation, wait_lease_free
 
 pytestmark = pytest.mark.timeout(120)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import redis
 
-from kvswap.cluster.kvstate import split_kv_state
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import Fetched, SharedStore
+from kvswap.tiers.shared.kvstate import split_kv_state
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.store import Fetched, SharedStore
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout
 from kvswap.tiny import tiny_model_path
 from kvswap.tiny.presets import realistic_kv_params

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvswap.cluster.errors import Miss, MissReason, StaleOwner, TierUnavailable
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import Fetched, SharedStore
-from kvswap.cluster.token_log import TokenLog
+from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.store import Fetched, SharedStore
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster import publish_child
 from tests.cluster.util import RedisServer, incarnation, synthetic_page, wait_lease_free
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from kvswap.cluster.errors import TokenLogGap
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.token_log import TokenLog
+from kvswap.tiers.shared.errors import TokenLogGap
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.util import incarnation
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from kvswap.cluster.connection import connect
-from kvswap.cluster.lease import Incarnation, Leases
+from kvswap.tiers.shared.connection import connect
+from kvswap.tiers.shared.lease import Incarnation, Leases
 from kvswap.cluster.procs import ManagedProcess, free_port, start_redis
-from kvswap.cluster.shared_keys import MindKeys
+from kvswap.tiers.shared.keys import MindKeys
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
 
 GEOMETRY = PageGeometry("sha256:test-model", "f16", "f16", 1, 4096)

@@ -10,8 +10,8 @@ import struct
 import numpy as np
 import pytest
 
-from kvswap.cluster.kvstate import split_kv_state
-from kvswap.cluster.segments import (
+from kvswap.tiers.shared.kvstate import split_kv_state
+from kvswap.tiers.shared.segments import (
     BlobScatter,
     GenerationWrite,
     PagePlan,

@@ -19,8 +19,8 @@ from typing import Final
 
 import redis
 
-from kvswap.cluster.errors import translating
-from kvswap.cluster.shared_keys import TierKeys
+from kvswap.tiers.shared.errors import translating
+from kvswap.tiers.shared.keys import TierKeys
 
 _NOW_MS_LUA: Final = """
 local t = redis.call('TIME')

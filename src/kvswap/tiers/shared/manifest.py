@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvswap.cluster.segments import Extent, Literal, PagePlan, Section, SectionPlan
+from kvswap.tiers.shared.segments import Extent, Literal, PagePlan, Section, SectionPlan
 from kvswap.engine.kv.pagefmt import (
     CheckpointSpan,
     LoraRef,

@@ -25,8 +25,8 @@ from typing import Final
 
 import redis
 
-from kvswap.cluster.errors import translating
-from kvswap.cluster.shared_keys import MindKeys
+from kvswap.tiers.shared.errors import translating
+from kvswap.tiers.shared.keys import MindKeys
 
 DEFAULT_TTL_MS: Final = 5000
 _REPLICA_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")

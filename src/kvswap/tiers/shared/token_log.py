@@ -8,7 +8,7 @@ carries a turn id (the client's `X-Request-Id`, else a hash of the request); the
 are kept, and a replayed id changes nothing, so a client that retries a turn whose answer it
 lost applies it once. Every append is one script that checks the lease and fence first.
 
-The page published with the log (`shared_store`) records how many of these tokens its KV holds;
+The page published with the log (`store`) records how many of these tokens its KV holds;
 a replica resuming the mind prefills only `log[n_tokens:]`.
 
 Owns `TokenLog`. Thread-safe. Raises `StaleOwner`, `TokenLogGap`, `TierUnavailable`.
@@ -23,11 +23,11 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from kvswap.cluster import store_scripts as lua
-from kvswap.cluster.connection import as_bytes
-from kvswap.cluster.errors import StaleOwner, TokenLogGap, translating
-from kvswap.cluster.lease import Lease
-from kvswap.cluster.shared_keys import MindKeys
+from kvswap.tiers.shared import store_scripts as lua
+from kvswap.tiers.shared.connection import as_bytes
+from kvswap.tiers.shared.errors import StaleOwner, TokenLogGap, translating
+from kvswap.tiers.shared.lease import Lease
+from kvswap.tiers.shared.keys import MindKeys
 
 
 @dataclass(frozen=True)

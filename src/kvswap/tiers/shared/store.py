@@ -18,7 +18,7 @@ least recently used minds are degraded to tokens-only (manifest first, its chunk
 the same script), never left half-deleted.
 
 Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner` and `TierUnavailable`
-(kvswap.cluster.errors) from mutations.
+(kvswap.tiers.shared.errors) from mutations.
 """
 
 from __future__ import annotations
@@ -34,27 +34,27 @@ from typing import Final
 
 import redis
 
-from kvswap.cluster import manifest as mf
-from kvswap.cluster import store_scripts as lua
-from kvswap.cluster.budget import TierBudget
-from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
-from kvswap.cluster.connection import as_bytes
-from kvswap.cluster.errors import (
+from kvswap.tiers.shared import manifest as mf
+from kvswap.tiers.shared import store_scripts as lua
+from kvswap.tiers.shared.budget import TierBudget
+from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
+from kvswap.tiers.shared.connection import as_bytes
+from kvswap.tiers.shared.errors import (
     Miss,
     MissReason,
     StaleOwner,
     TierUnavailable,
     translating,
 )
-from kvswap.cluster.lease import Lease
-from kvswap.cluster.segments import (
+from kvswap.tiers.shared.lease import Lease
+from kvswap.tiers.shared.segments import (
     BlobScatter,
     PagePlan,
     plan_generation,
     split_page,
     write_literals,
 )
-from kvswap.cluster.shared_keys import MindKeys, TierKeys
+from kvswap.tiers.shared.keys import MindKeys, TierKeys
 from kvswap.engine.kv.pagefmt import PageLayout
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswap.cluster.kvstate import split_kv_state
+from kvswap.tiers.shared.kvstate import split_kv_state
 from kvswap.engine.kv.pagefmt import PageLayout, Span
 
 MAX_LITERAL_BYTES = 4096  # a gap wider than this between sections is stored as a section
