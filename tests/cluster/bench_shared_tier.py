@@ -23,8 +23,8 @@ from pathlib import Path
 import redis
 
 from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES as CHUNK
-from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.store import Fetched, SharedStore
 from tests.cluster.util import RedisServer, incarnation, synthetic_page
 

@@ -11,8 +11,8 @@ import sys
 
 import redis
 
-from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.store import SharedStore
 from tests.cluster.util import incarnation, synthetic_page
 

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from kvswap.tiers.shared.errors import StaleOwner
-from kvswap.tiers.shared.lease import Lease, LeaseHolder, Leases
 from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, LeaseHolder, Leases
 from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.util import incarnation, wait_lease_free
 

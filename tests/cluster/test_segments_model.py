@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import redis
 
+from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout
+from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.kvstate import split_kv_state
 from kvswap.tiers.shared.lease import Lease, Leases
-from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.store import Fetched, SharedStore
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout
 from kvswap.tiny import tiny_model_path
 from kvswap.tiny.presets import realistic_kv_params
 from tests.cluster.states import capture, context, decode, next_logits, prompt

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable
-from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.store import Fetched, SharedStore
 from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster import publish_child

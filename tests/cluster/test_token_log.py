@@ -7,8 +7,8 @@ import pytest
 import redis
 
 from kvswap.tiers.shared.errors import TokenLogGap
-from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.util import incarnation
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from kvswap.tiers.shared.connection import connect
-from kvswap.tiers.shared.lease import Incarnation, Leases
 from kvswap.cluster.procs import ManagedProcess, free_port, start_redis
-from kvswap.tiers.shared.keys import MindKeys
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+from kvswap.tiers.shared.connection import connect
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Incarnation, Leases
 
 GEOMETRY = PageGeometry("sha256:test-model", "f16", "f16", 1, 4096)
 

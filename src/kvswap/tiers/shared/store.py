@@ -34,6 +34,7 @@ from typing import Final
 
 import redis
 
+from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.tiers.shared import manifest as mf
 from kvswap.tiers.shared import store_scripts as lua
 from kvswap.tiers.shared.budget import TierBudget
@@ -46,6 +47,7 @@ from kvswap.tiers.shared.errors import (
     TierUnavailable,
     translating,
 )
+from kvswap.tiers.shared.keys import MindKeys, TierKeys
 from kvswap.tiers.shared.lease import Lease
 from kvswap.tiers.shared.segments import (
     BlobScatter,
@@ -54,8 +56,6 @@ from kvswap.tiers.shared.segments import (
     split_page,
     write_literals,
 )
-from kvswap.tiers.shared.keys import MindKeys, TierKeys
-from kvswap.engine.kv.pagefmt import PageLayout
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
 _MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again

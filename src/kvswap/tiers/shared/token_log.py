@@ -26,8 +26,8 @@ import redis
 from kvswap.tiers.shared import store_scripts as lua
 from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import StaleOwner, TokenLogGap, translating
-from kvswap.tiers.shared.lease import Lease
 from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease
 
 
 @dataclass(frozen=True)
