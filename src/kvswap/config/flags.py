@@ -26,7 +26,14 @@ import os
 import textwrap
 from collections.abc import Mapping, Sequence
 
-from kvswap.config import table_ignored, table_model, table_sampling, table_serving, table_spec
+from kvswap.config import (
+    table_cluster,
+    table_ignored,
+    table_model,
+    table_sampling,
+    table_serving,
+    table_spec,
+)
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
 from kvswap.config.errors import ConfigError, HelpRequested
 from kvswap.config.machine import MachineInfo
@@ -76,6 +83,7 @@ def all_flags() -> tuple[Flag, ...]:
         table_model.PARALLEL,
         *table_sampling.FLAGS,
         *table_serving.FLAGS,
+        *table_cluster.FLAGS,
         *table_spec.FLAGS,
         *table_spec.REMOVED,
         *table_ignored.FLAGS,
@@ -257,6 +265,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
     static_path = b.http.static_path
     if b.http.webui and static_path is not None and not os.path.isdir(static_path):
         raise ConfigError(f"--path: static assets path not found: {static_path}")
+    table_cluster.check(b)
     return ServerConfig(
         model=b.model,
         context=b.context,
@@ -265,6 +274,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
         paging=b.paging,
         spec=b.spec,
         log=b.log,
+        cluster=b.cluster,
         ignored_flags=tuple(ignored),
     )
 

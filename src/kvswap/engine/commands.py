@@ -115,11 +115,22 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FlushMinds:
-    """Copy every resident mind's state out (for a spill before exit); the slots keep theirs.
+    """Copy every resident mind's state out (for a spill before exit), or only the minds in
+    `only` (a publication to the shared tier); the slots keep theirs.
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes."""
 
     reply: Reply[list[tuple[str, Captured]]]
+    only: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class ForgetMind:
+    """Mind `key` is owned elsewhere now: free its idle slot of it and drop its RAM page.
+    Replies False (nothing changed) when its slot is busy."""
+
+    key: str
+    reply: Reply[bool]
 
 
 @dataclass(frozen=True)
@@ -165,6 +176,7 @@ Command = (
     | PageIn
     | Reconfigure
     | FlushMinds
+    | ForgetMind
     | Nudge
     | ShedCache
     | RoomReport
@@ -248,5 +260,5 @@ def refuse(cmd: object, error: KvswapError) -> None:
             cmd.reply(None)
     elif isinstance(cmd, ShedCache):
         cmd.reply(0)
-    elif isinstance(cmd, (*SLOT_VERBS, Reconfigure, FlushMinds)):
+    elif isinstance(cmd, (*SLOT_VERBS, Reconfigure, FlushMinds, ForgetMind)):
         cmd.reply(error)

@@ -33,6 +33,7 @@ from kvswap.engine.commands import (
     Cancel,
     Command,
     FlushMinds,
+    ForgetMind,
     Nudge,
     PageOut,
     Reconfigure,
@@ -248,9 +249,11 @@ class Engine:
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
             try:
-                cmd.reply(self.seating.flush())
+                cmd.reply(self.seating.flush(cmd.only))
             except KvswapError as err:
                 cmd.reply(err)
+        elif isinstance(cmd, ForgetMind):
+            cmd.reply(self.seating.forget(cmd.key))
         elif isinstance(cmd, SLOT_VERBS):
             if not self.slots.valid(cmd.slot_id):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))

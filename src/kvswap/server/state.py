@@ -26,11 +26,13 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
 from kvswap.server.llama.prometheus import MetricsRenderer
+from kvswap.server.pages.cluster import ClusterGate
 from kvswap.server.pages.minds import MindGate
 from kvswap.server.requests.lora import LoraScales
 from kvswap.server.streaming import Runner
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 from kvswap.tiers.demoter import Demoter, MindPolicy
+from kvswap.tiers.shared.replica import SharedTier
 
 log = logging.getLogger("kvswap.server")
 
@@ -50,6 +52,8 @@ class ServerState:
     lora: LoraScales  # the loaded LoRA adapters and their global scales
     demoter: Demoter  # minds between RAM and disk
     minds: MindGate  # minds on the HTTP side
+    shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
+    cluster: ClusterGate | None = None  # a mind's turn in the cluster, HTTP side
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     t_start: float = field(default_factory=time.time)
 
@@ -120,6 +124,16 @@ def build_state(
         save_dir=save_dir,
         policy=MindPolicy(config.paging.page_disk_bytes, config.paging.page_disk_drop_lru),
     )
+    shared = cluster = None
+    if config.cluster.shared_tier is not None:
+        shared = SharedTier(
+            config.cluster,
+            post=client.post,
+            pages=client.pages,
+            publisher=publisher,
+            geometry=lambda: client.snapshot.page_geometry,
+        )
+        cluster = ClusterGate(shared, client.pages.registry)
     return ServerState(
         config=config,
         model=model,
@@ -131,5 +145,7 @@ def build_state(
         publisher=publisher,
         lora=LoraScales(adapters),
         demoter=demoter,
-        minds=MindGate(client, demoter, publisher, io),
+        minds=MindGate(client, demoter, publisher, io, cluster),
+        shared=shared,
+        cluster=cluster,
     )

@@ -85,7 +85,7 @@ class MindCounters:
 
     hits_slot_total: int = 0  # a request found its mind resident
     hits_ram_total: int = 0  # ... as a RAM page (paged in)
-    hits_disk_total: int = 0  # ... on disk only (read back)
+    hits_disk_total: int = 0  # ... read back (from disk, or from the shared tier)
     new_total: int = 0  # a mind never seen starts fresh
     demotions_total: int = 0  # slot -> RAM page
     spills_total: int = 0  # RAM page -> disk
@@ -125,6 +125,7 @@ class MindRegistry:
         self._counters = MindCounters()
         self._largest_page_bytes = 0
         self._wake = threading.Event()  # the demoter's bell
+        self._restore_ms: dict[str, float] = {}  # key -> its last read-back's apply, ms
 
     # -- use ---------------------------------------------------------------------------------
 
@@ -188,6 +189,16 @@ class MindRegistry:
         """The mind's state left its slot (to its RAM page, or dropped)."""
         with self._lock:
             self._resident.pop(key, None)
+
+    def restored(self, key: str, ms: float) -> None:
+        """The engine applied a state read back for the mind (disk or shared tier) in `ms`."""
+        with self._lock:
+            self._restore_ms[key] = ms
+
+    def pop_restore_ms(self, key: str) -> float | None:
+        """The last read-back's apply time of the mind, once (None: none since)."""
+        with self._lock:
+            return self._restore_ms.pop(key, None)
 
     def resident_slot(self, key: str) -> int | None:
         with self._lock:

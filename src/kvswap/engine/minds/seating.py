@@ -118,7 +118,9 @@ class Seating:
             verbs.page_in(slot, mind)
             reg.count(hits_ram_total=1)
         elif cmd.restore is not None:
+            t0 = time.perf_counter()
             verbs.mover.apply(slot, cmd.restore)
+            reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
         else:
             verbs.clear(slot)
@@ -268,14 +270,30 @@ class Seating:
 
     # -- the flush before exit --------------------------------------------------------------
 
-    def flush(self) -> list[tuple[str, Captured]]:
-        """Copies of every idle resident mind's state (the slots keep theirs)."""
+    def flush(self, only: frozenset[str] | None = None) -> list[tuple[str, Captured]]:
+        """Copies of every idle resident mind's state, or of those in `only` (the slots keep
+        theirs)."""
         out = []
         for slot in self.slots:
             if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
                 continue
+            if only is not None and slot.mind not in only:
+                continue
             out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
         return out
+
+    def forget(self, key: str) -> bool:
+        """Free the mind's slot of it (cleared) and drop its RAM page: another replica owns it
+        now. False, changing nothing, when its slot is busy."""
+        slot = next((s for s in self.slots if s.mind == key), None)
+        if slot is not None:
+            if not slot.is_idle:
+                return False
+            self.runtime.verbs.clear(slot)
+            self._left(slot, key)
+        if self.store is not None and self.store.has(key):
+            self.store.remove(key)
+        return True
 
     def _store(self) -> PageStore:
         if self.store is None:

@@ -9,6 +9,10 @@ read-back, and the minds view of GET /pages.
   (`Submit.restore`); the engine seats it (`engine.minds.seating`). The server's `Runner`
   (`server.streaming`) runs every mind's request inside its session.
 - `views()`: every mind with its live tier, for GET /pages.
+- In a cluster (`--shared-tier`), the session first makes the mind this replica's for the turn
+  (`pages.cluster.ClusterGate.place`: serve, forward to its owner, or take it over and resume
+  it from the shared tier, the resumed state handed to the engine as a disk read-back is), and
+  `turn_done` writes the turn's end to the shared tier before the answer goes out.
 
 RAM-to-disk movement (the demoter, the disk budget, ownership, the spill before exit) lives in
 `kvswap.tiers.demoter`. Owns the per-mind locks. File reads happen on the I/O executor.
@@ -23,12 +27,13 @@ from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
-from kvswap.core.types import GenerationRequest
+from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import Nudge
 from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.minds.registry import MindView, is_mind_key, mind_key, namespace_of, split_key
 from kvswap.files import FilesError, Publisher
+from kvswap.server.pages.cluster import ClusterGate
 from kvswap.tiers.demoter import Demoter
 from kvswap.tiers.slotfiles import ReadState, files_error, read_state
 
@@ -57,6 +62,7 @@ class MindGate:
         demoter: Demoter,
         publisher: Publisher | None,
         io: Executor,
+        cluster: ClusterGate | None = None,
     ) -> None:
         self.client = client
         self.store = client.pages.store
@@ -64,7 +70,12 @@ class MindGate:
         self.demoter = demoter
         self.publisher = publisher
         self.io = io
+        self.cluster = cluster
         self._locks: dict[str, asyncio.Lock] = {}
+
+    def exclusive(self, key: str) -> asyncio.Lock:
+        """The mind's lock: holding it, no request of the mind runs (a hand-off takes it)."""
+        return self._locks.setdefault(key, asyncio.Lock())
 
     @asynccontextmanager
     async def session(self, request: GenerationRequest) -> AsyncIterator[SlotState | None]:
@@ -73,24 +84,39 @@ class MindGate:
         store = self.store
         if store is None:
             raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self.exclusive(key):
             if not self.demoter.own(key):
                 raise KvswapError(
                     ErrorKind.UNAVAILABLE,
                     "this mind is served by another server sharing the save path",
                 )
+            resumed = await self.cluster.place(key) if self.cluster is not None else None
             on_disk_only = self.registry.begin_use(key, store.has)
             read: ReadState | None = None
             try:
-                if on_disk_only:
-                    read = await self._read(key)
-                yield read.state if read is not None else None
+                if resumed is not None and resumed.state is not None:
+                    yield resumed.state
+                else:
+                    if on_disk_only:
+                        read = await self._read(key)
+                    yield read.state if read is not None else None
             finally:
                 self.registry.set_busy(key, False)
-                if read is not None:
+                if read is not None or (resumed is not None and resumed.state is not None):
                     await self._after_engine()  # the engine is done with the restored state
+                if read is not None:
                     read.close()
+                if resumed is not None:
+                    resumed.close()
+
+    async def turn_done(
+        self, request: GenerationRequest, completion: Completion
+    ) -> Completion | EngineError:
+        """The mind's turn has completed (its session still held): in a cluster its end is
+        written to the shared tier first; the event to answer with."""
+        if self.cluster is None:
+            return completion
+        return await self.cluster.turn_done(request, completion)
 
     async def _after_engine(self) -> None:
         """Wait until the engine has handled every command posted so far (a seat that applies a

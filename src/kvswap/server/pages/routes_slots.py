@@ -37,6 +37,7 @@ from kvswap.engine.minds.registry import KEY_PREFIX, is_mind_key
 from kvswap.files import FilesError, Publisher, validate_filename, validate_page_name
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
 from kvswap.server.openapi import body_schema
+from kvswap.server.pages import formats_cluster
 from kvswap.server.pages.formats_pages import minds_json, page_moved_json, pages_json, spill_json
 from kvswap.server.requests.schemas import SlotFileRequest, SpillRequest, parse_body
 from kvswap.server.state import ServerState, get_state
@@ -207,4 +208,6 @@ async def pages(request: Request) -> JSONResponse:
     body["minds"] = minds_json(state.minds.views(), time.time())
     body["disk_n_bytes"] = state.minds.disk_bytes()
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
+    if state.cluster is not None:
+        body["shared_tier"] = formats_cluster.pages_json(await state.cluster.view())
     return JSONResponse(body)
