@@ -195,7 +195,7 @@ class ClusterGate:
         error = await self._run(self.tier.end_turn, key, turn_id, tokens)
         takeover = self._takeovers.pop(key, None)
         if takeover is not None:
-            self._count_takeover(key, prompt, completion, *takeover)
+            self._count_takeover(key, prompt, completion, turn_id, *takeover)
         if error is None:
             return completion
         await self._run(self.tier.forget, key)
@@ -206,10 +206,15 @@ class ClusterGate:
         key: str,
         prompt: np.ndarray,
         completion: Completion,
+        turn_id: str,
         resumed: Resumed,
         lease_wait_s: float,
     ) -> None:
+        # What the mind held before this turn: its token log; for a retry of a turn its dead
+        # owner had logged already (the log ends with this turn), what the restored page held.
         known = resumed.tokens_known
+        if turn_id == resumed.last_turn:
+            known = resumed.page_tokens
         n = min(len(known), len(prompt))
         same = np.flatnonzero(known[:n] != prompt[:n])
         n_known = int(same[0]) if len(same) else n

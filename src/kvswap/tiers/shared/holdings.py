@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
+from kvswap.engine.minds.registry import is_mind_key, split_key
 from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import TierUnavailable, translating
 from kvswap.tiers.shared.health import TierHealth
@@ -54,7 +55,8 @@ class Held:
     lease: Lease
     tokens: npt.NDArray[np.int32]  # what its KV holds after its last turn here (the token log)
     log_behind: bool = False  # the token log in Redis lags `tokens` (an append failed)
-    turn_id: str = ""  # the last turn id appended to the token log
+    turn_id: str = ""  # the last turn id, appended to the token log or waiting to be
+    turn_id_logged: str = ""  # the last turn id Redis acknowledged
     seq: int = 0  # turns ended here since it was taken
     published_seq: int = -1  # the turn its published page follows (-1: none since taken)
     n_published: int = 0  # tokens of the page in the tier (what a successor restores)
@@ -149,7 +151,7 @@ class Holdings:
         with self._lock:
             held = self._held.setdefault(key, held)
         self._log_event("acquire", got, got.t_ms)
-        log.info("mind %s: lease taken (fence %d)", got.keys.tag, got.fence)
+        log.info("mind %s: lease taken (fence %d)", _name(key), got.fence)
         return held
 
     def renew(self, held: Held) -> bool:
@@ -168,7 +170,7 @@ class Holdings:
             if self._held.get(held.key) is held:
                 del self._held[held.key]
         self._log_event("release", held.lease, t_ms)
-        log.info("mind %s: lease released (fence %d)", held.lease.keys.tag, held.lease.fence)
+        log.info("mind %s: lease released (fence %d)", _name(held.key), held.lease.fence)
 
     def drop(self, held: Held) -> None:
         """Forget a record whose lease is not ours anymore (a write refused by the fence)."""
@@ -177,7 +179,7 @@ class Holdings:
                 return
             del self._held[held.key]
         self._log_event("lost", held.lease)
-        log.warning("mind %s: lease lost (fence %d)", held.lease.keys.tag, held.lease.fence)
+        log.warning("mind %s: lease lost (fence %d)", _name(held.key), held.lease.fence)
         self._on_lost(held)
 
     def _regain(self, held: Held) -> bool:
@@ -191,7 +193,7 @@ class Holdings:
                 self.update(held, lease=got)
                 log.warning(
                     "mind %s: lease expired while Redis was away; taken again (fence %d)",
-                    keys.tag,
+                    _name(held.key),
                     got.fence,
                 )
                 return True
@@ -209,7 +211,7 @@ class Holdings:
             gen, turn = pipe.execute()
         gen_ok = gen is None or int(gen) == held.published_gen
         last = as_bytes(turn)
-        turn_ok = last is None or last.decode("utf-8", "replace") == held.turn_id
+        turn_ok = last is None or last.decode("utf-8", "replace") == held.turn_id_logged
         return gen_ok and turn_ok
 
     def _log_event(self, event: str, lease: Lease, t_ms: int = 0) -> None:
@@ -244,3 +246,8 @@ class Holdings:
             # a pass over many minds takes its time: the next starts a third of a TTL after
             # this one started, or at once
             interval_s = max(0.0, self.ttl_ms / 3000 - (time.monotonic() - t0))
+
+
+def _name(key: str) -> str:
+    """A mind's name, for log lines."""
+    return split_key(key)[1] if is_mind_key(key) else key

@@ -12,7 +12,8 @@ resumes from the best state there is:
    generation is reused);
 3. a mind the tier never held is served from the local copies, as without a cluster.
 The token log is read too: it says which tokens the mind held before this turn, so the turn
-can count the tokens it had to prefill again.
+can count the tokens it had to prefill again (for a retried turn that its dead owner had
+already logged, what the restored page held).
 
 A mind held here already needs none of this. Blocking (Redis, the engine, file removal): run
 on a worker thread, never on the event loop.
@@ -46,9 +47,13 @@ _CHUNK_MISSES = (MissReason.CHUNK_MISSING, MissReason.CHUNK_CORRUPT)
 class Resumed:
     """How a turn starts on a mind: the state to restore, and what the resume cost."""
 
-    source: str  # "held" (nothing to do), "tier", "local" (its copies here), "none" (prefill)
+    # "held" (nothing to do), "new" (a mind no tier holds), "tier", or after a miss "local"
+    # (its copies here) or "none" (its prompt is prefilled)
+    source: str
     state: SlotState | None = None  # the tier's page, to apply with the turn
     tokens_known: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    last_turn: str = ""  # the token log's last turn id (this very turn's, when it is a retry)
+    page_tokens: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     miss: str = ""  # why the tier's page was not used, when it had one
     fetch_s: float = 0.0
     verify_s: float = 0.0
@@ -63,7 +68,7 @@ class Resumed:
 
     @property
     def taken_over(self) -> bool:
-        return self.source != "held"
+        return self.source not in ("held", "new")
 
     def close(self) -> None:
         """Free the fetched page (once the engine has applied it)."""
@@ -99,20 +104,23 @@ class Resumer:
             return Resumed("held", tokens_known=held.tokens)
         keys = held.lease.keys
         try:
-            tokens = self.token_log.read(keys)
+            tokens, last_turn = self.token_log.read_with_turn(keys)
         except TierUnavailable as err:
             self.health.failed("token log read", err)
-            tokens = np.zeros(0, np.int32)
+            tokens, last_turn = np.zeros(0, np.int32), ""
             self.holdings.update(held, log_behind=True)
-        self.holdings.update(held, tokens=tokens, resumed=True)
+        self.holdings.update(held, tokens=tokens, turn_id_logged=last_turn, resumed=True)
         record = self.store.read_manifest(keys)
         if isinstance(record, Miss) and record.reason is MissReason.ABSENT:
-            return Resumed(self._fallback(held.key), tokens_known=tokens)
-        out = Resumed("tier", tokens_known=tokens)
+            # the tier never held it: a new mind, or one this replica holds from before the
+            # cluster (its copies here serve it, as without a shared tier)
+            return Resumed("new", tokens_known=tokens, last_turn=last_turn)
+        out = Resumed("tier", tokens_known=tokens, last_turn=last_turn)
         fetched = self.store.fetch(keys, fingerprint=geometry.file_fingerprint(), alloc=out.alloc)
         if isinstance(fetched, Fetched):
             self.local.forget(held.key)
             out.state = state_of_page(fetched.page, fetched.layout)
+            out.page_tokens = out.state.tokens
             out.fetch_s, out.verify_s, out.n_bytes = (
                 fetched.seconds,
                 fetched.verify_s,
@@ -136,7 +144,7 @@ class Resumer:
         self.holdings.update(
             held, published_gen=fetched.gen, publish_whole=fetched.reason in _CHUNK_MISSES
         )
-        return Resumed(source, tokens_known=tokens, miss=fetched.reason.value)
+        return Resumed(source, tokens_known=tokens, last_turn=last_turn, miss=fetched.reason.value)
 
     def _fallback(self, key: str) -> str:
         """Where the turn starts without the tier's page: this replica's copies, or nothing."""

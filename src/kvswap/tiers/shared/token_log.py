@@ -83,6 +83,14 @@ class TokenLog:
 
     def read(self, keys: MindKeys) -> npt.NDArray[np.int32]:
         """The mind's token log (empty when none)."""
+        return self.read_with_turn(keys)[0]
+
+    def read_with_turn(self, keys: MindKeys) -> tuple[npt.NDArray[np.int32], str]:
+        """The mind's token log and the id of the last turn applied to it ("" when none)."""
         with translating("token read"):
-            data = as_bytes(self._client.get(keys.tokens)) or b""
-        return np.frombuffer(data, dtype="<i4").astype(np.int32)
+            pipe = self._client.pipeline(transaction=True)
+            pipe.get(keys.tokens)
+            pipe.lindex(keys.turns, 0)
+            data, turn = pipe.execute()
+        tokens = np.frombuffer(as_bytes(data) or b"", dtype="<i4").astype(np.int32)
+        return tokens, (as_bytes(turn) or b"").decode("utf-8", "replace")

@@ -149,7 +149,7 @@ class MindWriter:
         except TokenLogGap:  # the log lost tokens (Redis lost data): rewrite it
             self.token_log.append(held.lease, turn_id, 0, tokens)
         self.health.ok()
-        self.holdings.update(held, log_behind=False)
+        self.holdings.update(held, log_behind=False, turn_id_logged=turn_id)
 
     # -- publishing --------------------------------------------------------------------------
 
