@@ -9,6 +9,7 @@ thread that started them) and stopped by `Cluster.stop`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
@@ -196,7 +197,7 @@ def check_fence_log(path: Path) -> int:
             end = min(released) if released else max(renewed) + evs[0]["ttl_ms"]
             intervals.append((fence, min(acquired), end))
             n += 1
-        for (f0, _, end0), (f1, start1, _) in zip(intervals, intervals[1:], strict=False):
+        for (f0, _, end0), (f1, start1, _) in itertools.pairwise(intervals):
             assert f1 > f0
             # 1 ms: a script's TIME and the clock Redis expires keys by are read microseconds
             # apart, each rounded down to milliseconds

@@ -9,11 +9,13 @@ without faults. Greedy, 8 tokens a turn. A turn that breaks (the connection cut,
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
 
 N_PREDICT = 8
@@ -36,6 +38,7 @@ class TurnResult:
     cache_n: int  # prompt tokens the replica had (its state, restored or resident)
     prompt_n: int  # prompt tokens it prefilled
     n_attempts: int
+    t_end: float = field(default_factory=time.monotonic)  # when its answer was complete
 
 
 @dataclass
@@ -88,6 +91,49 @@ def chat_turn(
         return TurnResult(
             conv.index, turn, text, raw.headers["x-kvswap-replica"], int(timings["cache_n"]),
             int(timings["prompt_n"]), attempt + 1,
+        )  # fmt: skip
+    raise BrokenTurn(f"mind {conv.name} turn {turn} failed {1 + retries} times: {errors}")
+
+
+def stream_turn(
+    client: openai.OpenAI,
+    conv: Conversation,
+    turn: int,
+    *,
+    n_predict: int,
+    on_first: Callable[[], None] | None = None,
+    retries: int = 1,
+) -> TurnResult:
+    """A streamed turn; `on_first()` runs once its first chunk has arrived (the turn is then
+    running on its replica). A stream that breaks is sent again, `retries` times."""
+    messages: Any = [*conv.messages, {"role": "user", "content": user_text(conv.index, turn)}]
+    errors: list[str] = []
+    for attempt in range(1 + retries):
+        text, timings, replica = "", {}, ""
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model="tiny",
+                messages=messages,
+                max_tokens=n_predict,
+                temperature=0,
+                stream=True,
+                extra_headers={"X-Mind-Id": conv.name},
+            )
+            replica = raw.headers["x-kvswap-replica"]
+            for chunk in raw.parse():
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+                timings = (chunk.model_extra or {}).get("timings", timings)
+                if on_first is not None:
+                    on_first()
+                    on_first = None
+        except (openai.APIError, httpx.HTTPError) as err:
+            errors.append(f"{type(err).__name__}: {err}")
+            continue
+        conv.messages = [*messages, {"role": "assistant", "content": text}]
+        return TurnResult(
+            conv.index, turn, text, replica, int(timings["cache_n"]), int(timings["prompt_n"]),
+            attempt + 1,
         )  # fmt: skip
     raise BrokenTurn(f"mind {conv.name} turn {turn} failed {1 + retries} times: {errors}")
 

@@ -6,7 +6,9 @@ released (`release`: a hand-off, the drain before exit) or lost. The renewal thr
 every held lease each third of its TTL. A renewal Redis refuses means the lease is gone: when
 it merely expired (Redis was away longer than the TTL) and nobody wrote the mind since, it is
 taken again and the mind carries on (`_regain`); otherwise the mind is lost: forgotten here,
-unpublished state dropped (`on_lost`). While Redis cannot be reached the held minds stay held:
+unpublished state dropped (`on_lost`); a mind whose turn still runs is marked lost instead, and
+the turn's end makes its fenced write, which Redis refuses (a stale owner, counted), before the
+mind is dropped. While Redis cannot be reached the held minds stay held:
 no other replica can take a lease from an unreachable Redis either, and every write a stale
 holder might make later is refused by the fence inside Redis.
 
@@ -65,6 +67,7 @@ class Held:
     retry_at: float = 0.0  # monotonic: a failed publication is retried from then on
     resumed: bool = False  # its takeover is done (`resume`): turns just run
     publish_whole: bool = False  # the tier's page had bad chunks: write the next one whole
+    lost: bool = False  # its lease is gone but a turn still runs: its end's write is refused
     publishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -102,14 +105,17 @@ class Holdings:
         *,
         prefix: str,
         health: TierHealth,
+        busy: Callable[[str], bool],
         on_lost: Callable[[Held], None],
     ) -> None:
-        """`on_lost(held)` runs for a mind whose lease is gone (on the thread that found out)."""
+        """`busy(key)`: a turn of the mind runs now; `on_lost(held)` runs for a mind whose
+        lease is gone (on the thread that found out)."""
         self.leases = leases
         self.prefix = prefix
         self.ttl_ms = leases.ttl_ms
         self._client = client
         self._health = health
+        self._busy = busy
         self._on_lost = on_lost
         self._fence_log = FenceLog.from_env(leases.incarnation.replica_id, leases.incarnation.token)
         self._lock = threading.Lock()
@@ -172,10 +178,15 @@ class Holdings:
         self._log_event("release", held.lease, t_ms)
         log.info("mind %s: lease released (fence %d)", _name(held.key), held.lease.fence)
 
-    def drop(self, held: Held) -> None:
-        """Forget a record whose lease is not ours anymore (a write refused by the fence)."""
+    def drop(self, held: Held, *, unless_busy: bool = False) -> None:
+        """Forget a record whose lease is not ours anymore. With `unless_busy` (the renewal
+        found out) a mind whose turn still runs is only marked lost: the turn's end tries its
+        fenced write, Redis refuses it, and the record goes then."""
         with self._lock:
             if self._held.get(held.key) is not held:
+                return
+            if unless_busy and self._busy(held.key):
+                held.lost = True
                 return
             del self._held[held.key]
         self._log_event("lost", held.lease)
@@ -198,7 +209,7 @@ class Holdings:
                 )
                 return True
             self._log_event("release", got, self.leases.release(got))
-        self.drop(held)
+        self.drop(held, unless_busy=True)
         return False
 
     def _untouched(self, held: Held, keys: MindKeys) -> bool:
@@ -237,6 +248,8 @@ class Holdings:
             for held in self.all():
                 if self._stop.is_set():
                     return
+                if held.lost:
+                    continue  # its turn's end drops it
                 try:
                     self.renew(held)
                 except TierUnavailable as err:

@@ -115,6 +115,7 @@ class SharedTier:
             Leases(self.client, self.incarnation, settings.lease_ms),
             prefix=self.store.prefix,
             health=self.health,
+            busy=lambda key: not pages.registry.idle([key]),
             on_lost=self._lost,
         )
         self.writer = MindWriter(
@@ -161,6 +162,9 @@ class SharedTier:
         else who holds it. Raises TierUnavailable when Redis is away and the mind is not held
         here (a held mind keeps serving)."""
         held = self.holdings.get(key)
+        if held is not None and held.lost:
+            self.holdings.drop(held)
+            held = None
         if held is not None:
             try:
                 if self.holdings.renew(held):

@@ -288,7 +288,7 @@ class MindWriter:
     def _due(self, held: Held) -> bool:
         now = time.monotonic()
         dirty_since = held.dirty_since
-        if (dirty_since is None and not held.log_behind) or now < held.retry_at:
+        if held.lost or (dirty_since is None and not held.log_behind) or now < held.retry_at:
             return False
         if not self.registry.idle([held.key]):
             return False  # a turn holds it: its end writes it
