@@ -96,7 +96,7 @@ def _gen(r: redis.Redis, name: str) -> int:
 
 def _on(cluster: Cluster, replica_id: str, prefix: str, index: int) -> Conversation:
     """A fresh conversation `index` whose mind HAProxy routes to `replica_id` (after turn 1)."""
-    c = workload.client(cluster.url)
+    c = workload.ChatClient(cluster.url)
     for n in range(40):
         conv = Conversation(index, f"{prefix}-{index}-{n}")
         if workload.chat_turn(c, conv, 1).replica == replica_id:
@@ -113,7 +113,7 @@ def test_kill_9_of_the_busiest_replica_moves_its_minds_with_no_reprefill(
     # the reference of a long turn, and a mind of the victim's that will be in that turn when
     # the victim dies
     ref = _on(cluster, "r1" if victim != "r1" else "r2", "ref", 7)
-    c = workload.client(cluster.url)
+    c = workload.ChatClient(cluster.url)
     workload.chat_turn(c, ref, 2)
     ref_long = workload.stream_turn(c, ref, 3, n_predict=1200)
     doomed = _on(cluster, victim, "doomed", 7)
@@ -158,8 +158,11 @@ def test_kill_9_of_the_busiest_replica_moves_its_minds_with_no_reprefill(
     for (i, turn), r in results.items():
         want = baseline[(i, turn)]
         assert r.text == want.text, (i, turn, r, want)
-        if r.replica != home[i]:  # after a move: only the new tokens were prefilled
-            assert (r.cache_n, r.prompt_n) == (want.cache_n, want.prompt_n), (i, turn, r, want)
+        if r.replica != home[i]:
+            # after a move: only the new tokens were prefilled (fewer, when the dead replica
+            # had published the very turn its client retried)
+            assert r.prompt_n <= want.prompt_n, (i, turn, r, want)
+            assert r.cache_n + r.prompt_n == want.cache_n + want.prompt_n, (i, turn, r, want)
         if r.t_end > t_kill[0]:
             assert r.replica != victim
     survivors = [r for rid, r in cluster.replicas.items() if rid != victim]
@@ -171,13 +174,13 @@ def test_kill_9_of_the_busiest_replica_moves_its_minds_with_no_reprefill(
 
 def test_a_frozen_owner_is_fenced_off_when_it_wakes(cluster: Cluster, baseline: Results) -> None:
     index = 3
-    c = workload.client(cluster.url)
+    c = workload.ChatClient(cluster.url)
     conv = Conversation(index, "frozen-3")
     owner_id = workload.chat_turn(c, conv, 1).replica
     workload.chat_turn(c, conv, 2)
     owner = cluster.replicas[owner_id]
     other_id = next(rid for rid in cluster.replicas if rid != owner_id)
-    other = workload.client(cluster.replicas[other_id].url)
+    other = workload.ChatClient(cluster.replicas[other_id].url)
     r = cluster.redis.client()
     gens = [_gen(r, conv.name)]
     assert gens[0] > 0
@@ -195,7 +198,12 @@ def test_a_frozen_owner_is_fenced_off_when_it_wakes(cluster: Cluster, baseline: 
         late = Conversation(index, conv.name, list(conv.messages))
         try:
             workload.stream_turn(
-                workload.client(owner.url), late, 3, n_predict=1200, on_first=freeze, retries=0
+                workload.ChatClient(owner.url),
+                late,
+                3,
+                n_predict=1200,
+                on_first=freeze,
+                resend=False,
             )
         except workload.BrokenTurn as err:
             stale["error"] = str(err)
@@ -237,7 +245,7 @@ def test_a_damaged_chunk_is_a_counted_miss_and_the_text_is_unchanged(
     cluster: Cluster, baseline: Results, damage: str
 ) -> None:
     index = 5 if damage == "flip" else 6
-    c = workload.client(cluster.url)
+    c = workload.ChatClient(cluster.url)
     conv = Conversation(index, f"damaged-{damage}")
     owner_id = workload.chat_turn(c, conv, 1).replica
     workload.chat_turn(c, conv, 2)
@@ -257,7 +265,7 @@ def test_a_damaged_chunk_is_a_counted_miss_and_the_text_is_unchanged(
     taker = cluster.replicas[taker_id]
     reason = "chunk_corrupt" if damage == "flip" else "chunk_missing"
     before = taker.shared()["fetches"]["misses"].get(reason, 0)
-    done = workload.chat_turn(workload.client(taker.url), conv, 3)
+    done = workload.chat_turn(workload.ChatClient(taker.url), conv, 3)
     assert taker.shared()["fetches"]["misses"].get(reason, 0) == before + 1
     want = baseline[(index, 3)]
     assert done.replica == taker_id and done.cache_n == 0  # the fallback: a re-prefill
@@ -267,7 +275,7 @@ def test_a_damaged_chunk_is_a_counted_miss_and_the_text_is_unchanged(
     assert given.json()["handed_off"] is True
     third = cluster.replicas[third_id]
     hits = third.shared()["fetches"]["n_hits"]
-    done = workload.chat_turn(workload.client(third.url), conv, 4)
+    done = workload.chat_turn(workload.ChatClient(third.url), conv, 4)
     want = baseline[(index, 4)]
     assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)
     assert third.shared()["fetches"]["n_hits"] == hits + 1

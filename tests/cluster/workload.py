@@ -2,8 +2,9 @@
 
 Mind `i`'s conversation is fixed by `i` alone (its name does not enter the prompt), so a run
 under other names, on other replicas, after a kill, is compared turn by turn with a run
-without faults. Greedy, 8 tokens a turn. A turn that breaks (the connection cut, HAProxy's
-502, a 503) is retried once, as a client does after its replica died.
+without faults. Greedy, 8 tokens a turn, sent by the OpenAI client: a turn that breaks (the
+connection cut, HAProxy's 502, a 503) is retried once, after the client's back-off, as a client
+does after its replica died.
 """
 
 from __future__ import annotations
@@ -53,65 +54,81 @@ class Conversation:
 
 
 class BrokenTurn(Exception):
-    """A turn that failed twice."""
+    """A turn that failed, retry included."""
+
+
+# The OpenAI client's first retry delay: a client backs off before it sends a broken request
+# again (immediately, it could reach the dying replica once more). Client behaviour under test.
+CLIENT_BACKOFF_S = 0.5
+
+
+class ChatClient:
+    """The OpenAI client, which retries a failed request once with its own back-off (a broken
+    connection, HAProxy's 502, a 503 with Retry-After), counting the requests it sends."""
+
+    def __init__(self, url: str, retries: int = 1) -> None:
+        self.n_sent = 0
+
+        def sent(_: httpx.Request) -> None:
+            self.n_sent += 1
+
+        http = httpx.Client(event_hooks={"request": [sent]}, timeout=180)
+        self.oai = openai.OpenAI(
+            base_url=f"{url}/v1", api_key="unused", max_retries=retries, http_client=http
+        )
+
+
+def _messages(conv: Conversation, turn: int) -> Any:
+    return [*conv.messages, {"role": "user", "content": user_text(conv.index, turn)}]
 
 
 def chat_turn(
-    client: openai.OpenAI,
-    conv: Conversation,
-    turn: int,
-    *,
-    n_predict: int = N_PREDICT,
-    retries: int = 1,
+    client: ChatClient, conv: Conversation, turn: int, *, n_predict: int = N_PREDICT
 ) -> TurnResult:
-    """One turn of `conv` (appended to it), retried `retries` times if it breaks."""
-    messages: Any = [*conv.messages, {"role": "user", "content": user_text(conv.index, turn)}]
-    errors: list[str] = []
-    for attempt in range(1 + retries):
-        try:
-            raw = client.chat.completions.with_raw_response.create(
-                model="tiny",
-                messages=messages,
-                max_tokens=n_predict,
-                temperature=0,
-                extra_headers={"X-Mind-Id": conv.name},
-            )
-        except (openai.APIConnectionError, openai.InternalServerError) as err:
-            errors.append(f"{type(err).__name__}: {err}")
-            continue
-        except openai.APIStatusError as err:
-            if err.status_code in (502, 503):
-                errors.append(f"{err.status_code}: {err.message}")
-                continue
-            raise
-        done = raw.parse()
-        text = done.choices[0].message.content or ""
-        timings = (done.model_extra or {})["timings"]
-        conv.messages = [*messages, {"role": "assistant", "content": text}]
-        return TurnResult(
-            conv.index, turn, text, raw.headers["x-kvswap-replica"], int(timings["cache_n"]),
-            int(timings["prompt_n"]), attempt + 1,
-        )  # fmt: skip
-    raise BrokenTurn(f"mind {conv.name} turn {turn} failed {1 + retries} times: {errors}")
+    """One turn of `conv` (appended to it)."""
+    messages = _messages(conv, turn)
+    n_sent = client.n_sent
+    try:
+        raw = client.oai.chat.completions.with_raw_response.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=n_predict,
+            temperature=0,
+            extra_headers={"X-Mind-Id": conv.name},
+        )
+    except openai.APIError as err:
+        raise BrokenTurn(f"mind {conv.name} turn {turn}: {err!r} ({err.__cause__!r})") from err
+    done = raw.parse()
+    text = done.choices[0].message.content or ""
+    timings = (done.model_extra or {})["timings"]
+    conv.messages = [*messages, {"role": "assistant", "content": text}]
+    return TurnResult(
+        conv.index, turn, text, raw.headers["x-kvswap-replica"], int(timings["cache_n"]),
+        int(timings["prompt_n"]), client.n_sent - n_sent,
+    )  # fmt: skip
 
 
 def stream_turn(
-    client: openai.OpenAI,
+    client: ChatClient,
     conv: Conversation,
     turn: int,
     *,
     n_predict: int,
     on_first: Callable[[], None] | None = None,
-    retries: int = 1,
+    resend: bool = True,
 ) -> TurnResult:
     """A streamed turn; `on_first()` runs once its first chunk has arrived (the turn is then
-    running on its replica). A stream that breaks is sent again, `retries` times."""
-    messages: Any = [*conv.messages, {"role": "user", "content": user_text(conv.index, turn)}]
+    running on its replica). A stream that breaks is sent again once (`resend`), after the
+    client's back-off."""
+    messages = _messages(conv, turn)
     errors: list[str] = []
-    for attempt in range(1 + retries):
+    n_sent = client.n_sent
+    for attempt in range(2 if resend else 1):
+        if attempt:
+            time.sleep(CLIENT_BACKOFF_S)
         text, timings, replica = "", {}, ""
         try:
-            raw = client.chat.completions.with_raw_response.create(
+            raw = client.oai.chat.completions.with_raw_response.create(
                 model="tiny",
                 messages=messages,
                 max_tokens=n_predict,
@@ -133,14 +150,9 @@ def stream_turn(
         conv.messages = [*messages, {"role": "assistant", "content": text}]
         return TurnResult(
             conv.index, turn, text, replica, int(timings["cache_n"]), int(timings["prompt_n"]),
-            attempt + 1,
+            client.n_sent - n_sent,
         )  # fmt: skip
-    raise BrokenTurn(f"mind {conv.name} turn {turn} failed {1 + retries} times: {errors}")
-
-
-def client(url: str) -> openai.OpenAI:
-    # retries are the workload's own (counted), not the client's
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=180)
+    raise BrokenTurn(f"mind {conv.name} turn {turn}: {errors}")
 
 
 Results = dict[tuple[int, int], TurnResult]
@@ -161,7 +173,7 @@ def run(
 
     def one(conv: Conversation) -> None:
         if not hasattr(local, "client"):
-            local.client = client(url)
+            local.client = ChatClient(url)
         for turn in turns:
             result = chat_turn(local.client, conv, turn)
             with lock:
