@@ -86,6 +86,11 @@ class KvswapReplica:
     def stop(self) -> int:
         return self.proc.stop(60) if self.proc is not None else 0
 
+    def wait_exit(self, timeout_s: float = 60) -> int:
+        """Its exit status, once it has exited by itself (after a signal)."""
+        assert self.proc is not None
+        return self.proc.proc.wait(timeout_s)
+
     def log(self) -> str:
         return self.proc.log_tail(6000) if self.proc is not None else ""
 

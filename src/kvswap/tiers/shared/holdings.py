@@ -225,6 +225,16 @@ class Holdings:
         turn_ok = last is None or last.decode("utf-8", "replace") == held.turn_id_logged
         return gen_ok and turn_ok
 
+    def _probe(self) -> None:
+        """Whether Redis answers again (a replica holding no mind renews nothing)."""
+        try:
+            with translating("ping"):
+                self._client.ping()
+        except TierUnavailable as err:
+            self._health.failed("ping", err)
+        else:
+            self._health.ok()
+
     def _log_event(self, event: str, lease: Lease, t_ms: int = 0) -> None:
         if self._fence_log is not None:
             self._fence_log.write(event, lease, t_ms)
@@ -245,6 +255,8 @@ class Holdings:
         interval_s = self.ttl_ms / 3000
         while not self._stop.wait(interval_s):
             t0 = time.monotonic()
+            if not self._health.reachable:
+                self._probe()
             for held in self.all():
                 if self._stop.is_set():
                     return

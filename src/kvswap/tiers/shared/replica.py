@@ -9,7 +9,8 @@ failed publication due.
 
 Its methods block on Redis or on the engine's answers: the server calls them on worker threads,
 never on the event loop. `take` is the ownership step of every turn of a mind: renew the lease
-held (Redis away: keep serving what is held), else acquire it, else say who holds it.
+held (Redis away: keep serving what is held, without waiting on Redis each turn), else acquire
+it, else say who holds it.
 """
 
 from __future__ import annotations
@@ -166,6 +167,8 @@ class SharedTier:
             self.holdings.drop(held)
             held = None
         if held is not None:
+            if not self.health.reachable:
+                return held  # Redis away: keep serving (the renewal thread finds it back)
             try:
                 if self.holdings.renew(held):
                     self.health.ok()

@@ -7,8 +7,9 @@ under the RPO bound, and everything before exit.
   answer (`rpo_tokens` 0: every turn), so a replica's death re-prefills at most that many
   tokens of any mind.
 - The publication thread publishes, in the background, every dirty mind that has left its slot
-  (a demotion) or whose oldest unpublished turn is `rpo_s` old, and retries publications that
-  failed (Redis away) once it answers again.
+  (a demotion) or whose oldest unpublished turn is `rpo_s` old; a publication that failed
+  (Redis away) is retried a second later, and once Redis answers again every dirty mind is
+  published at once.
 - `hand_off` (another replica asked, the mind is idle) and `drain` (SIGTERM, sleep): publish,
   then release the lease; a hand-off also forgets the local copies.
 
@@ -18,7 +19,8 @@ here, on a worker thread. One publication per mind at a time (`Held.publishing`)
 the turn count it follows first, so an older state never lands after a newer one. A write that
 the fence refuses means the mind was lost: it is forgotten here and its unpublished state
 dropped. Redis unreachable: the mind stays dirty, the failure is counted and logged once
-(`health`), resident minds keep serving.
+(`health`), resident minds keep serving, and until Redis answers again a turn's end does not
+wait on it (the publication thread catches up).
 
 Owns the publication thread and its counters. Never runs on the engine thread or the event loop.
 """
@@ -28,8 +30,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +50,7 @@ from kvswap.tiers.slotfiles import drop_frames
 
 log = logging.getLogger("kvswap.shared")
 
+T = TypeVar("T")
 _POLL_S = 0.2  # the publication thread looks for due minds this often
 _RETRY_S = 1.0  # a failed publication is retried after this long
 
@@ -97,6 +102,7 @@ class MindWriter:
         self._counters = WriterCounters()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._catch_up = False  # Redis is back: the next pass publishes every dirty mind
         self._thread: threading.Thread | None = None
         health.on_back(self._retry_all)
 
@@ -117,8 +123,16 @@ class MindWriter:
         held = self.holdings.get(key)
         if held is None:
             return "this replica lost the mind to another one during the turn"
+        if not self.health.reachable:
+            # Redis away: the turn is written when it answers again (no wait on it now)
+            self._count(n_log_failed=1)
+            self.holdings.update(
+                held, tokens=tokens, turn_id=turn_id, seq=held.seq + 1, log_behind=True,
+                dirty_since=held.dirty_since or time.monotonic(),
+            )  # fmt: skip
+            return None
         try:
-            self._append(held, turn_id, tokens)
+            self._fenced(held, lambda: self._append(held, turn_id, tokens))
         except StaleOwner:
             self._lost(held)
             return "this replica lost the mind to another one during the turn"
@@ -161,7 +175,7 @@ class MindWriter:
                 return Outcome.CLEAN
             try:
                 if held.log_behind:
-                    self._append(held, held.turn_id, held.tokens)
+                    self._fenced(held, lambda: self._append(held, held.turn_id, held.tokens))
                 copy = self.local.copy(held.key)
             except StaleOwner:
                 self._lost(held)
@@ -171,8 +185,11 @@ class MindWriter:
             if copy is None:
                 return Outcome.NOT_NOW
             try:
-                receipt = self.store.publish(
-                    held.lease, held.key, copy.view, copy.layout, whole=held.publish_whole
+                receipt = self._fenced(
+                    held,
+                    lambda: self.store.publish(
+                        held.lease, held.key, copy.view, copy.layout, whole=held.publish_whole
+                    ),
                 )
             except StaleOwner as err:
                 drop_frames(err)
@@ -201,6 +218,17 @@ class MindWriter:
                 receipt.n_bytes_page,
             )
             return Outcome.DONE
+
+    def _fenced(self, held: Held, write: Callable[[], T]) -> T:
+        """A fenced write; refused, it is made again once if the lease was only expired
+        (Redis away longer than the lease, nobody else took the mind: `Holdings.renew` takes it
+        again). StaleOwner when the mind is someone else's."""
+        try:
+            return write()
+        except StaleOwner:
+            if held.lost or not self.holdings.renew(held):
+                raise
+        return write()
 
     def _failed(self, held: Held, what: str, err: Exception) -> Outcome:
         if isinstance(err, TierUnavailable):
@@ -269,23 +297,25 @@ class MindWriter:
             self._thread = None
 
     def _retry_all(self) -> None:
-        """Redis answers again: every failed publication is due now."""
+        """Redis answers again: every dirty mind is published now, failed or not."""
         for held in self.holdings.all():
             self.holdings.update(held, retry_at=0.0)
+        self._catch_up = True
         self._wake.set()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(_POLL_S)
             self._wake.clear()
+            catch_up, self._catch_up = self._catch_up, False
             for held in self.holdings.all():
                 if self._stop.is_set():
                     return
-                if self._due(held):
+                if self._due(held, catch_up):
                     outcome = self.publish(held)
                     self._count(n_publish_behind=int(outcome is Outcome.DONE))
 
-    def _due(self, held: Held) -> bool:
+    def _due(self, held: Held, catch_up: bool) -> bool:
         now = time.monotonic()
         dirty_since = held.dirty_since
         if held.lost or (dirty_since is None and not held.log_behind) or now < held.retry_at:
@@ -294,7 +324,7 @@ class MindWriter:
             return False  # a turn holds it: its end writes it
         demoted = self.registry.resident_slot(held.key) is None
         aged = dirty_since is not None and now - dirty_since >= self.rpo_s
-        return demoted or aged or held.log_behind
+        return catch_up or demoted or aged or held.log_behind
 
 
 def _common_prefix(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:
