@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 
+import httpx
 import pytest
 import redis
 
@@ -279,3 +280,21 @@ def test_a_damaged_chunk_is_a_counted_miss_and_the_text_is_unchanged(
     want = baseline[(index, 4)]
     assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)
     assert third.shared()["fetches"]["n_hits"] == hits + 1
+
+
+def test_a_forwarded_turn_is_never_forwarded_again(cluster: Cluster, baseline: Results) -> None:
+    c = workload.ChatClient(cluster.url)
+    conv = Conversation(8, "hop-8")
+    owner_id = workload.chat_turn(c, conv, 1).replica
+    other = next(r for rid, r in cluster.replicas.items() if rid != owner_id)
+    forwarded = other.shared()["resumes"]["n_forwarded"]
+    body = {"messages": [*conv.messages, {"role": "user", "content": "hello"}], "max_tokens": 4}
+    headers = {"X-Mind-Id": conv.name, "X-Kvswap-Hop": "r9"}  # as if r9 had forwarded it
+    r = httpx.post(f"{other.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["type"] == "unavailable_error"
+    assert "not forwarded again" in r.json()["error"]["message"]
+    assert other.shared()["resumes"]["n_forwarded"] == forwarded
+    done = workload.chat_turn(c, conv, 2)  # the owner still has the mind as it was
+    want = baseline[(8, 2)]
+    assert (done.replica, done.text, done.cache_n) == (owner_id, want.text, want.cache_n)

@@ -48,6 +48,12 @@ def _grammar(argv: list[str]) -> int:
     return main(argv)
 
 
+def _cluster(argv: list[str]) -> int:
+    from kvswap.bench.cluster import main
+
+    return main(argv)
+
+
 def _minds(argv: list[str]) -> int:
 
     from kvswap.bench.minds import main
@@ -57,6 +63,7 @@ def _minds(argv: list[str]) -> int:
 
 BENCHES: dict[str, Callable[[list[str]], int]] = {
     "minds": _minds,
+    "cluster": _cluster,
     "reconfigure": _reconfigure,
     "throughput": _throughput,
     "paging": _paging,
