@@ -13,9 +13,9 @@ import itertools
 import json
 import signal
 import sys
-import urllib.error
-import urllib.request
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import httpx
 
 from kvswap.cluster.haproxy import HaproxyConfig, Replica, render, server_status
 from kvswap.cluster.procs import ManagedProcess, free_port, start_haproxy
+from kvswap.cluster.up import healthy
 from kvswap.tiny import tiny_model_path
 from tests.cluster.util import RedisServer, wait_until
 
@@ -33,14 +34,6 @@ LEASE_MS = 1500
 
 def tiny_model() -> Path:
     return tiny_model_path("llama", seed=7, vocab="tiny")
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 class KvswapReplica:
@@ -68,7 +61,7 @@ class KvswapReplica:
 
     def wait_healthy(self) -> None:
         assert self.proc is not None
-        self.proc.wait_for(lambda: _healthy(self.url), 180, "healthy")
+        self.proc.wait_for(lambda: healthy(self.url), 180, "healthy")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.alive()
@@ -179,6 +172,20 @@ class Cluster:
 
     def logs(self) -> str:
         return "\n".join(f"--- {rid}\n{r.log()}" for rid, r in self.replicas.items())
+
+
+@contextmanager
+def running(root: Path, flags: list[str], *, persistent_redis: bool = False) -> Iterator[Cluster]:
+    """A started cluster of three replicas (its logs printed when the block fails)."""
+    c = Cluster(root, 3, flags, persistent_redis=persistent_redis)
+    try:
+        c.start()
+        yield c
+    except BaseException:
+        print(c.logs())
+        raise
+    finally:
+        c.stop()
 
 
 def check_fence_log(path: Path) -> int:

@@ -30,7 +30,7 @@ from kvswap.engine.minds.registry import mind_key, namespace_of
 from kvswap.tiers.shared import manifest
 from kvswap.tiers.shared.keys import MindKeys
 from tests.cluster import workload
-from tests.cluster.replicas import Cluster, check_fence_log
+from tests.cluster.replicas import Cluster, check_fence_log, running
 from tests.cluster.util import wait_until
 from tests.cluster.workload import Conversation, Results
 
@@ -40,15 +40,8 @@ N_MINDS, TURNS = 30, (1, 2, 3, 4, 5)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster"), 3, ["--shared-tier-rpo-tokens", "0"])
-    try:
-        c.start()
+    with running(tmp_path_factory.mktemp("cluster"), ["--shared-tier-rpo-tokens", "0"]) as c:
         yield c
-    except BaseException:
-        print(c.logs())
-        raise
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

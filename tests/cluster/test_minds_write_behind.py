@@ -24,7 +24,7 @@ from kvswap.engine.minds.registry import mind_key, namespace_of
 from kvswap.tiers.shared import manifest
 from kvswap.tiers.shared.keys import MindKeys
 from tests.cluster import workload
-from tests.cluster.replicas import Cluster, KvswapReplica, check_fence_log
+from tests.cluster.replicas import Cluster, KvswapReplica, check_fence_log, running
 from tests.cluster.util import wait_until
 from tests.cluster.workload import Conversation, Results
 
@@ -37,15 +37,8 @@ FLAGS = ["-c", "4096", "-np", "4", "--shared-tier-rpo-tokens", str(RPO_TOKENS),
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("cluster"), 3, FLAGS, persistent_redis=True)
-    try:
-        c.start()
+    with running(tmp_path_factory.mktemp("cluster"), FLAGS, persistent_redis=True) as c:
         yield c
-    except BaseException:
-        print(c.logs())
-        raise
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -82,6 +82,19 @@ def _messages(conv: Conversation, turn: int) -> Any:
     return [*conv.messages, {"role": "user", "content": user_text(conv.index, turn)}]
 
 
+def _send(
+    client: ChatClient, conv: Conversation, messages: Any, n_predict: int, *, stream: bool
+) -> Any:
+    return client.oai.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=n_predict,
+        temperature=0,
+        stream=stream,
+        extra_headers={"X-Mind-Id": conv.name},
+    )
+
+
 def chat_turn(
     client: ChatClient, conv: Conversation, turn: int, *, n_predict: int = N_PREDICT
 ) -> TurnResult:
@@ -89,13 +102,7 @@ def chat_turn(
     messages = _messages(conv, turn)
     n_sent = client.n_sent
     try:
-        raw = client.oai.chat.completions.with_raw_response.create(
-            model="tiny",
-            messages=messages,
-            max_tokens=n_predict,
-            temperature=0,
-            extra_headers={"X-Mind-Id": conv.name},
-        )
+        raw = _send(client, conv, messages, n_predict, stream=False)
     except openai.APIError as err:
         raise BrokenTurn(f"mind {conv.name} turn {turn}: {err!r} ({err.__cause__!r})") from err
     done = raw.parse()
@@ -128,14 +135,7 @@ def stream_turn(
             time.sleep(CLIENT_BACKOFF_S)
         text, timings, replica = "", {}, ""
         try:
-            raw = client.oai.chat.completions.with_raw_response.create(
-                model="tiny",
-                messages=messages,
-                max_tokens=n_predict,
-                temperature=0,
-                stream=True,
-                extra_headers={"X-Mind-Id": conv.name},
-            )
+            raw = _send(client, conv, messages, n_predict, stream=True)
             replica = raw.headers["x-kvswap-replica"]
             for chunk in raw.parse():
                 if chunk.choices and chunk.choices[0].delta.content:

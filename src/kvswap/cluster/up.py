@@ -151,7 +151,8 @@ def haproxy_config(plan: ClusterPlan) -> haproxy.HaproxyConfig:
     )
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """The kvswap server at `url` answers /health with 200."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
             return bool(r.status == 200)
@@ -192,7 +193,7 @@ class Cluster:
         self.haproxy = start_haproxy(config_path, logs / "haproxy.log")
         t0 = time.monotonic()
         for r, proc in zip(plan.replicas, self.replicas, strict=True):
-            proc.wait_for(functools.partial(_healthy, r.url), ready_timeout_s, "healthy")
+            proc.wait_for(functools.partial(healthy, r.url), ready_timeout_s, "healthy")
             print(
                 f"cluster: {r.replica_id} {r.url} healthy after {time.monotonic() - t0:.1f} s",
                 flush=True,

@@ -2,13 +2,15 @@
 
 Each command carries a `reply` (or a `sink` for streams) that the engine calls from its own
 thread, once, with the command's result type or a `KvswapError`; `EngineClient` turns those calls
-into asyncio results. Commands hold plain data and buffers, never libllama objects. HTTP handlers
-post them through the client; the demoter posts `RoomReport`.
+into asyncio results (`Answer` waits for one on a plain thread). Commands hold plain data and
+buffers, never libllama objects. HTTP handlers post them through the client; the demoter posts
+`RoomReport`.
 """
 
 from __future__ import annotations
 
 import mmap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -247,6 +249,22 @@ class ReconfigureReceipt:
     slots: list[SlotFate] = field(default_factory=list)
     rolled_back: bool = False
     reason: str = ""
+
+
+class Answer:
+    """One reply from the engine thread, awaited by a plain thread (the demoter, the shared
+    tier's workers): pass it as a command's `reply`, then `wait`."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.value: object = None
+
+    def __call__(self, value: object) -> None:
+        self.value = value
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s)
 
 
 def refuse(cmd: object, error: KvswapError) -> None:

@@ -16,7 +16,6 @@ file I/O); never from the engine thread or the event loop.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -24,7 +23,7 @@ import numpy as np
 
 from kvswap.core.errors import KvswapError
 from kvswap.engine.client import PagesHandle
-from kvswap.engine.commands import Captured, Command, FlushMinds, ForgetMind
+from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, ForgetMind
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
 from kvswap.engine.kv.restream import RestreamError, find_stream, stream_count
 from kvswap.engine.kv.slotstate import SlotState
@@ -50,19 +49,6 @@ class PageCopy:
         self.release()
 
 
-class _Answer:
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self.value: object = None
-
-    def __call__(self, value: object) -> None:
-        self.value = value
-        self._done.set()
-
-    def wait_for(self) -> bool:
-        return self._done.wait(ENGINE_TIMEOUT_S)
-
-
 class LocalMinds:
     """See the module docstring."""
 
@@ -80,11 +66,11 @@ class LocalMinds:
         self.publisher = publisher
         self.geometry = geometry
 
-    def _ask(self, make: Callable[[_Answer], Command], what: str) -> object:
+    def _ask(self, make: Callable[[Answer], Command], what: str) -> object:
         """Post a command and wait for its answer (TimeoutError, or its KvswapError)."""
-        answer = _Answer()
+        answer = Answer()
         self.post(make(answer))
-        if not answer.wait_for():
+        if not answer.wait(ENGINE_TIMEOUT_S):
             raise TimeoutError(f"the engine did not answer {what} in {ENGINE_TIMEOUT_S:.0f} s")
         if isinstance(answer.value, KvswapError):
             raise answer.value
