@@ -291,3 +291,28 @@ def test_a_forwarded_turn_is_never_forwarded_again(cluster: Cluster, baseline: R
     done = workload.chat_turn(c, conv, 2)  # the owner still has the mind as it was
     want = baseline[(8, 2)]
     assert (done.replica, done.text, done.cache_n) == (owner_id, want.text, want.cache_n)
+
+
+def test_a_turn_sent_to_another_replica_is_forwarded_then_the_mind_handed_off(
+    cluster: Cluster, baseline: Results
+) -> None:
+    index = 9
+    conv = Conversation(index, "moving-9")
+    owner_id = workload.chat_turn(workload.ChatClient(cluster.url), conv, 1).replica
+    owner = cluster.replicas[owner_id]
+    other_id, other = next((rid, r) for rid, r in cluster.replicas.items() if rid != owner_id)
+    handoffs = owner.shared()["handoffs"]
+    via_other = workload.ChatClient(other.url)
+    # streamed to the replica that does not own the mind: the owner answers, through it
+    done = workload.stream_turn(via_other, conv, 2, n_predict=workload.N_PREDICT, resend=False)
+    want = baseline[(index, 2)]
+    assert done.replica == owner_id
+    assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)
+    assert other.shared()["resumes"]["n_forwarded"] >= 1
+    # ... which then hands the mind off, so the next turn runs where it was sent
+    wait_until(lambda: owner.shared()["handoffs"] == handoffs + 1, 30, "the hand-off")
+    assert cluster.redis.client().get(_mind_keys(conv.name).lease) is None
+    done = workload.chat_turn(via_other, conv, 3)
+    want = baseline[(index, 3)]
+    assert done.replica == other_id
+    assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)

@@ -296,7 +296,7 @@ def main(argv: list[str]) -> int:
         help="the mind (one of --sizes) for bytes per turn and the takeover",
     )
     p.add_argument("--model", help="GGUF model (default: the embedded SmolLM2-135M)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="threads per replica (-t, -tb)")
     p.add_argument("--lease-ms", type=int, default=5000)
     p.add_argument("--out", type=Path, help="write bench-cluster.md and bench-cluster.png here")
     args = p.parse_args(argv)  # fmt: skip

@@ -123,7 +123,7 @@ class ClusterGate:
         """Forward the turn to a holder that may be alive; refuse a forwarded turn whose
         holder is alive; else return (the caller waits the lease out)."""
         past_life = holder.advertise_url == self.tier.incarnation.advertise_url
-        failed = turn is not None and turn.failed_owner == holder.token
+        failed = turn is not None and holder.token in turn.failed_owners
         hop = turn is not None and bool(turn.hop)
         if turn is not None and not (past_life or failed or hop):
             owner = Owner(key, holder.replica_id, holder.advertise_url, holder.token)

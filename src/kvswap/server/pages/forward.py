@@ -11,8 +11,9 @@
    status and headers kept.
 3. Until the owner's answer begins, the forwarder watches the owner's lease: an owner that
    cannot be reached, or whose lease expires or changes hands before it answers (it died, or
-   froze), is abandoned, and the request runs here once more with `failed_owner` set: the
-   session waits the lease out and takes the mind over. Once the answer has begun, a failure
+   froze), is abandoned, and the request runs here once more with that owner in
+   `failed_owners`: the session waits its lease out and takes the mind over (or forwards to a
+   newer owner: three owners at most, then a 503). Once the answer has begun, a failure
    cuts the client's response short, as the owner's death would have (the client retries).
 4. After a forwarded turn the owner is asked, in the background, to hand the mind off (it
    publishes it and releases its lease once idle); the mind's next turn here waits for that
@@ -26,6 +27,7 @@ cluster gate's worker threads.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from enum import Enum
@@ -59,6 +61,7 @@ _HOP_BY_HOP: Final = frozenset(
 )  # fmt: skip
 _NOT_RETURNED: Final = frozenset({*_HOP_BY_HOP - {"content-length"}, "date", "server"})
 _AUTH_HEADERS: Final = ("authorization", "x-api-key")
+_MAX_OWNERS: Final = 3  # owners a turn is forwarded to, one after the other, before a 503
 
 
 def install(app: FastAPI) -> None:
@@ -129,32 +132,34 @@ class Forwarder:
             return
         headers = _headers(scope)
         turn = TurnContext(scope["path"], headers)
-        answer = _Answer(send, self.replica_id.encode())
-        with entered(turn):
-            await self.app(scope, _recording(receive, turn), answer)
-        owner, gate = answer.owner, self.gate()
-        if owner is None or gate is None:
-            return
-        body = b"".join(turn.body)
-        outcome = await self._forward(scope, body, owner, receive, send, gate)
-        if outcome is _Outcome.ANSWERED:
-            gate.forwarded(owner, ok=True)
-            self._ask_handoff(scope, owner, gate)
-            return
-        if outcome in (_Outcome.CUT, _Outcome.REFUSED):
-            return
-        gate.forwarded(owner, ok=False)
-        log.warning(
-            "mind %s: its owner %s (%s) did not answer; taking the turn here",
-            split_key(owner.key)[1],
-            owner.replica_id,
-            owner.url,
-        )
-        again = TurnContext(scope["path"], headers, failed_owner=owner.token)
-        answer = _Answer(send, self.replica_id.encode())
-        with entered(again):
-            await self.app(scope, _replaying(body, receive, again), answer)
-        assert answer.owner is None, "a turn whose forward failed is never forwarded again"
+        reads = _recording(receive, turn)
+        failed: set[str] = set()  # owners this turn was forwarded to that gave no answer
+        for _ in range(_MAX_OWNERS):
+            answer = _Answer(send, self.replica_id.encode())
+            with entered(turn):
+                await self.app(scope, reads, answer)
+            owner, gate = answer.owner, self.gate()
+            if owner is None:
+                return
+            if gate is None:  # the server went to sleep or away meanwhile
+                break
+            body = b"".join(turn.body)
+            outcome = await self._forward(scope, body, owner, receive, send, gate)
+            gate.forwarded(owner, ok=outcome is not _Outcome.NOT_REACHED)
+            if outcome is _Outcome.ANSWERED:
+                self._ask_handoff(scope, owner, gate)
+            if outcome is not _Outcome.NOT_REACHED:
+                return
+            log.warning(
+                "mind %s: its owner %s (%s) did not answer; taking the turn here",
+                split_key(owner.key)[1],
+                owner.replica_id,
+                owner.url,
+            )
+            failed.add(owner.token)
+            turn = TurnContext(scope["path"], headers, failed_owners=frozenset(failed))
+            reads = _replaying(body, receive, turn)
+        await _unavailable(send, self.replica_id)
 
     async def _forward(
         self,
@@ -232,6 +237,18 @@ async def _relay(upstream: httpx.Response, send: Send, leaving: asyncio.Future[N
         return _Outcome.CUT  # the response stays incomplete: the client sees the break
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return _Outcome.ANSWERED if upstream.status_code < 400 else _Outcome.REFUSED
+
+
+async def _unavailable(send: Send, replica_id: str) -> None:
+    """A typed 503: the mind's owners kept changing and none answered."""
+    body = json.dumps(
+        {"error": {"code": 503, "type": "unavailable_error", "retry_after_s": 1,
+                   "message": "the mind's owner could not be reached; retry the turn"}}
+    ).encode()  # fmt: skip
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+               (REPLICA_HEADER.encode(), replica_id.encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _headers(scope: Scope) -> dict[str, str]:

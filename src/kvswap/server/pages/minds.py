@@ -102,6 +102,7 @@ class MindGate:
                     yield read.state if read is not None else None
             finally:
                 self.registry.set_busy(key, False)
+                self.registry.pop_restore_ms(key)  # read by the turn's end, if at all
                 if read is not None or (resumed is not None and resumed.state is not None):
                     await self._after_engine()  # the engine is done with the restored state
                 if read is not None:

@@ -5,8 +5,8 @@ context variable: the route, its runner and the mind's session run in that reque
 the tasks it starts, so nothing is threaded through every route):
 - `hop`: the replica that forwarded this turn here (`X-Kvswap-Hop`); a forwarded turn is never
   forwarded again;
-- `failed_owner`: the lease token of an owner a forward of this very request could not reach
-  (the request is then run here: the owner's lease is waited out);
+- `failed_owners`: the lease tokens of owners a forward of this very request could not reach
+  (the request is then run here: such an owner's lease is waited out);
 - `turn_id`: the client's `X-Request-Id`, else a hash of the request (path and body), so a
   retried turn is applied to the mind's token log once.
 
@@ -35,7 +35,7 @@ class TurnContext:
     path: str
     headers: dict[str, str]  # lower-case names
     body: list[bytes] = field(default_factory=list)  # the body's chunks as the app read them
-    failed_owner: str = ""
+    failed_owners: frozenset[str] = frozenset()
 
     @property
     def hop(self) -> str:

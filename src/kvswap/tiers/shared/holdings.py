@@ -69,10 +69,15 @@ class Held:
     publish_whole: bool = False  # the tier's page had bad chunks: write the next one whole
     lost: bool = False  # its lease is gone but a turn still runs: its end's write is refused
     publishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # renewals, re-takes and the release of its lease, one at a time: a renewal that races a
+    # release never takes the lease again behind it
+    leasing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def n_unpublished(self) -> int:
-        return max(0, len(self.tokens) - self.n_published) if self.dirty_since else 0
+        if self.dirty_since is None:
+            return 0
+        return max(0, len(self.tokens) - self.n_published)
 
 
 class FenceLog:
@@ -161,20 +166,25 @@ class Holdings:
         return held
 
     def renew(self, held: Held) -> bool:
-        """Renew now: True when it is still ours (or Redis cannot say), False when it is lost
-        (the record is gone and `on_lost` ran). Raises TierUnavailable."""
-        t_ms = self.leases.renew(held.lease)
-        if t_ms:
-            self._log_event("renew", held.lease, t_ms)
-            return True
-        return self._regain(held)
+        """Renew now: True when it is still ours (renewed, or taken again), False when it is
+        lost (the record is gone and `on_lost` ran, or marked lost while its turn runs).
+        Raises TierUnavailable (Redis cannot say)."""
+        with held.leasing:
+            if self.get(held.key) is not held:
+                return False  # released or dropped meanwhile
+            t_ms = self.leases.renew(held.lease)
+            if t_ms:
+                self._log_event("renew", held.lease, t_ms)
+                return True
+            return self._regain(held)
 
     def release(self, held: Held) -> None:
         """Give the lease up (after publishing). Raises TierUnavailable (the mind stays held)."""
-        t_ms = self.leases.release(held.lease)
-        with self._lock:
-            if self._held.get(held.key) is held:
-                del self._held[held.key]
+        with held.leasing:
+            t_ms = self.leases.release(held.lease)
+            with self._lock:
+                if self._held.get(held.key) is held:
+                    del self._held[held.key]
         self._log_event("release", held.lease, t_ms)
         log.info("mind %s: lease released (fence %d)", _name(held.key), held.lease.fence)
 

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.slotstate import SlotState, state_of_page
+from kvswap.engine.minds.registry import split_key
 from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
@@ -136,7 +137,7 @@ class Resumer:
         source = self._fallback(held.key)
         log.warning(
             "mind %s: the shared tier's page is not usable (%s: %s); resuming from %s",
-            keys.tag,
+            split_key(held.key)[1],
             fetched.reason.value,
             fetched.detail,
             "its copy here" if source == "local" else "its prompt (a re-prefill)",
