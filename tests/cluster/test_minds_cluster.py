@@ -316,3 +316,24 @@ def test_a_turn_sent_to_another_replica_is_forwarded_then_the_mind_handed_off(
     want = baseline[(index, 3)]
     assert done.replica == other_id
     assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)
+
+
+def test_an_erased_minds_slot_ends_the_mind_in_the_shared_tier_too(
+    cluster: Cluster, baseline: Results
+) -> None:
+    conv = Conversation(10, "erased-10")
+    c = workload.ChatClient(cluster.url)
+    owner_id = workload.chat_turn(c, conv, 1).replica
+    assert workload.chat_turn(c, conv, 2).cache_n > 0
+    owner = cluster.replicas[owner_id]
+    keys = _mind_keys(conv.name)
+    r = cluster.redis.client()
+    wait_until(lambda: r.exists(keys.manifest) == 1, 30, "the mind's publication")
+    slots = httpx.get(f"{owner.url}/slots", timeout=30).json()
+    slot_id = next(s["id"] for s in slots if s.get("mind") == conv.name)
+    erased = httpx.post(f"{owner.url}/slots/{slot_id}?action=erase", timeout=30)
+    assert erased.status_code == 200 and erased.json()["mind"] == conv.name
+    # no tier holds it: its page, token log and lease are gone from Redis too
+    assert [r.exists(k) for k in (keys.manifest, keys.tokens, keys.lease)] == [0, 0, 0]
+    done = workload.chat_turn(c, conv, 3)  # starts the mind fresh: nothing to resume
+    assert done.cache_n == 0, done

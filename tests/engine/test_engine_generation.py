@@ -7,7 +7,8 @@ import time
 import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.core.types import Completion, EngineError, StopType
+from kvswap.core.sampling import SamplingParams
+from kvswap.core.types import Completion, EngineError, GenerationRequest, StopType
 from kvswap.engine.commands import Cancel, Erased, PageIn, PageMoved, SlotErase
 from tests.engine.harness import (
     call,
@@ -171,3 +172,30 @@ def test_a_full_pool_pages_out_the_idle_resident_when_the_store_is_on(smollm2) -
         assert again.tokens == resident.tokens
     finally:
         eng.close()
+
+
+def test_a_reader_polling_the_snapshot_sees_the_decode_progress(smollm2, engine) -> None:  # type: ignore[no-untyped-def]
+    # Views are built only when read or when more than progress changed: a reader that polls
+    # still sees each request's progress (within a step of its read), and the final state.
+    tokens = _tok(smollm2, PROMPTS[0])
+    req = GenerationRequest(
+        prompt_tokens=tuple(int(t) for t in tokens),
+        sampling=SamplingParams(temperature=0.0, ignore_eos=True),
+        n_predict=400,
+    )
+    req_id, run = submit(engine, req)
+    seen: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(set(seen)) < 3 and time.monotonic() < deadline:
+        busy = [s for s in engine.snapshot.slots if s.is_processing]
+        if busy and busy[0].n_decoded > 0:
+            seen.append(busy[0].n_decoded)
+        time.sleep(0.01)
+    assert len(set(seen)) >= 3 and seen == sorted(seen), seen
+    result = run.result
+    assert isinstance(result, Completion) and result.n_decoded == 400
+    deadline = time.monotonic() + 10
+    while any(s.is_processing for s in engine.snapshot.slots) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    last = next(s for s in engine.snapshot.slots if s.id_task == req_id)
+    assert not last.is_processing and last.n_decoded == 400

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import platform
 import struct
 import threading
 import time
@@ -424,23 +425,45 @@ def test_publish_refuses_raw_bytes_as_a_sidecar(save_dir: Path) -> None:
         pub.publish("m", {"": GenSpec("x").files()[""], ".dft": [b"raw draft bytes"]}, FINGERPRINT)
 
 
+# flock(2)'s number, to see a thread blocked in it (/proc/self/task/TID/syscall).
+FLOCK_SYSCALL = {"x86_64": 73, "aarch64": 32}[platform.machine()]
+
+
+def _blocked_in_flock(tid: int) -> bool:
+    try:
+        text = Path(f"/proc/self/task/{tid}/syscall").read_text().split()
+    except FileNotFoundError:
+        return False  # the thread has ended
+    return bool(text) and text[0] == str(FLOCK_SYSCALL)
+
+
 def test_a_reader_holds_commits_off(save_dir: Path) -> None:
-    """A publisher (another instance: only flock excludes it) cannot commit mid-read."""
-    commits: list[str] = []
+    """A publisher (another instance: only flock excludes it) cannot commit mid-read: the reader
+    holds its read until the kernel shows the publisher blocked in flock on the name lock, and
+    the commit comes only after the read ended."""
+    events: list[str] = []
     reading = threading.Event()
+    writer_tid: list[int] = []
 
     def reader_hook(phase: Phase, step: StepName, target: str) -> None:
         if step == "read" and phase == "before" and not reading.is_set():
             reading.set()
-            time.sleep(0.3)  # the publisher below is running now; it must wait for us
-            assert commits == []
+            deadline = time.monotonic() + 30
+            while not (writer_tid and _blocked_in_flock(writer_tid[0])):
+                assert "commit" not in events, "the publisher committed while a read held the lock"
+                assert time.monotonic() < deadline, "the publisher never blocked on the lock"
+                time.sleep(0.001)
+            events.append("writer blocked")
+        if step == "read" and phase == "after":
+            events.append("read")
 
     def writer_hook(phase: Phase, step: StepName, target: str) -> None:
         if step == "replace" and phase == "after" and target.startswith("record.json"):
-            commits.append(target)
+            events.append("commit")
 
     def publish_new(writer: Publisher) -> None:
         reading.wait()
+        writer_tid.append(threading.get_native_id())
         _publish(writer, "m", GenSpec("new"))
 
     with Publisher(save_dir) as pub:
@@ -454,7 +477,8 @@ def test_a_reader_holds_commits_off(save_dir: Path) -> None:
         with reader.read_generation("m", FINGERPRINT) as gen:
             assert tag_of(gen) == "old"
         thread.join()
-        assert len(commits) == 1
+        assert events[0] == "writer blocked" and events[-1] == "commit", events
+        assert events.count("commit") == 1 and "read" in events, events
         with reader.read_generation("m", FINGERPRINT) as gen:
             assert tag_of(gen) == "new"
 

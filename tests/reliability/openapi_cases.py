@@ -5,8 +5,10 @@ and query parameters and its JSON request body, drawn from the published JSON sc
 `anyOf`, `type`, bounds, `items`, `properties`, `required`, `enum`), mixed with values that break
 the schema (any JSON, raw bytes, text where a number is expected). Routes added later are fuzzed
 once they appear in the document. `hints` add chosen values for named fields (a slot verb, a
-page name, an escaping filename) so that deep paths are reached, and `caps` narrow a field's
-numeric range where the full range would only measure the machine (a 1e9-token KV pool).
+page name, an escaping filename) so that deep paths are reached, `caps` narrow a field's
+numeric range where the full range would only measure the machine (a 1e9-token KV pool), and
+`headers` are drawn per case from their listed values (None: the header is not sent), e.g. an
+API key or a mind name.
 """
 
 from __future__ import annotations
@@ -51,9 +53,11 @@ class Case:
     method: str
     url: str  # path with parameters filled in and the query string
     content: bytes | None
+    headers: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> str:
-        return f"{self.method} {self.url} {self.content[:300]!r}" if self.content else self.url
+        body = f" {self.content[:300]!r}" if self.content else ""
+        return f"{self.method} {self.url}{body} headers {dict(self.headers)}"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class Fuzzer:
     document: Schema
     hints: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     caps: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    headers: Mapping[str, tuple[str | None, ...]] = field(default_factory=dict)
 
     def operations(self) -> list[Operation]:
         out = []
@@ -77,9 +82,16 @@ class Fuzzer:
             st.just(op),
             st.fixed_dictionaries({p["name"]: self._param(p) for p in op.params}),
             self._body(op),
+            st.fixed_dictionaries({h: st.sampled_from(v) for h, v in self.headers.items()}),
         )
 
-    def _case(self, op: Operation, values: dict[str, Any], content: bytes | None) -> Case:
+    def _case(
+        self,
+        op: Operation,
+        values: dict[str, Any],
+        content: bytes | None,
+        headers: dict[str, str | None],
+    ) -> Case:
         path = op.path
         query = []
         for p in op.params:
@@ -91,7 +103,8 @@ class Fuzzer:
                 path = path.replace("{" + p["name"] + "}", quote(text, safe="") or "0")
             elif p["in"] == "query":
                 query.append(f"{quote(p['name'])}={quote(text, safe='')}")
-        return Case(op.method, path + ("?" + "&".join(query) if query else ""), content)
+        sent = tuple((h, v) for h, v in sorted(headers.items()) if v is not None)
+        return Case(op.method, path + ("?" + "&".join(query) if query else ""), content, sent)
 
     def _param(self, param: Schema) -> st.SearchStrategy[Any]:
         value = self.value(param.get("schema", {}), param["name"])

@@ -1,14 +1,29 @@
-"""SIGKILL a real server at random points of a workload that saves, pages out, pages in and
-spills; on restart every generation committed before the kill restores whole, and nothing
-half-written is ever read.
+"""SIGKILL a real server inside a publication, at a chosen step, and check that every restore
+gives back exactly the generation that was committed.
 
-A workload thread drives one server (a hybrid tiny model, so files carry `.ckpt` sidecars) and
-records, per file name, the generation a 200 answered for (committed) and the one still in
-flight when the server died (either may be on disk). After each kill a fresh server on the same
-save path restores every name: the restore must succeed (a name never answered may be 404)
-with exactly one of those generations' token counts, and a continuation on the restored slot
-must reuse all of it and equal a cold slot's tokens. `KVSWAP_KILL_ROUNDS` (default 3) sets the
-kills; the kill delays come from a seeded RNG (`KVSWAP_KILL_SEED`) printed with each round.
+Each round starts a server with the crash seam armed (`KVSWAP_KILL_AT_STEP=J:KIND`, see
+`kvswap.files.faults`: the server SIGKILLs itself right after the J-th OS step of that kind) and
+makes one publication of one kind:
+
+- `save`: a slot saved to `saved.bin`;
+- `page_out`: a slot paged out to RAM, then the page spilled to `paged.bin` (and dropped);
+- `spill`: a slot paged out, paged into the other slot, paged out again, then spilled to
+  `moved.bin` (kept in RAM);
+- `mind`: mind `T` evicted from its slot by two other minds while RAM is held full by named
+  pages, so the demoter spills it (the only publication of that server).
+
+The chosen step (`POINTS`) lies before the commit point (the old generation must come back) or
+after it (the new one must). The round checks that the kill landed inside the publication: the
+request got no answer, the server died of SIGKILL, and a stage was left behind. A fresh server
+without the seam then checks every name against the exact generation the ledger expects, by
+content: a restore must hold exactly its tokens (a continuation reuses all of them and no more,
+so an older or newer generation fails) and continue exactly as a replay of the same writes on a
+cold slot (same batches, so the same bits); a mind must be found with exactly its tokens. That
+server then writes the next round's old generation (new tokens for every write, from a seeded
+RNG) and exits cleanly (SIGTERM spills mind `T`).
+
+`KVSWAP_KILL_ROUNDS` (default 4, one per kind) sets the rounds: round r runs kind r % 4 at
+point (5r + seed) % 9, so 36 rounds kill every kind at every point once; `KVSWAP_KILL_SEED`.
 """
 
 from __future__ import annotations
@@ -16,8 +31,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,145 +38,266 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvswap.files import seqfile
+from kvswap.files import OsAdapter, Publisher
+from kvswap.files.faults import KILL_AT_STEP_ENV, StepCounter
 from kvswap.tiny import tiny_model_path
+from tests.files.util import FINGERPRINT, GenSpec
 from tests.server.harness import ServerProcess
 
-pytestmark = [pytest.mark.model, pytest.mark.timeout(900)]
+N_ROUNDS = int(os.environ.get("KVSWAP_KILL_ROUNDS", "4"))
+SEED = int(os.environ.get("KVSWAP_KILL_SEED", "0"))
+pytestmark = [pytest.mark.model, pytest.mark.timeout(120 + 90 * N_ROUNDS)]
 
-N_ROUNDS = int(os.environ.get("KVSWAP_KILL_ROUNDS", "3"))
-SEED = int(os.environ.get("KVSWAP_KILL_SEED", "1234"))
 ARGS = ("-c", "2048", "-np", "2", "-t", "1", "-tb", "1", "-b", "32", "-ub", "32",
-        "--checkpoint-min-step", "32", "--page-ram-bytes", "16M")  # fmt: skip
-FILES = ("m0.bin", "m1.bin", "m2.bin")
+        "--checkpoint-min-step", "32", "--cache-ram", "0")  # fmt: skip
+ROOMY = ("--page-ram-bytes", "16M")
+TIGHT_CEILING = 2 << 20  # the mind round's store: named pages fill most of it
+N_PREDICT = 4
+PROBE = [7, 8]  # the tokens a check appends to a generation
+KINDS = ("save", "page_out", "spill", "mind")
+FILE_OF = {"save": "saved.bin", "page_out": "paged.bin", "spill": "moved.bin"}
+MIND = "T"
 
 
-def prompt(i: int) -> list[int]:
-    """Byte tokens of the tiny vocabulary (ids 3..258), chosen in advance."""
-    return [3 + (i * 31 + j * 17) % 256 for j in range(40 + 9 * (i % 7))]
+@dataclass(frozen=True)
+class Point:
+    """Die right after the `j`-th (0-based) OS step of kind `step` of the publication."""
+
+    step: str
+    j: int
+    what: str
+
+
+POINTS = (
+    Point("write", 0, "F's first bytes staged"),
+    Point("fsync", 0, "F staged and synced"),
+    Point("fsync_dir", 0, "every file and the record staged, the stage synced"),
+    Point("fsync_dir", 1, "the stage folder's name synced"),
+    Point("replace", 0, "the commit record renamed into commit/ (the commit point)"),
+    Point("fsync_dir", 2, "commit/ synced"),
+    Point("replace", 1, "F renamed into the save path, its sidecar still staged"),
+    Point("fsync_dir", 3, "the save path synced"),
+    Point("rmdir", 0, "the stage folder removed, its lock file left"),
+)
+
+
+def _committed_at(tmp: Path) -> dict[Point, bool]:
+    """Which points lie at or after the commit point, from a real publication of an F with a
+    sidecar over an older generation (the shape of a hybrid model's slot file)."""
+    tmp.mkdir()
+    old, new = GenSpec("old", (".ckpt",)), GenSpec("new", (".ckpt",))
+    with Publisher(tmp) as pub:
+        pub.publish("m", old.files(), FINGERPRINT)
+    counter = StepCounter()
+    with Publisher(tmp, OsAdapter(counter)) as pub:
+        counter.steps.clear()
+        pub.publish("m", new.files(), FINGERPRINT)
+    steps = counter.steps
+    commit = next(i for i, (s, t) in enumerate(steps) if s == "replace" and "record" in t)
+    out = {}
+    for p in POINTS:
+        at = [i for i, (s, _) in enumerate(steps) if s == p.step]
+        assert len(at) > p.j, (p, steps)
+        out[p] = at[p.j] >= commit
+    return out
+
+
+@dataclass(frozen=True)
+class Write:
+    """One generation as written: a prompt and the tokens generated after it."""
+
+    prompt: list[int]
+    generated: list[int]
+
+    @property
+    def kv(self) -> list[int]:
+        """The tokens the slot's KV holds (the last generated token is not decoded yet)."""
+        return self.prompt + self.generated[:-1]
+
+    @property
+    def text(self) -> list[int]:
+        return self.prompt + self.generated
 
 
 @dataclass
 class Ledger:
-    """What the workload knows about each file name: n_saved of the generation a 200 answered
-    for, and of the one in flight (sent, no answer yet)."""
+    """Per file name (and for the mind): the committed generation, and this round's new one."""
 
-    committed: dict[str, int] = field(default_factory=dict)
-    in_flight: dict[str, int] = field(default_factory=dict)
-    n_ops: int = 0
+    rng: random.Random
+    committed: dict[str, Write] = field(default_factory=dict)
+    n_kills: int = 0
 
-
-def _generate(client: httpx.Client, i: int, slot: int) -> int:
-    body = {"prompt": prompt(i), "n_predict": 6, "temperature": 0, "id_slot": slot}
-    out = client.post("/completion", json=body).json()
-    return int(out["tokens_evaluated"] + out["tokens_predicted"] - 1)
+    def tokens(self, n_lo: int = 36, n_hi: int = 64) -> list[int]:
+        """Fresh byte tokens of the tiny vocabulary (ids 3..258)."""
+        return [self.rng.randint(3, 258) for _ in range(self.rng.randint(n_lo, n_hi))]
 
 
-def _write(client: httpx.Client, ledger: Ledger, n_tokens: int, path: str, name: str) -> None:
-    """POST a save or spill writing file `name`; the ledger learns of it before and after."""
-    ledger.in_flight[name] = n_tokens
-    resp = client.post(
-        path, json={"filename": name, "drop": True} if "spill" in path else {"filename": name}
-    )
+Publish = Callable[[], httpx.Response]
+
+
+def _complete(server: ServerProcess, prompt: list[int], **where: object) -> dict:
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "temperature": 0, "return_tokens": True}
+    resp = server.post("/completion", body | where)
     assert resp.status_code == 200, resp.text
-    ledger.committed[name] = n_tokens
-    del ledger.in_flight[name]
-    ledger.n_ops += 1
+    return resp.json()
 
 
-def workload(
-    url: str, ledger: Ledger, start: int, stop: threading.Event, failures: list[BaseException]
-) -> None:
-    """Save, page out, page in and spill until the server dies (a transport error)."""
-    try:
-        _work(url, ledger, start, stop)
-    except BaseException as err:
-        failures.append(err)
+def _write(server: ServerProcess, prompt: list[int], slot: int) -> Write:
+    """A generation on `slot` computed from scratch (no cached prefix), so that a replay of it
+    runs the same batches and computes the same bits."""
+    return Write(prompt, _complete(server, prompt, id_slot=slot, cache_prompt=False)["tokens"])
 
 
-def _work(url: str, ledger: Ledger, start: int, stop: threading.Event) -> None:
-    with httpx.Client(base_url=url, timeout=60) as client:
-        i = start
-        try:
-            while not stop.is_set():
-                slot = i % 2
-                n = _generate(client, i, slot)
-                name = FILES[i % len(FILES)]
-                if i % 3 == 0:
-                    _write(client, ledger, n, f"/slots/{slot}?action=save", name)
-                else:
-                    page = f"p{i}"
-                    moved = client.post(f"/slots/{slot}?action=page_out&page={page}")
-                    assert moved.status_code == 200, moved.text
-                    if i % 3 == 1:
-                        back = client.post(f"/slots/{1 - slot}?action=page_in&page={page}")
-                        assert back.status_code == 200, back.text
-                        moved = client.post(f"/slots/{1 - slot}?action=page_out&page={page}")
-                        assert moved.status_code == 200, moved.text
-                    _write(client, ledger, n, f"/slots/0?action=spill&page={page}", name)
-                i += 1
-        except httpx.TransportError:
-            return  # the server was killed
+def _ok(resp: httpx.Response) -> dict:
+    assert resp.status_code == 200, resp.text
+    return resp.json()
 
 
-def check_restores(server: ServerProcess, ledger: Ledger) -> None:
-    for name in FILES:
-        allowed = {n for n in (ledger.committed.get(name), ledger.in_flight.get(name)) if n}
-        resp = server.post("/slots/0?action=restore", {"filename": name})
-        if not allowed:
-            assert resp.status_code == 404, resp.text
-            continue
-        if name not in ledger.committed and resp.status_code == 404:
-            continue  # its first write was cut short before its commit record
-        assert resp.status_code == 200, (name, resp.text)
-        n_restored = resp.json()["n_restored"]
-        assert n_restored in allowed, (name, n_restored, allowed)
-        # The same generation is now the committed one, whichever it was.
-        ledger.committed[name] = n_restored
-        ledger.in_flight.pop(name, None)
-        _assert_continues_like_a_cold_slot(server, name, n_restored)
+# -- the writes: each makes a generation and answers the publication that commits it ---------
 
 
-def _assert_continues_like_a_cold_slot(server: ServerProcess, name: str, n_restored: int) -> None:
-    """Slot 0 holds the restored generation: continuing its tokens (read from the file's GGSQ
-    header) must reuse every one and give a cold slot's greedy tokens."""
-    save_dir = Path(server.args[server.args.index("--slot-save-path") + 1])
-    toks = [int(t) for t in seqfile.parse_file((save_dir / name).read_bytes()).tokens]
-    assert len(toks) == n_restored
-    body = {"prompt": [*toks, 7], "n_predict": 4, "temperature": 0, "return_tokens": True}
-    warm = server.post("/completion", body | {"id_slot": 0}).json()
-    assert warm["timings"]["cache_n"] == n_restored, (name, warm["timings"])
-    assert server.post("/slots/1?action=erase").status_code == 200
-    cold = server.post("/completion", body | {"id_slot": 1}).json()
-    assert cold["timings"]["cache_n"] == 0
+def _save(server: ServerProcess, ledger: Ledger) -> tuple[Write, Publish]:
+    write = _write(server, ledger.tokens(), slot=0)
+    return write, lambda: server.post("/slots/0?action=save", {"filename": FILE_OF["save"]})
+
+
+def _page_out(server: ServerProcess, ledger: Ledger) -> tuple[Write, Publish]:
+    write = _write(server, ledger.tokens(), slot=0)
+    moved = _ok(server.post("/slots/0?action=page_out&page=p"))
+    assert moved["n_tokens"] == len(write.kv), moved
+    body = {"filename": FILE_OF["page_out"], "drop": True}
+    return write, lambda: server.post("/slots/0?action=spill&page=p", body)
+
+
+def _spill(server: ServerProcess, ledger: Ledger) -> tuple[Write, Publish]:
+    write = _write(server, ledger.tokens(), slot=1)
+    _ok(server.post("/slots/1?action=page_out&page=q"))
+    assert _ok(server.post("/slots/0?action=page_in&page=q"))["n_tokens"] == len(write.kv)
+    _ok(server.post("/slots/0?action=page_out&page=q"))
+    body = {"filename": FILE_OF["spill"], "drop": False}
+    return write, lambda: server.post("/slots/0?action=spill&page=q", body)
+
+
+def _mind_turn(server: ServerProcess, ledger: Ledger) -> Write:
+    """A turn of mind T: its committed text, then new tokens; the mind must be found holding
+    exactly its committed generation's tokens (all reused, and no more)."""
+    old = ledger.committed.get(MIND)
+    prompt = (old.text if old else []) + ledger.tokens(8, 16)
+    out = _complete(server, prompt, mind=MIND)
+    assert out["timings"]["cache_n"] == (len(old.kv) if old else 0), (out["timings"], old)
+    return Write(prompt, out["tokens"])
+
+
+def _mind_demoted(server: ServerProcess, ledger: Ledger) -> tuple[Write, Publish]:
+    """Hold the store near its ceiling with named pages, then make T an idle RAM page (two
+    other minds take the slots): the demoter must spill T to keep its headroom."""
+    for i in range(64):
+        if _ok(server.client.get("/pages"))["n_bytes"] >= 0.8 * TIGHT_CEILING:
+            break
+        _complete(server, ledger.tokens(600, 700), id_slot=0)
+        _ok(server.post(f"/slots/0?action=page_out&page=ballast{i}"))
+    write = _mind_turn(server, ledger)
+    _complete(server, ledger.tokens(), mind="X")
+    return write, lambda: server.post(
+        "/completion", {"prompt": [5, 6], "n_predict": 1, "mind": "Y"}
+    )
+
+
+WRITERS = {"save": _save, "page_out": _page_out, "spill": _spill, "mind": _mind_demoted}
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+
+def _check_file(server: ServerProcess, name: str, expected: Write) -> None:
+    """`name` restores exactly `expected`, and continues as a replay of it on a cold slot."""
+    restored = _ok(server.post("/slots/0?action=restore", {"filename": name}))
+    assert restored["n_restored"] == len(expected.kv), (name, restored)
+    probe = {"prompt": [*expected.kv, *PROBE], "n_predict": N_PREDICT, "temperature": 0}
+    warm = _ok(server.post("/completion", probe | {"id_slot": 0, "return_tokens": True}))
+    assert warm["timings"]["cache_n"] == len(expected.kv), (name, warm["timings"])
+    _ok(server.post("/slots/1?action=erase"))
+    replay = _write(server, expected.prompt, slot=1)
+    assert replay == expected, "a replay must compute the same tokens (same batches, one slot)"
+    cold = _ok(server.post("/completion", probe | {"id_slot": 1, "return_tokens": True}))
+    assert cold["timings"]["cache_n"] == len(expected.kv)
     assert warm["tokens"] == cold["tokens"], name
 
 
-def test_committed_generations_survive_sigkill(
+def _stage_entries(save_dir: Path) -> list[str]:
+    return sorted(p.name for p in (save_dir / ".kvswap" / "stage").iterdir())
+
+
+@dataclass
+class Rig:
+    """Servers on one save path, and the ledger of what each name must restore."""
+
+    factory: Callable[..., ServerProcess]
+    save_dir: Path
+    ledger: Ledger
+
+    def server(self, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+        model = str(tiny_model_path("lfm2", seed=11))
+        return self.factory(
+            "-m", model, *ARGS, *extra, "--slot-save-path", str(self.save_dir), fresh=True, env=env
+        )
+
+    def check_and_prepare(self, kind: str) -> None:
+        """A clean server: every name holds its committed generation; then a new committed
+        generation for the next round's `kind` (and for every name on the first call)."""
+        server = self.server(*ROOMY)
+        assert _stage_entries(self.save_dir) == [], "a cut publication survived the restart"
+        committed = self.ledger.committed
+        for name, write in sorted(committed.items()):
+            if name != MIND:
+                _check_file(server, name, write)
+        first = not committed
+        for k in KINDS[:3] if first else (kind,) if kind in FILE_OF else ():
+            write, publish = WRITERS[k](server, self.ledger)
+            _ok(publish())
+            committed[FILE_OF[k]] = write
+        # T's turn checks what it was found with; SIGTERM then spills it (its new generation).
+        committed[MIND] = _mind_turn(server, self.ledger)
+        assert server.stop(signal.SIGTERM) in (0, -signal.SIGTERM), server.log()
+
+    def kill_inside(self, kind: str, point: Point, committed_after: bool) -> None:
+        """A server armed to die at `point` makes one publication of `kind`."""
+        env = {KILL_AT_STEP_ENV: f"{point.j}:{point.step}"}
+        ceiling = ("--page-ram-bytes", str(TIGHT_CEILING)) if kind == "mind" else ROOMY
+        server = self.server(*ceiling, env=env)
+        write, publish = WRITERS[kind](server, self.ledger)
+        try:
+            answer: httpx.Response | None = publish()
+        except httpx.TransportError:
+            answer = None  # the server died while answering
+        if kind != "mind":  # (the demoter's spill runs after the request that caused it)
+            assert answer is None, f"the publication answered {answer.status_code}: no kill"
+        try:
+            code = server.proc.wait(60)
+        except Exception as err:
+            raise AssertionError(f"no kill at {point}:\n{server.log()}") from err
+        assert code == -signal.SIGKILL, (code, server.log())
+        assert _stage_entries(self.save_dir), f"the kill at {point} left no cut publication"
+        self.ledger.n_kills += 1
+        if committed_after:
+            self.ledger.committed[MIND if kind == "mind" else FILE_OF[kind]] = write
+
+
+def test_every_restore_after_a_kill_inside_a_publication_is_the_committed_generation(
     server_factory: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
+    committed_at = _committed_at(tmp_path / "steps")
+    assert [committed_at[p] for p in POINTS] == [False] * 4 + [True] * 5
     save_dir = tmp_path / "slots"
     save_dir.mkdir()
-    model = str(tiny_model_path("lfm2", seed=11))
-    rng = random.Random(SEED)
-    ledger = Ledger()
-    start = 0
-    for round_ in range(N_ROUNDS):
-        server = server_factory("-m", model, *ARGS, "--slot-save-path", str(save_dir), fresh=True)
-        check_restores(server, ledger)
-        delay_s = rng.uniform(0.3, 4.0)
-        print(f"round {round_}: kill after {delay_s:.2f} s (seed {SEED})")
-        stop = threading.Event()
-        failures: list[BaseException] = []
-        t = threading.Thread(target=workload, args=(server.url, ledger, start, stop, failures))
-        t.start()
-        time.sleep(delay_s)
-        server.stop(signal.SIGKILL)
-        stop.set()
-        t.join(60)
-        assert not t.is_alive() and not failures, failures
-        start += 1000
-    final = server_factory("-m", model, *ARGS, "--slot-save-path", str(save_dir), fresh=True)
-    check_restores(final, ledger)
-    print(f"{N_ROUNDS} kills, {ledger.n_ops} committed writes, names {sorted(ledger.committed)}")
-    assert ledger.n_ops > 0
+    rig = Rig(server_factory, save_dir, Ledger(random.Random(SEED)))
+    rounds = [(KINDS[r % 4], POINTS[(5 * r + SEED) % len(POINTS)]) for r in range(N_ROUNDS)]
+    rig.check_and_prepare(rounds[0][0])
+    for r, (kind, point) in enumerate(rounds):
+        after = committed_at[point]
+        print(f"round {r}: {kind} killed after {point.step} #{point.j} ({point.what}): "
+              f"{'new' if after else 'old'} generation expected")  # fmt: skip
+        rig.kill_inside(kind, point, after)
+        rig.check_and_prepare(rounds[(r + 1) % N_ROUNDS][0])
+    print(f"{rig.ledger.n_kills} kills inside publications, every restore exact")
+    assert rig.ledger.n_kills == N_ROUNDS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,23 @@ TIME = {
     },
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def settle(server: ServerProcess, timeout_s: float = 60) -> None:
+    """Wait until no slot runs a request (a previous test's cancelled stream, say)."""
+    deadline = time.monotonic() + timeout_s
+    while any(s["is_processing"] for s in server.client.get("/slots").json()):
+        assert time.monotonic() < deadline, "a slot stays busy"
+        time.sleep(0.02)
+
+
+def from_scratch(server: ServerProcess) -> dict[str, Any]:
+    """Body fields of a run that another run must match token for token. Greedy tokens are the
+    same only under the same batches (SPEC §9: a different split moves logits by ~0.01, enough
+    to flip a near tie): so no cached prefix (which would leave only the last prompt token to
+    decode, alone) and no other request in the batch. Call it before each of the runs."""
+    settle(server)
+    return {"cache_prompt": False}
 
 
 def oai(server: ServerProcess, api_key: str = "none") -> openai.OpenAI:

@@ -20,7 +20,11 @@ def server_factory(
     servers: dict[tuple[str, ...], ServerProcess] = {}
 
     def get(
-        *args: str, save_path: bool = False, fresh: bool = False, env: dict[str, str] | None = None
+        *args: str,
+        save_path: bool = False,
+        fresh: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> ServerProcess:
         full = list(args)
         if save_path:
@@ -29,7 +33,7 @@ def server_factory(
         key = tuple(args) + (("save",) if save_path else ())
         if fresh or key not in servers:
             log = tmp_path_factory.mktemp("log") / "server.log"
-            server = ServerProcess(full, log, env)
+            server = ServerProcess(full, log, env, cwd)
             if fresh:
                 servers[(*key, str(id(server)))] = server
             else:

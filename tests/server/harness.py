@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -28,10 +29,16 @@ class ServerProcess:
     """`python -m kvswap serve ARGS` with its output in a log file."""
 
     def __init__(
-        self, args: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+        self,
+        args: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # With --ssl-cert-file the server speaks HTTPS; the client trusts that certificate.
+        cert = args[list(args).index("--ssl-cert-file") + 1] if "--ssl-cert-file" in args else None
+        self.url = f"{'https' if cert else 'http'}://127.0.0.1:{self.port}"
         self.args = list(args)
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 (closed in stop)
@@ -41,9 +48,10 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             # Every byte owner checks its integrity whenever the engine idles (debug mode).
             env={**os.environ, "KVSWAP_CHECK_INTEGRITY": "1", **(env or {})},
-            cwd=REPO,
+            cwd=cwd or REPO,
         )
-        self.client = httpx.Client(base_url=self.url, timeout=300)
+        verify = ssl.create_default_context(cafile=cert) if cert else True
+        self.client = httpx.Client(base_url=self.url, timeout=300, verify=verify)
         self.wait_ready()
 
     def wait_ready(self, timeout_s: float = 120) -> None:

@@ -11,7 +11,7 @@ import anthropic
 import jsonschema
 import pytest
 
-from tests.server.agent_util import SMALL, WEATHER_PARAMS
+from tests.server.agent_util import SMALL, WEATHER_PARAMS, from_scratch, settle
 from tests.server.harness import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -36,6 +36,10 @@ def test_plain_answer_whole_and_streamed(agent_server: ServerProcess) -> None:
         "messages": [{"role": "user", "content": "Say hello."}],
         "extra_body": GREEDY,
     }
+    # The answer and the same answer streamed are compared token for token, so both reuse the
+    # same cached prompt (left by a first run): the same batches (SPEC §9).
+    c.messages.create(**args)
+    settle(agent_server)
     whole = c.messages.create(**args)
     assert whole.type == "message" and whole.role == "assistant"
     assert whole.id.startswith("msg_")
@@ -44,6 +48,7 @@ def test_plain_answer_whole_and_streamed(agent_server: ServerProcess) -> None:
     assert whole.stop_reason in ("end_turn", "max_tokens")
     assert whole.usage.output_tokens > 0 and whole.usage.input_tokens > 0
 
+    settle(agent_server)
     with c.messages.stream(**args) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -55,16 +60,23 @@ def test_plain_answer_whole_and_streamed(agent_server: ServerProcess) -> None:
 
 def test_forced_tool_use_round_trip(agent_server: ServerProcess) -> None:
     c = client(agent_server)
-    args: dict[str, Any] = {"model": "m", "max_tokens": 120, "tools": TOOLS, "extra_body": GREEDY}
+    args: dict[str, Any] = {"model": "m", "max_tokens": 120, "tools": TOOLS}
+    scratch = GREEDY | from_scratch(agent_server)  # the two calls are compared: same batches
     first = c.messages.create(
-        messages=ASK, tool_choice={"type": "tool", "name": "get_weather"}, **args
+        messages=ASK,
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body=scratch,
+        **args,
     )
     assert first.stop_reason == "tool_use"
     (use,) = [b for b in first.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id
     jsonschema.validate(use.input, WEATHER_PARAMS)
 
-    with c.messages.stream(messages=ASK, tool_choice={"type": "any"}, **args) as stream:
+    scratch = GREEDY | from_scratch(agent_server)
+    with c.messages.stream(
+        messages=ASK, tool_choice={"type": "any"}, extra_body=scratch, **args
+    ) as stream:
         streamed = stream.get_final_message()
     (suse,) = [b for b in streamed.content if b.type == "tool_use"]
     assert suse.input == use.input and streamed.stop_reason == "tool_use"
@@ -88,15 +100,19 @@ def test_stop_sequence_is_reported(agent_server: ServerProcess) -> None:
         "model": "m",
         "max_tokens": 30,
         "messages": [{"role": "user", "content": "Count from one to ten in words."}],
-        "extra_body": GREEDY,
     }
-    free = c.messages.create(**args).content[0].text  # type: ignore[union-attr]
+    # Three runs compared token for token: each from scratch, so all in the same batches.
+    answer = c.messages.create(**args, extra_body=GREEDY | from_scratch(agent_server))
+    free = answer.content[0].text  # type: ignore[union-attr]
     # A word of the greedy answer, past its start: the same run must stop right before it.
     word = free.split()[len(free.split()) // 2]
-    cut = c.messages.create(**args, stop_sequences=[word])
+    cut = c.messages.create(
+        **args, stop_sequences=[word], extra_body=GREEDY | from_scratch(agent_server)
+    )
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == word
     assert cut.content[0].text == free[: free.index(word)]  # type: ignore[union-attr]
-    with c.messages.stream(**args, stop_sequences=[word]) as stream:
+    scratch = GREEDY | from_scratch(agent_server)
+    with c.messages.stream(**args, stop_sequences=[word], extra_body=scratch) as stream:
         streamed = stream.get_final_message()
     assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == word
     assert streamed.content[0].text == free[: free.index(word)]  # type: ignore[union-attr]

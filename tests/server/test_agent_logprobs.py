@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.server.agent_util import oai
+from tests.server.agent_util import from_scratch, oai
 from tests.server.harness import ServerProcess, chat_prompt
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -27,7 +27,8 @@ def test_chat_logprobs_top_is_the_greedy_choice(agent_server: ServerProcess, pro
         "logprobs": True,
         "top_logprobs": 4,
     }
-    out = client.chat.completions.create(**args)  # type: ignore[call-overload]
+    # The answer and the same answer streamed are compared token for token: both from scratch.
+    out = client.chat.completions.create(**args, extra_body=from_scratch(agent_server))  # type: ignore[call-overload]
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens
     for tok in content:
@@ -39,7 +40,9 @@ def test_chat_logprobs_top_is_the_greedy_choice(agent_server: ServerProcess, pro
     assert "".join(t.token for t in content) == out.choices[0].message.content
     streamed = [
         t
-        for chunk in client.chat.completions.create(**args, stream=True)  # type: ignore[call-overload]
+        for chunk in client.chat.completions.create(
+            **args, stream=True, extra_body=from_scratch(agent_server)
+        )  # type: ignore[call-overload]
         if chunk.choices and chunk.choices[0].logprobs
         for t in chunk.choices[0].logprobs.content
     ]

@@ -18,6 +18,7 @@ from tests.server.agent_util import (
     TEMPLATES,
     WEATHER,
     WEATHER_PARAMS,
+    from_scratch,
     oai,
     stream_text,
 )
@@ -46,34 +47,35 @@ def chat(server: ServerProcess, **extra: Any) -> Any:
 
 
 def test_reasoning_content_whole_and_streamed(qwen3_server: ServerProcess) -> None:
-    out = chat(qwen3_server, extra_body={"grammar": THINK})
+    # The runs compared token for token are each made from scratch (the same batches).
+    out = chat(qwen3_server, extra_body={"grammar": THINK, **from_scratch(qwen3_server)})
     msg = out.choices[0].message
     reasoning = (msg.model_extra or {})["reasoning_content"]
     assert reasoning and "<think>" not in reasoning and reasoning == reasoning.strip()
     assert msg.content and "<" not in msg.content
     content, streamed_reasoning = stream_text(
-        list(chat(qwen3_server, extra_body={"grammar": THINK}, stream=True))
+        list(
+            chat(
+                qwen3_server,
+                extra_body={"grammar": THINK, **from_scratch(qwen3_server)},
+                stream=True,
+            )
+        )
     )
     assert (content, streamed_reasoning) == (msg.content, reasoning)
 
 
 def test_reasoning_formats(qwen3_server: ServerProcess) -> None:
-    raw = chat(qwen3_server, extra_body={"grammar": THINK, "reasoning_format": "none"})
+    fields = {"grammar": THINK, "reasoning_format": "none"}
+    raw = chat(qwen3_server, extra_body=fields | from_scratch(qwen3_server))
     assert raw.choices[0].message.content.startswith("<think>")
     assert "reasoning_content" not in (raw.choices[0].message.model_extra or {})
-    legacy = chat(
-        qwen3_server, extra_body={"grammar": THINK, "reasoning_format": "deepseek-legacy"}
-    )
+    fields = {"grammar": THINK, "reasoning_format": "deepseek-legacy"}
+    legacy = chat(qwen3_server, extra_body=fields | from_scratch(qwen3_server))
     assert legacy.choices[0].message.content == raw.choices[0].message.content
     assert (legacy.choices[0].message.model_extra or {})["reasoning_content"]
     content, reasoning = stream_text(
-        list(
-            chat(
-                qwen3_server,
-                extra_body={"grammar": THINK, "reasoning_format": "deepseek-legacy"},
-                stream=True,
-            )
-        )
+        list(chat(qwen3_server, extra_body=fields | from_scratch(qwen3_server), stream=True))
     )
     assert reasoning == "" and content == raw.choices[0].message.content
     bad = qwen3_server.post("/v1/chat/completions", {"messages": ASK, "reasoning_format": "x"})

@@ -10,7 +10,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.server.agent_util import WEATHER_PARAMS, oai
+from tests.server.agent_util import WEATHER_PARAMS, from_scratch, oai
 from tests.server.harness import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -34,16 +34,19 @@ def test_text_whole_and_streamed(agent_server: ServerProcess) -> None:
         "max_output_tokens": 200,
         "temperature": 0,
     }
-    whole = client.responses.create(**args)
+    # The runs compared token for token are each made from scratch (the same batches).
+    whole = client.responses.create(**args, extra_body=from_scratch(agent_server))
     assert whole.object == "response" and whole.status == "completed"
     assert whole.output_text and whole.usage is not None and whole.usage.output_tokens > 0
-    events = list(client.responses.create(**args, stream=True))
+    events = list(
+        client.responses.create(**args, stream=True, extra_body=from_scratch(agent_server))
+    )
     types = [e.type for e in events]
     assert types[0] == "response.created" and types[-1] == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == whole.output_text
-    with client.responses.stream(**args) as stream:
+    with client.responses.stream(**args, extra_body=from_scratch(agent_server)) as stream:
         final = stream.get_final_response()
     assert final.output_text == whole.output_text
 
@@ -58,11 +61,13 @@ def test_length_limit_is_incomplete_whole_and_streamed(agent_server: ServerProce
         "max_output_tokens": 5,
         "temperature": 0,
     }
-    whole = client.responses.create(**args)
+    whole = client.responses.create(**args, extra_body=from_scratch(agent_server))
     assert whole.status == "incomplete" and whole.incomplete_details is not None
     assert whole.incomplete_details.reason == "max_output_tokens"
     assert whole.usage is not None and whole.usage.output_tokens == 5
-    events = list(client.responses.create(**args, stream=True))
+    events = list(
+        client.responses.create(**args, stream=True, extra_body=from_scratch(agent_server))
+    )
     last = events[-1]
     assert last.type == "response.incomplete"
     assert last.response.status == "incomplete"
@@ -77,7 +82,12 @@ def test_function_call_round_trip(agent_server: ServerProcess) -> None:
         "temperature": 0,
         "max_output_tokens": 120,
     }
-    first = client.responses.create(input="Weather in Paris?", tool_choice="required", **args)
+    first = client.responses.create(
+        input="Weather in Paris?",
+        tool_choice="required",
+        extra_body=from_scratch(agent_server),
+        **args,
+    )
     (call,) = [o for o in first.output if o.type == "function_call"]
     assert call.name == "get_weather" and call.call_id.startswith("call_")
     jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMS)
@@ -85,6 +95,7 @@ def test_function_call_round_trip(agent_server: ServerProcess) -> None:
     with client.responses.stream(
         input="Weather in Paris?",
         tool_choice={"type": "function", "name": "get_weather"},
+        extra_body=from_scratch(agent_server),
         **args,
     ) as stream:
         streamed = stream.get_final_response()

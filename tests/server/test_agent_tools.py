@@ -22,6 +22,7 @@ from tests.server.agent_util import (
     WEATHER,
     WEATHER_PARAMS,
     collect_tool_calls,
+    from_scratch,
     oai,
 )
 from tests.server.harness import ServerProcess
@@ -50,7 +51,10 @@ def round_trip(server: ServerProcess, *, final_choice: str, max_tokens: int = 12
         "temperature": 0,
         "max_tokens": max_tokens,
     }
-    first = client.chat.completions.create(messages=ASK, tool_choice="required", **args)  # type: ignore[call-overload]
+    # The call and the same call streamed are compared token for token: both from scratch.
+    first = client.chat.completions.create(
+        messages=ASK, tool_choice="required", extra_body=from_scratch(server), **args
+    )  # type: ignore[call-overload]
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -58,7 +62,13 @@ def round_trip(server: ServerProcess, *, final_choice: str, max_tokens: int = 12
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
 
     chunks = list(
-        client.chat.completions.create(messages=ASK, tool_choice="required", stream=True, **args)  # type: ignore[call-overload]
+        client.chat.completions.create(
+            messages=ASK,
+            tool_choice="required",
+            stream=True,
+            extra_body=from_scratch(server),
+            **args,
+        )  # type: ignore[call-overload]
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
@@ -204,3 +214,26 @@ def test_tool_choice_none_parses_nothing(agent_server: ServerProcess) -> None:
         max_tokens=20,  # type: ignore[list-item]
     )
     assert out.choices[0].message.content and not out.choices[0].message.tool_calls
+
+
+def test_switching_tool_choice_between_none_and_auto_keeps_the_cache(
+    agent_server: ServerProcess,
+) -> None:
+    # llama-server renders the tools under "none" as under "auto": the prompt, and so the
+    # conversation's cache, survives a switch (kvswap's generic instruction included).
+    messages = [{"role": "user", "content": "Plan a trip to Oslo, in one short sentence."}]
+    body = {"tools": [WEATHER], "temperature": 0, "max_tokens": 12}
+    first = agent_server.post(
+        "/v1/chat/completions", {**body, "messages": messages, "tool_choice": "none"}
+    )
+    assert first.status_code == 200, first.text
+    message = first.json()["choices"][0]["message"]
+    assert message["content"] and not message.get("tool_calls")
+    assert not message["content"].lstrip().startswith("{")  # the reply, not its JSON
+    n_first = first.json()["timings"]["cache_n"] + first.json()["timings"]["prompt_n"]
+    messages += [message, {"role": "user", "content": "And the weather there?"}]
+    second = agent_server.post(
+        "/v1/chat/completions", {**body, "messages": messages, "tool_choice": "auto"}
+    )
+    assert second.status_code == 200, second.text
+    assert second.json()["timings"]["cache_n"] >= n_first - 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
+from tests.server.agent_util import from_scratch
 from tests.server.harness import ServerProcess, chat_prompt
 
 pytestmark = pytest.mark.model
@@ -14,7 +15,7 @@ CAPITAL = chat_prompt(("user", "What is the capital of France?"))
 
 def test_completion_shape_and_greedy_determinism(small_server: ServerProcess) -> None:
     body = {"prompt": CAPITAL, "n_predict": 16, "temperature": 0}
-    a = small_server.post("/completion", body).json()
+    a = small_server.post("/completion", body | {"cache_prompt": False}).json()
     b = small_server.post("/completion", body).json()
     assert a["content"] == b["content"] and "Paris" in a["content"]
     assert a["stop"] is True and a["stop_type"] in ("eos", "limit")
@@ -105,11 +106,13 @@ def test_three_turn_chat_reuses_the_cache_turn_after_turn(small_server: ServerPr
 
 def test_openai_client_chat_completion_and_streaming(small_server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=small_server.url + "/v1", api_key="unused")
+    # Each answer is compared with the same answer streamed: both from scratch (same batches).
     chat = client.chat.completions.create(
         model="anything",
         messages=[{"role": "user", "content": "What is the capital of France?"}],
         max_tokens=12,
         temperature=0,
+        extra_body=from_scratch(small_server),
     )
     text = chat.choices[0].message.content
     assert text and chat.choices[0].finish_reason in ("stop", "length")
@@ -121,6 +124,7 @@ def test_openai_client_chat_completion_and_streaming(small_server: ServerProcess
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        extra_body=from_scratch(small_server),
     )
     chunks = list(stream)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -130,13 +134,22 @@ def test_openai_client_chat_completion_and_streaming(small_server: ServerProcess
         and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
     )
     completion = client.completions.create(
-        model="anything", prompt=CAPITAL, max_tokens=12, temperature=0
+        model="anything",
+        prompt=CAPITAL,
+        max_tokens=12,
+        temperature=0,
+        extra_body=from_scratch(small_server),
     )
     assert "Paris" in completion.choices[0].text
     streamed_completion = "".join(
         c.choices[0].text
         for c in client.completions.create(
-            model="x", prompt=CAPITAL, max_tokens=12, temperature=0, stream=True
+            model="x",
+            prompt=CAPITAL,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            extra_body=from_scratch(small_server),
         )
     )
     assert streamed_completion == completion.choices[0].text

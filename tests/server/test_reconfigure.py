@@ -162,7 +162,10 @@ def test_shrinking_below_an_in_flight_request_is_refused_and_nothing_changes(
 
         t = threading.Thread(target=run)
         t.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60  # until slot 0 runs it (the engine's own view)
+        while not server.client.get("/slots").json()[0]["is_processing"]:
+            assert time.monotonic() < deadline and t.is_alive()
+            time.sleep(0.02)
         status, body = _reconfigure(server, n_ctx=256)
         assert status == 400 and "nothing changed" in body["error"]["message"], body
         t.join(120)
@@ -223,6 +226,15 @@ def test_a_kv_type_change_needs_force_and_leaves_token_only_pages(server_factory
 
     finally:
         server.stop()
+
+
+def test_an_unknown_field_is_refused_naming_it_and_nothing_changes(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server: ServerProcess = server_factory(*ARGS)
+    before = _geometry(server)
+    status, body = _reconfigure(server, n_ctx=4096, n_foo=3)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert "'n_foo'" in body["error"]["message"]
+    assert _geometry(server) == before  # not even a drain: the generation is unchanged
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from kvswap.engine.kv.pagefmt import (
 )
 from kvswap.engine.kv.pagestore import PageStore, Reservation
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, AnonCache
-from kvswap.engine.slot import Slot
+from kvswap.engine.slot import Slot, SlotTable
 
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=4096)
 B = BLOCK_TOKENS
@@ -61,7 +61,14 @@ class _Runtime:
 
 def _cache(ceiling: int = 1 << 20, budget: int = -1) -> tuple[AnonCache, PageStore]:
     store = PageStore(ceiling)
-    return AnonCache(store=store, runtime=_Runtime(store), budget_bytes=budget), store  # type: ignore[arg-type]
+    cache = AnonCache(
+        store=store,
+        runtime=_Runtime(store),  # type: ignore[arg-type]
+        slots=SlotTable(1, 4096),
+        budget_bytes=budget,
+        cache_idle_slots=False,
+    )
+    return cache, store
 
 
 def _slot(tokens: list[int], slot_id: int = 0) -> Slot:

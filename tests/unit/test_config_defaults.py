@@ -28,6 +28,7 @@ def test_model_defaults(config: ServerConfig) -> None:
     assert m.n_gpu_layers == -1  # 'auto'
     assert m.load_mode == "auto" and m.use_mmap is True and m.use_mlock is False
     assert m.chat_template is None and m.chat_template_file is None
+    assert m.warmup is True  # an empty decode at load, as llama-server (--no-warmup: none)
     assert m.lora == () and m.lora_init_without_apply is False
 
 

@@ -105,6 +105,12 @@ def test_flag_sets_its_field(argv: list[str], section: str, field: str, value: o
     assert getattr(getattr(parse(argv), section), field) == value
 
 
+def test_no_warmup_turns_the_load_time_decode_off() -> None:
+    assert parse(["--no-warmup"]).model.warmup is False
+    assert parse(["--no-warmup", "--warmup"]).model.warmup is True
+    assert "--no-warmup" not in parse(["--no-warmup"]).ignored_flags
+
+
 def test_later_flag_wins_and_underscores_read_as_dashes() -> None:
     cfg = parse(["-c", "100", "--ctx_size", "200", "--batch_size", "64"])
     assert (cfg.context.n_ctx, cfg.context.n_batch) == (200, 64)
@@ -275,7 +281,7 @@ def test_spec_type_errors() -> None:
 
 
 def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
-    words = "--mmproj p.gguf --rope-scaling yarn -cb --no-ui-mcp-proxy --jinja --reasoning-format x"
+    words = "--mmproj p.gguf --rope-scaling yarn -cb --perf --reasoning-format x"
     argv = [*words.split(), "-fit", "off", "--control-vector-layer-range", "1", "4"]
     argv += ["--mmproj", "q.gguf", "-c", "512"]
     cfg = parse(argv, {"LLAMA_ARG_NO_CONT_BATCHING": "1", "HF_TOKEN": "t"})
@@ -285,8 +291,7 @@ def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
         "--mmproj",
         "--rope-scaling",
         "-cb",
-        "--no-ui-mcp-proxy",
-        "--jinja",
+        "--perf",
         "--reasoning-format",
         "-fit",
         "--control-vector-layer-range",
@@ -397,3 +402,33 @@ def test_format_help_lists_flags_envs_and_sections() -> None:
         "-mm, --mmproj",
     ):
         assert needle in text
+
+
+def test_jinja_is_what_kvswap_does_and_is_not_reported_ignored() -> None:
+    cfg = parse(["--jinja"], {})
+    assert cfg.ignored_flags == ()
+    assert parse([], {"LLAMA_ARG_JINJA": "1"}).ignored_flags == ()
+
+
+def test_chat_template_kwargs_accumulate_and_must_be_a_json_object() -> None:
+    cfg = parse(
+        ["--chat-template-kwargs", '{"a": 1, "b": "x"}', "--chat-template-kwargs", '{"a": [2]}'],
+        {},
+    )
+    assert dict(cfg.model.chat_template_kwargs) == {"a": "[2]", "b": '"x"'}
+    for bad in ("[1]", "{oops"):
+        with pytest.raises(ConfigError, match="--chat-template-kwargs"):
+            parse(["--chat-template-kwargs", bad], {})
+
+
+def test_tls_takes_both_files_or_refuses_to_start(tmp_path: Path) -> None:
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    key.write_text("k")
+    cert.write_text("c")
+    cfg = parse(["--ssl-key-file", str(key), "--ssl-cert-file", str(cert)], {})
+    assert (cfg.http.ssl_key_file, cfg.http.ssl_cert_file) == (str(key), str(cert))
+    assert cfg.ignored_flags == ()
+    with pytest.raises(ConfigError, match="--ssl-cert-file needs its pair"):
+        parse(["--ssl-cert-file", str(cert)], {})
+    with pytest.raises(ConfigError, match="failed to open file"):
+        parse(["--ssl-key-file", str(tmp_path / "none.pem"), "--ssl-cert-file", str(cert)], {})

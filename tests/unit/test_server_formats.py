@@ -611,3 +611,8 @@ def test_models() -> None:
     assert parsed.id == "smollm2" and parsed.owned_by == "llamacpp"
     assert out["data"][0]["meta"]["n_ctx"] == 256
     assert out["models"][0]["name"] == "smollm2"
+
+
+def test_a_slot_names_the_callers_own_mind_only_when_it_holds_one() -> None:
+    own = SlotView(id=0, n_ctx=256, speculative=False, is_processing=False, mind="zed")
+    assert formats_info.slots_json([own])[0]["mind"] == "zed"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kvswap.config.settings import SamplingDefaults
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.sampling import DEFAULT_SAMPLERS, LLAMA_DEFAULT_SEED
 from kvswap.server.requests import params
@@ -236,6 +237,7 @@ def test_oai_completion_refuses_echo_best_of_and_suffix() -> None:
     [
         None,
         "string",
+        [],  # OpenAI answers an empty conversation with a 400 (the newcomer note, finding 18)
         [123],
         [{}],
         [{"role": 123}],
@@ -346,8 +348,7 @@ def test_defaults_fill_absent_fields() -> None:
 
 
 def test_real_sampling_defaults_satisfy_the_protocol() -> None:
-    settings = pytest.importorskip("kvswap.config.settings")
-    defaults = settings.SamplingDefaults()
+    defaults = SamplingDefaults()
     s = params.build_sampling(completion(), defaults)
     assert s.seed == LLAMA_DEFAULT_SEED
     assert s.temperature == defaults.temperature

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import ctypes
 
-import llama_cpp
 import numpy as np
 import numpy.typing as npt
+
+from kvswap.backend.bindings import llama_cpp
 
 
 class Batch:

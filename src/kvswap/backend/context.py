@@ -16,11 +16,11 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
 from kvswap.backend.batch import Batch
+from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.model import Model
 
 FLAGS_FULL = 0

@@ -16,8 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import llama_cpp
-
+from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.vocab import Vocab
 from kvswap.grammar.gbnf import undefined_rules
 

@@ -14,7 +14,7 @@ import ctypes
 import logging
 import threading
 
-import llama_cpp
+from kvswap.backend.bindings import llama_cpp
 
 _LOGGER = logging.getLogger("kvswap.libllama")
 

@@ -19,8 +19,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import llama_cpp
-
+from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.context import Context
 from kvswap.backend.model import Model
 

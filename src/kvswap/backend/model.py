@@ -13,8 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import llama_cpp
-
+from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.vocab import Vocab
 
 # How much of the file the fingerprint hashes: the header and tensor table live at the front.

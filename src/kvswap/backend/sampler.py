@@ -26,10 +26,10 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
+from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.context import Context
 from kvswap.backend.grammar import GrammarError, new_grammar_sampler
 from kvswap.backend.vocab import Vocab, utf8_prefix

@@ -10,9 +10,10 @@ from __future__ import annotations
 import codecs
 import ctypes
 
-import llama_cpp
 import numpy as np
 import numpy.typing as npt
+
+from kvswap.backend.bindings import llama_cpp
 
 TokenArray = npt.NDArray[np.int32]
 

@@ -1,20 +1,32 @@
 """A server under benchmark: `kvswap serve` (or a llama-server binary) as a subprocess.
 
-Owns the process and its HTTP client; used by benchmarks only.
+Owns the process and its HTTP client; used by benchmarks only. `ready_s` is how long the process
+took from its start to a first `/health` 200; `stop` ends it by SIGTERM or SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+_POLL_S = 0.02  # how often start-up polls /health
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of every thread of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -33,6 +45,7 @@ class BenchServer:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [binary] if binary else [sys.executable, "-m", "kvswap", "serve"]
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)  # noqa: SIM115
+        t0 = time.perf_counter()
         self.proc = subprocess.Popen(
             [*cmd, "--port", str(self.port), *args], stdout=self.log, stderr=subprocess.STDOUT
         )
@@ -48,22 +61,29 @@ class BenchServer:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server not ready; see {self.log.name}")
-            time.sleep(0.1)
+            time.sleep(_POLL_S)
+        self.ready_s = time.perf_counter() - t0
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         resp = self.client.post("/completion", json=body)
-        resp.raise_for_status()
+        if resp.status_code != 200:
+            raise RuntimeError(f"/completion answered {resp.status_code}: {resp.text[:500]}")
         return json.loads(resp.content)
 
-    def close(self) -> None:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
+        """End the process with `sig` (SIGKILL after `timeout_s` if it lingers)."""
         self.client.close()
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.log.close()
+
+    def close(self) -> None:
+        self.stop(signal.SIGTERM)
 
     def __enter__(self) -> BenchServer:
         return self

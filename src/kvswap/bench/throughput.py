@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import statistics
 import threading
 import time
@@ -26,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvswap.backend.liblog import route_libllama_logs
-from kvswap.bench.server import BenchServer
+from kvswap.bench.progress import progress
+from kvswap.bench.server import BenchServer, process_cpu_s
 
 # Pause between two measured runs: libgomp's idle threads spin for a while after a parallel
 # region, and would steal a core from the next side on a 2-core machine.
@@ -175,8 +177,9 @@ class BareLoop:
 # -- the server ------------------------------------------------------------------------------
 
 
-def server_run(server: BenchServer, job: Job) -> float:
-    """Wall seconds, client side, from the first request sent to the last answer."""
+def server_run(server: BenchServer, job: Job, cpu: list[float]) -> float:
+    """Wall seconds, client side, from the first request sent to the last answer; the server
+    process's CPU seconds over the job are appended to `cpu`."""
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
@@ -195,14 +198,17 @@ def server_run(server: BenchServer, job: Job) -> float:
             errors.append(err)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(job.prompts))]
+    cpu0 = process_cpu_s(server.proc.pid)
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    wall_s = time.perf_counter() - t0
+    cpu.append(process_cpu_s(server.proc.pid) - cpu0)
     if errors:
         raise errors[0]
-    return time.perf_counter() - t0
+    return wall_s
 
 
 def part1(load: Load, runs: int, llama_server: str | None) -> list[str]:
@@ -216,35 +222,53 @@ def part1(load: Load, runs: int, llama_server: str | None) -> list[str]:
     try:
         work = jobs(load, loop.tokenize)
         seconds: dict[tuple[str, str], list[float]] = {}
+        cpus: dict[tuple[str, str], list[float]] = {}
+        cpu: dict[str, list[float]] = {name: [] for name in servers}
         sides: dict[str, Callable[[Job], float]] = {"loop": loop.run}
         for name, server in servers.items():
-            sides[name] = functools.partial(server_run, server)
+            sides[name] = functools.partial(server_run, server, cpu=cpu[name])
         order = list(sides)
+        n_done, n_steps = 0, runs * len(work) * len(order)
         for run in range(runs):
             # Alternated, so drift on a shared machine hits every side alike, and rotated: the
             # side that runs right after another meets its OpenMP threads still spinning.
             rotated = order[run % len(order) :] + order[: run % len(order)]
             for job in work:
                 for name in rotated:
+                    progress("part 1", n_done, n_steps, f"jobs ({job.name} on {name})")
                     time.sleep(_SETTLE_S)
                     seconds.setdefault((job.name, name), []).append(sides[name](job))
+                    if name in cpu:
+                        cpus.setdefault((job.name, name), []).append(cpu[name][-1])
+                    n_done += 1
+        progress("part 1", n_done, n_steps, "jobs")
     finally:
         loop.close()
         for server in servers.values():
             server.close()
     lines = [
-        "| job | side | median s | tokens/s | vs loop (median of paired runs) | min - max |",
-        "|---|---|---|---|---|---|",
+        "| job | side | median s | tokens/s | vs loop (median of paired runs) | min - max "
+        "| vs llama-server (paired) | server CPU s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for job in work:
         base_runs = seconds[(job.name, "loop")]
+        llama_runs = seconds.get((job.name, "llama-server"))
         for side in ["loop", *servers]:
             runs_s = seconds[(job.name, side)]
             paired = sorted(b / s for b, s in zip(base_runs, runs_s, strict=True))
             s = statistics.median(runs_s)
+            vs_llama = (
+                f"{statistics.median(b / s for b, s in zip(llama_runs, runs_s, strict=True)):.3f}"
+                if llama_runs is not None and side != "loop"
+                else "-"
+            )
+            side_cpu = cpus.get((job.name, side))
+            cpu_s = f"{statistics.median(side_cpu):.2f}" if side_cpu else "-"
             lines.append(
                 f"| {job.name} | {side} | {s:.3f} | {job.n_tokens / s:.1f} | "
-                f"{statistics.median(paired):.3f} | {paired[0]:.3f} - {paired[-1]:.3f} |"
+                f"{statistics.median(paired):.3f} | {paired[0]:.3f} - {paired[-1]:.3f} "
+                f"| {vs_llama} | {cpu_s} |"
             )
     return lines
 
@@ -256,11 +280,14 @@ def part2(load: Load, mind_tokens: int, runs: int) -> list[str]:
     ]
     short_prompt = "Write a short note about the weather. " * 4
     slot_ctx = mind_tokens + 512
+    n_done = 0
     for unified in (True, False):
         server = BenchServer(_server_args(load, 3, unified, 3 * slot_ctx))
         try:
             base = 0.0
             for n_minds in (0, 1, 2):
+                progress("part 2", n_done, 6, "layouts x resident minds")
+                n_done += 1
                 if n_minds > 0:
                     mind = " ".join(f"mind{n_minds} fact{j}" for j in range(mind_tokens))
                     tokens = server.client.post(
@@ -287,7 +314,12 @@ def part2(load: Load, mind_tokens: int, runs: int) -> list[str]:
                 )
         finally:
             server.close()
+    progress("part 2", n_done, 6, "layouts x resident minds")
     return lines
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str]) -> int:
@@ -323,8 +355,10 @@ def main(argv: list[str]) -> int:
     print(
         f"# kvswap bench throughput: model {load.model}, {load.threads} threads, n_batch {load.n_batch}, n_ubatch {load.n_ubatch}, prompts {load.prompt_tokens} tokens, {load.gen_tokens} generated, median of {args.runs}"
     )
+    print(f"load average at the start: {_load()}", flush=True)
     for line in part1(load, args.runs, args.llama_server):
         print(line, flush=True)
+    print(f"load average at the end: {_load()}", flush=True)
     if not args.skip_residents:
         print()
         for line in part2(load, args.mind_tokens, max(1, args.runs // 2)):

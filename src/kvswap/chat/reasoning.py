@@ -88,3 +88,30 @@ class Reasoning:
         else:
             rules.set("root", f"({literal(self.start)} {block})? answer")
         return rules.render() + "\n".join(body) + "\n"
+
+
+# Thinking markers of templates that think, by their start marker (llama-server's autoparser
+# finds these in the template): <think> (DeepSeek-R1, Qwen3, QwQ), Command R7B's.
+THINKING_MARKERS = (
+    (THINK_START, THINK_END),
+    ("<|START_THINKING|>", "<|END_THINKING|>"),
+)
+
+
+def close_thinking(template_source: str, prompt: str) -> str:
+    """`--reasoning off`: the prompt with the template's thinking block closed.
+
+    A prompt that already closes one (Qwen3 with enable_thinking false) is kept; one ending
+    with an open block (DeepSeek-R1, QwQ force `<think>`) gets the end marker; otherwise a
+    template that thinks gets an empty block, so the model answers at once (llama-server).
+    """
+    for start, end in THINKING_MARKERS:
+        if start not in template_source or end not in template_source:
+            continue
+        tail = prompt.rstrip()
+        if tail.endswith(end):
+            return prompt
+        if tail.endswith(start):
+            return prompt + end
+        return prompt + start + end
+    return prompt

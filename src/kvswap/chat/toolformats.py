@@ -162,16 +162,19 @@ class GenericFormat:
         return _add_system(out, system)
 
     def grammar(self, tools: tuple[Tool, ...], choice: ToolChoice, parallel: bool) -> ToolGrammar:
+        """Under NONE only the `response` alternative: the prompt is the one `auto` shows."""
         conv = SchemaConverter(RuleSet())
-        call = _call_rules(conv, callable_tools(tools, choice))
-        if parallel:
-            calls = (
-                f'"\\"tool_calls\\"" space ":" space "[" space {call} '
-                f'( "," space {call} )* space "]"'
-            )
-        else:
-            calls = f'"\\"tool_call\\"" space ":" space {call}'
-        alts = [conv.rules.add("tool-calls-kv", calls)]
+        alts = []
+        if choice.mode is not ToolMode.NONE:
+            call = _call_rules(conv, callable_tools(tools, choice))
+            if parallel:
+                calls = (
+                    f'"\\"tool_calls\\"" space ":" space "[" space {call} '
+                    f'( "," space {call} )* space "]"'
+                )
+            else:
+                calls = f'"\\"tool_call\\"" space ":" space {call}'
+            alts.append(conv.rules.add("tool-calls-kv", calls))
         if not choice.forces_call:
             string = conv.primitive("string")
             alts.append(conv.rules.add("response-kv", f'"\\"response\\"" space ":" space {string}'))

@@ -28,8 +28,10 @@ from collections.abc import Mapping, Sequence
 
 from kvswap.config import (
     table_cluster,
+    table_cors,
     table_ignored,
     table_model,
+    table_router,
     table_sampling,
     table_serving,
     table_spec,
@@ -84,6 +86,8 @@ def all_flags() -> tuple[Flag, ...]:
         *table_sampling.FLAGS,
         *table_serving.FLAGS,
         *table_cluster.FLAGS,
+        *table_cors.FLAGS,
+        *table_router.FLAGS,
         *table_spec.FLAGS,
         *table_spec.REMOVED,
         *table_ignored.FLAGS,
@@ -265,6 +269,13 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
     static_path = b.http.static_path
     if b.http.webui and static_path is not None and not os.path.isdir(static_path):
         raise ConfigError(f"--path: static assets path not found: {static_path}")
+    table_cors.cors_origins_default(b)
+    if (b.http.ssl_key_file is None) != (b.http.ssl_cert_file is None):
+        given = "--ssl-key-file" if b.http.ssl_key_file is not None else "--ssl-cert-file"
+        raise ConfigError(
+            f"{given} needs its pair: HTTPS takes both --ssl-key-file and --ssl-cert-file "
+            "(kvswap never serves plain HTTP where TLS was asked for)"
+        )
     table_cluster.check(b)
     return ServerConfig(
         model=b.model,

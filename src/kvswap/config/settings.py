@@ -77,10 +77,25 @@ class ModelSettings:
     chat_template: str | None = None
     # --chat-template-file (LLAMA_ARG_CHAT_TEMPLATE_FILE): path of a jinja template file.
     chat_template_file: str | None = None
+    # --jinja/--no-jinja (LLAMA_ARG_JINJA): render chat templates with jinja; without it,
+    # libllama's built-in formats render them, as llama-server (text.builtin_template).
+    use_jinja: bool = True
+    # --prefill-assistant/--no-prefill-assistant (LLAMA_ARG_PREFILL_ASSISTANT): a chat ending
+    # with an assistant message continues it.
+    prefill_assistant: bool = True
+    # -rea/--reasoning (LLAMA_ARG_REASONING): "on" | "off" | "auto" (from the template). "off"
+    # renders with enable_thinking false and closes a thinking block the template opens.
+    reasoning: str = "auto"
+    # --chat-template-kwargs (LLAMA_ARG_CHAT_TEMPLATE_KWARGS): a JSON object's (key, value as
+    # JSON text) pairs, the defaults under each request's own `chat_template_kwargs`.
+    chat_template_kwargs: tuple[tuple[str, str], ...] = ()
     # --lora FILE[,FILE...] (scale 1.0) and --lora-scaled FILE:SCALE[,...], in flag order.
     lora: tuple[LoraSpec, ...] = ()
     # --lora-init-without-apply: load the adapters with scale 0 (apply via /lora-adapters).
     lora_init_without_apply: bool = False
+    # --warmup/--no-warmup: one empty decode at load (weights faulted in, the graph allocated),
+    # so the first request does not pay for it.
+    warmup: bool = True
 
     @property
     def use_mmap(self) -> bool:
@@ -225,11 +240,30 @@ class HttpSettings:
     # --path (LLAMA_ARG_STATIC_PATH): serve this folder's files at / instead of the page; None
     # (or an empty value): the page. With the UI on it must be a directory (checked at parse).
     static_path: str | None = None
+    # --ssl-key-file / --ssl-cert-file (LLAMA_ARG_SSL_KEY_FILE / _CERT_FILE): PEM files; both
+    # given: the server speaks HTTPS (one alone is refused at start).
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
     # kvswap-only --max-body-bytes (KVSWAP_ARG_MAX_BODY_BYTES): request bodies past this: 413.
     max_body_bytes: int = 32 << 20
     # kvswap-only --max-n-predict (KVSWAP_ARG_MAX_N_PREDICT): caps every request's n_predict;
     # -1 = no cap beyond the slot's window.
     max_n_predict: int = -1
+    # --cors-origins (LLAMA_ARG_CORS_ORIGINS): '*', 'localhost' (reflect localhost origins
+    # only) or a value sent verbatim; 'localhost' when tools or MCP servers are asked for and
+    # this is not given, as llama-server.
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"  # --cors-methods (LLAMA_ARG_CORS_METHODS)
+    cors_headers: str = "*"  # --cors-headers (LLAMA_ARG_CORS_HEADERS)
+    # --cors-credentials/--no-cors-credentials (LLAMA_ARG_CORS_CREDENTIALS).
+    cors_credentials: bool = True
+    # --ui-mcp-proxy (LLAMA_ARG_UI_MCP_PROXY) or --agent: serve /cors-proxy.
+    ui_mcp_proxy: bool = False
+    # --tools (LLAMA_ARG_TOOLS) or --agent: llama-server's built-in tools, which kvswap does
+    # not run; recorded for the CORS default.
+    server_tools: tuple[str, ...] = ()
+    # --mcp-servers-config/--mcp-servers-json given (not run by kvswap; the CORS default).
+    mcp_servers: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,9 +279,16 @@ class PagingSettings:
     # kvswap-only --page-disk-drop-lru (KVSWAP_ARG_PAGE_DISK_DROP_LRU): a full disk tier drops
     # the least recently used spilled minds instead of refusing new spills.
     page_disk_drop_lru: bool = False
+    # kvswap-only --page-flush-seconds (KVSWAP_ARG_PAGE_FLUSH_SECONDS): with --slot-save-path, a
+    # mind changed this long ago is written to disk at its next idle moment, so a SIGKILL loses
+    # at most about this many seconds of its turns; 0 = only under RAM pressure and at exit.
+    page_flush_seconds: float = 30.0
     # -cram/--cache-ram (LLAMA_ARG_CACHE_RAM): llama-server's prompt cache in MiB;
     # -1 = no limit, 0 = off.
     cache_ram_mib: int = 8192
+    # --cache-idle-slots/--no-cache-idle-slots (LLAMA_ARG_CACHE_IDLE_SLOTS): a task starting
+    # saves every other idle slot to the prompt cache (and, with unified KV, clears it).
+    cache_idle_slots: bool = True
     # -sps/--slot-prompt-similarity (no env var): least prefix share to reuse a slot; 0 = off.
     slot_prompt_similarity: float = 0.1
     # --sleep-idle-seconds (no env var): sleep after N idle seconds; -1 = never (0 refused).

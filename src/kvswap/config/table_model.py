@@ -105,6 +105,8 @@ FLAGS: tuple[Flag, ...] = (
          lambda b, v: b.update("model", load_mode=read_choice(v, LOAD_MODES)),
          env="LLAMA_ARG_LOAD_MODE", hint="MODE",
          help="model loading mode: auto, none, mmap, mlock, mmap+mlock, dio (default: auto)"),
+    flag("--warmup", TOGGLE, COMMON, set_bool("model", "warmup"), neg="--no-warmup",
+         help="whether to perform warmup with an empty run (default: enabled)"),
     flag("-ngl --gpu-layers --n-gpu-layers", VALUE, COMMON,
          lambda b, v: b.update("model", n_gpu_layers=read_gpu_layers(v)),
          env="LLAMA_ARG_N_GPU_LAYERS", hint="N",

@@ -8,6 +8,7 @@ checkpoints, the prompt cache, the page store and the request limits. kvswap-onl
 
 from __future__ import annotations
 
+import json
 import os
 
 from kvswap.config.argspec import (
@@ -15,6 +16,7 @@ from kvswap.config.argspec import (
     Flag,
     Group,
     Kind,
+    Setter,
     flag,
     set_bool,
     set_float,
@@ -22,7 +24,7 @@ from kvswap.config.argspec import (
     set_size,
 )
 from kvswap.config.sizes import parse_size
-from kvswap.config.values import read_int, split_csv
+from kvswap.config.values import read_float, read_int, read_on_off_auto, split_csv
 
 VALUE, VOID, TOGGLE = Kind.VALUE, Kind.VOID, Kind.TOGGLE
 SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
@@ -78,6 +80,38 @@ def _set_chat_template_file(b: Builder, v: str) -> None:
     b.update("model", chat_template_file=v, chat_template=None)
 
 
+def _set_reasoning(b: Builder, v: str) -> None:
+    b.update("model", reasoning=read_on_off_auto(v))
+
+
+def _set_chat_template_kwargs(b: Builder, v: str) -> None:
+    try:
+        parsed = json.loads(v)
+    except ValueError as err:
+        raise ValueError(f"not valid JSON: {err}") from err
+    if not isinstance(parsed, dict):
+        raise ValueError("must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    pairs = dict(b.model.chat_template_kwargs)
+    pairs.update({key: json.dumps(value) for key, value in parsed.items()})
+    b.update("model", chat_template_kwargs=tuple(pairs.items()))
+
+
+def _set_page_flush_seconds(b: Builder, v: str) -> None:
+    seconds = read_float(v)
+    if not 0 <= seconds <= 86400:
+        raise ValueError("must be between 0 (off) and 86400 seconds")
+    b.update("paging", page_flush_seconds=seconds)
+
+
+def _set_pem_file(name: str) -> Setter:
+    def apply(b: Builder, v: str) -> None:
+        if not os.path.isfile(v):
+            raise ValueError(f"failed to open file '{v}'")
+        b.update("http", **{name: v})
+
+    return apply
+
+
 def _set_checkpoint_min_step(b: Builder, v: str) -> None:
     step = read_int(v)
     if step < 0:
@@ -119,6 +153,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("-cram --cache-ram", VALUE, SERVER, set_int("paging", "cache_ram_mib", lo=-1),
          env="LLAMA_ARG_CACHE_RAM", hint="N",
          help="maximum prompt cache size in MiB (default: 8192, -1 - no limit, 0 - disable)"),
+    flag("--cache-idle-slots", TOGGLE, SERVER, set_bool("paging", "cache_idle_slots"),
+         neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
+         help="save idle slots to the prompt cache (clearing them with unified KV) when a "
+         "task starts (default: enabled; needs --cache-ram)"),
     flag("--cache-prompt", TOGGLE, SERVER, set_bool("context", "cache_prompt"),
          neg="--no-cache-prompt", env="LLAMA_ARG_CACHE_PROMPT",
          help="prompt caching (default: enabled)"),
@@ -166,6 +204,29 @@ FLAGS: tuple[Flag, ...] = (
     flag("--chat-template-file", VALUE, SERVER, _set_chat_template_file,
          env="LLAMA_ARG_CHAT_TEMPLATE_FILE", hint="JINJA_TEMPLATE_FILE",
          help="set custom jinja chat template file (default: template from model's metadata)"),
+    flag("--jinja", TOGGLE, SERVER, set_bool("model", "use_jinja"), neg="--no-jinja",
+         env="LLAMA_ARG_JINJA",
+         help="whether to use jinja template engine for chat (default: enabled); without it, "
+         "libllama's built-in chat formats render the template"),
+    flag("--prefill-assistant", TOGGLE, SERVER, set_bool("model", "prefill_assistant"),
+         neg="--no-prefill-assistant", env="LLAMA_ARG_PREFILL_ASSISTANT",
+         help="whether to prefill the assistant's response if the last message is an "
+         "assistant message (default: prefill enabled)"),
+    flag("-rea --reasoning", VALUE, SERVER, _set_reasoning, env="LLAMA_ARG_REASONING",
+         hint="[on|off|auto]",
+         help="use reasoning/thinking in the chat ('on', 'off', or 'auto', default: 'auto' "
+         "(detect from template))"),
+    flag("--chat-template-kwargs", VALUE, SERVER, _set_chat_template_kwargs,
+         env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", hint="STRING",
+         help="sets additional params for the json template parser, must be a valid json object "
+         "string, e.g. '{\"key1\":\"value1\",\"key2\":\"value2\"}' (a request's own "
+         "chat_template_kwargs win)"),
+    flag("--ssl-key-file", VALUE, SERVER, _set_pem_file("ssl_key_file"),
+         env="LLAMA_ARG_SSL_KEY_FILE", hint="FNAME",
+         help="path to file a PEM-encoded SSL private key"),
+    flag("--ssl-cert-file", VALUE, SERVER, _set_pem_file("ssl_cert_file"),
+         env="LLAMA_ARG_SSL_CERT_FILE", hint="FNAME",
+         help="path to file a PEM-encoded SSL certificate"),
     flag("-sps --slot-prompt-similarity", VALUE, SERVER,
          set_float("paging", "slot_prompt_similarity"), hint="SIMILARITY",
          help="how much the prompt of a request must match the prompt of a slot to use that "
@@ -190,6 +251,11 @@ FLAGS: tuple[Flag, ...] = (
          env="KVSWAP_ARG_PAGE_DISK_DROP_LRU",
          help="when --page-disk-bytes is full, drop the least recently used spilled minds "
          "(logged and counted) instead of refusing new spills"),
+    flag("--page-flush-seconds", VALUE, KVSWAP, _set_page_flush_seconds,
+         env="KVSWAP_ARG_PAGE_FLUSH_SECONDS", hint="SECONDS",
+         help="with --slot-save-path, write each mind changed this many seconds ago to disk "
+         "when it is idle, so a SIGKILL loses at most that window (default: 30; 0 = only under "
+         "RAM pressure and at exit)"),
     flag("--max-body-bytes", VALUE, KVSWAP, _set_max_body_bytes,
          env="KVSWAP_ARG_MAX_BODY_BYTES", hint="SIZE",
          help="largest request body accepted (default: 32M)"),

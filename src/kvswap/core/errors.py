@@ -14,6 +14,7 @@ class ErrorKind(StrEnum):
     INVALID_REQUEST = "invalid_request_error"
     EXCEED_CONTEXT = "exceed_context_size_error"
     AUTHENTICATION = "authentication_error"
+    PERMISSION = "permission_error"
     NOT_FOUND = "not_found_error"
     SERVER = "server_error"
     NOT_SUPPORTED = "not_supported_error"
@@ -28,6 +29,7 @@ _ERROR_CODES = {
     ErrorKind.INVALID_REQUEST: 400,
     ErrorKind.EXCEED_CONTEXT: 400,
     ErrorKind.AUTHENTICATION: 401,
+    ErrorKind.PERMISSION: 403,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.SERVER: 500,
     ErrorKind.NOT_SUPPORTED: 501,

@@ -115,6 +115,7 @@ class PromptProgress:
     cache: int  # reused from the cache
     processed: int  # cache + evaluated so far
     time_ms: float
+    timings: Timings | None = None  # with timings_per_token, as llama-server
 
 
 @dataclass(frozen=True)

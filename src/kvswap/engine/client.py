@@ -2,15 +2,16 @@
 
 HTTP handlers use only this (and the snapshot and page handle it exposes); it is the one module
 above the engine that holds the `Engine`. Events cross from the engine thread to the event loop
-through `loop.call_soon_threadsafe`; nothing here blocks the loop. When the caller stops
-listening (client disconnect, task cancelled), the client posts `Cancel`, so the engine frees the
-slot or drops the waiting job.
+through an `_Outbox`, which wakes the loop once per batch (not once per token); nothing here
+blocks the loop. When the caller stops listening (client disconnect, task cancelled), the client
+posts `Cancel`, so the engine frees the slot or drops the waiting job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -34,6 +35,35 @@ Disconnected = Callable[[], Awaitable[bool]]
 _DISCONNECT_POLL_S = 0.25
 
 
+class _Outbox:
+    """Stream events from the engine thread to their queues on the event loop.
+
+    The first event of a batch schedules one flush on the loop (`call_soon_threadsafe`: a
+    self-pipe write that wakes it); events the engine sends before that flush runs (the other
+    slots of the same step) ride along. With every core decoding, each wake-up of the loop thread
+    takes a core from a decode thread, so a step wakes the loop about once, whatever its number
+    of streams."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[Event], Event]] = []
+
+    def put(self, queue: asyncio.Queue[Event], event: Event) -> None:
+        """Deliver `event` to `queue` (any thread)."""
+        with self._lock:
+            self._items.append((queue, event))
+            if len(self._items) > 1:
+                return  # a flush is already scheduled
+        self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, event in items:
+            queue.put_nowait(event)
+
+
 @dataclass(frozen=True)
 class PagesHandle:
     """What the HTTP side and the tiers may touch of the engine's state directly: the page
@@ -49,6 +79,7 @@ class EngineClient:
     def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
         self._engine = engine
         self.loop = loop
+        self._outbox = _Outbox(loop)
         self._ids = itertools.count(1)
         self.pages = PagesHandle(engine.store, engine.registry)
 
@@ -88,10 +119,10 @@ class EngineClient:
         `restore` is a mind's state read back from disk, applied before the prompt."""
         req_id = self.new_id()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        loop = self.loop
+        outbox = self._outbox
 
         def sink(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            outbox.put(events, event)
 
         self.post(Submit(req_id, request, sink, restore))
         finished = False

@@ -51,6 +51,7 @@ class SlotCapture:
     req_id: int
     slot_id: int
     reply: Reply[Captured]
+    namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
@@ -65,21 +66,24 @@ class SlotApply:
 
 @dataclass(frozen=True)
 class SlotErase:
-    """Forget a slot's cached tokens and KV."""
+    """Forget a slot's cached tokens and KV (a mind it holds is erased)."""
 
     req_id: int
     slot_id: int
     reply: Reply[Erased]
+    namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
 class PageOut:
-    """Move a slot's whole state into the page store under `name`; the slot is freed."""
+    """Move a slot's whole state into the page store under `name`; the slot is freed (a mind
+    it holds becomes that page)."""
 
     req_id: int
     slot_id: int
     name: str
     reply: Reply[PageMoved]
+    namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
@@ -117,13 +121,13 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FlushMinds:
-    """Copy every resident mind's state out (for a spill before exit), or only the minds in
-    `only` (a publication to the shared tier); the slots keep theirs.
+    """Copy every idle resident mind's state out (for a spill before exit, or only `keys` for
+    a scheduled flush); the slots keep theirs.
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes."""
 
     reply: Reply[list[tuple[str, Captured]]]
-    only: frozenset[str] | None = None
+    keys: frozenset[str] | None = None  # None: every mind
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ class Captured:
     slot_id: int
     buffer: mmap.mmap  # laid out by `layout`
     layout: PageLayout
+    mind: str = ""  # the key of the mind the slot holds ("": none)
 
 
 @dataclass(frozen=True)
@@ -208,6 +213,7 @@ class Applied:
 class Erased:
     slot_id: int
     n_erased: int
+    mind: str = ""  # the key of the mind erased with the slot ("": none)
 
 
 @dataclass(frozen=True)
@@ -223,6 +229,7 @@ class PageMoved:
     t_ms: float  # the whole verb, from its start on the slot
     n_discarded: int = 0  # page_in: cached tokens the slot lost
     copy_ms: float = 0.0  # page_out: the copy on the engine thread (its only stall)
+    mind: str = ""  # page_out: the key of the mind the slot held ("": none)
 
 
 @dataclass(frozen=True)

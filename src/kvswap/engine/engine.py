@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
@@ -67,9 +68,6 @@ from kvswap.engine.step import StepOutcome, Stepper
 
 log = logging.getLogger("kvswap.engine")
 
-# While slots are busy, the snapshot read by /slots and /metrics is refreshed at most this often.
-_SNAPSHOT_EVERY_S = 0.05
-
 
 class Engine:
     """Runs requests on a model's context in a thread of its own."""
@@ -112,8 +110,16 @@ class Engine:
             counters=PageCounters(),
         )
         rt = self.runtime
+        if config.warmup:
+            rt.warm_up()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
-        self.anon = AnonCache(store=self.store, runtime=rt, budget_bytes=config.cache_ram_bytes)
+        self.anon = AnonCache(
+            store=self.store,
+            runtime=rt,
+            slots=self.slots,
+            budget_bytes=config.cache_ram_bytes,
+            cache_idle_slots=config.cache_idle_slots,
+        )
         self.seating = Seating(
             store=self.store,
             slots=self.slots,
@@ -135,8 +141,10 @@ class Engine:
         )
         self.crashed: str | None = None  # set when the loop died: every command then fails
         self._thread: threading.Thread | None = None
-        self.snapshot = self._make_snapshot()
-        self._t_snapshot = 0.0
+        # The view read by /slots, /props, /metrics and /health (see `snapshot`).
+        self._snapshot = self._make_snapshot()
+        self._changed = False  # something besides a running request's progress changed
+        self._read = False  # `snapshot` was read since the last publish
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -176,15 +184,13 @@ class Engine:
                 # The step or the tick may have freed a slot that queued work waits for: start
                 # it now, or the next drain would sleep on the inbox with that work stranded.
                 self._start_waiting()
-                now = time.monotonic()
-                if not self._busy() or now - self._t_snapshot >= _SNAPSHOT_EVERY_S:
-                    self.snapshot = self._make_snapshot()
-                    self._t_snapshot = now
+                if self._changed or self._read or not self._busy():
+                    self._publish()
         except Exception as err:
             log.exception("engine loop crashed")
             self.crashed = f"the engine stopped after an internal error ({type(err).__name__})"
             self._fail_everything(ErrorKind.SERVER, self.crashed)
-            self.snapshot = self._make_snapshot()
+            self._publish()
             self._refuse_forever(self.crashed)
             return
         self._fail_everything(ErrorKind.UNAVAILABLE, "the server is shutting down")
@@ -200,6 +206,22 @@ class Engine:
 
     def _busy(self) -> bool:
         return bool(self.slots.busy()) or not self.reconfigurer.admission_open
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state as of a step boundary (any thread).
+
+        Republished after every loop pass that changed more than a running request's progress
+        (a command, an admission, a release, a reconfigure), after a pass that found it read,
+        and whenever the engine goes idle: a decode that nobody watches builds no views, and a
+        reader polling it sees progress at most one step old."""
+        self._read = True
+        return self._snapshot
+
+    def _publish(self) -> None:
+        # Flags first: a read while the view is built asks for the next one.
+        self._changed = self._read = False
+        self._snapshot = self._make_snapshot()
 
     def _frozen(self) -> set[int]:
         """Slots whose capture waits for its buffer (their page layout is fixed)."""
@@ -223,6 +245,7 @@ class Engine:
                 return True
 
     def _handle(self, cmd: Command | BufferReady) -> None:
+        self._changed = True
         if isinstance(cmd, Submit):
             err = self._check_submit(cmd)
             if err is not None:
@@ -249,7 +272,7 @@ class Engine:
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
             try:
-                cmd.reply(self.seating.flush(cmd.only))
+                cmd.reply(self.seating.flush(cmd.keys))
             except KvswapError as err:
                 cmd.reply(err)
         elif isinstance(cmd, ForgetMind):
@@ -276,6 +299,7 @@ class Engine:
         if not self.reconfigurer.admission_open:
             return  # a reconfigure waits for seats: arriving work queues
         for job, slot in self.waiting.startable(self.slots):
+            self._changed = True
             cmd = job.payload
             try:
                 self.seating.seat(slot, cmd)
@@ -308,7 +332,8 @@ class Engine:
             if isinstance(cmd, SlotApply):
                 cmd.reply(verbs.apply(cmd, slot))
             elif isinstance(cmd, SlotErase):
-                cmd.reply(verbs.erase(cmd, slot))
+                erased = verbs.erase(cmd, slot)
+                cmd.reply(replace(erased, mind=self.seating.left(slot)))
             elif self.store is not None and is_token_only(self.store, cmd.name):
                 # A KV type change dropped its state: the slot re-prefills its tokens.
                 submit = reprefill_request(
@@ -337,12 +362,15 @@ class Engine:
             verbs.abandon(pending)
             cmd.reply(KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the copy: {ready.error}"))
             return
+        slot = pending.slot
         try:
             if isinstance(cmd, PageOut):
-                cmd.reply(verbs.finish_page(pending, ready.buffer))
+                moved = verbs.finish_page(pending, ready.buffer)
+                cmd.reply(replace(moved, mind=self.seating.left(slot)))  # the mind is the page
             else:
-                cmd.reply(verbs.finish_copy(pending, ready.buffer))
-            pending.slot.t_last_used = time.monotonic()
+                captured = verbs.finish_copy(pending, ready.buffer)
+                cmd.reply(replace(captured, mind=slot.mind or ""))
+            slot.t_last_used = time.monotonic()
         except KvswapError as err:
             cmd.reply(err)
 
@@ -364,6 +392,9 @@ class Engine:
         )
         slot.running.checkpoint_at = rt.memory.plan(len(prompt), n_keep)
         slot.running.spec.enabled = self.spec is not None
+        if req.return_progress and req.stream:  # llama-server's 0% event, before any decode
+            slot.running.sink(slot.running.progress())
+        self.anon.cache_idle_slots(slot)
         self._last_run[slot.id] = slot.running
         self.metrics.on_prompt_cached(n_keep)
 
@@ -386,8 +417,7 @@ class Engine:
             )
             ended.append(self._end(victim, EngineError(req_id, ErrorKind.UNAVAILABLE, message)))
         if ended:
-            self.snapshot = self._make_snapshot()
-            self._t_snapshot = time.monotonic()
+            self._publish()
         for deliver in ended:
             deliver()
 
@@ -401,6 +431,7 @@ class Engine:
         assert run is not None
         slot.running = None
         slot.t_last_used = time.monotonic()
+        self._changed = True
         completion: Completion | EngineError
         if error is not None:
             completion = error
@@ -429,7 +460,7 @@ class Engine:
                             ErrorKind.INVALID_REQUEST, "Invalid slot ID (the geometry changed)"
                         ),
                     )
-            self.snapshot = self._make_snapshot()
+            self._publish()
         finished.cmd.reply(finished.result)
 
     # -- cancellation and shutdown ----------------------------------------------------------
@@ -466,11 +497,12 @@ class Engine:
     def check_integrity(self) -> None:
         """Every byte owner's invariants (debug: run whenever the loop goes idle)."""
         self.runtime.check_integrity(self.slots)
+        self.seating.check_integrity()
         self.anon.check_integrity()
         if self.store is not None:
             self.store.check_integrity()
 
-    # -- snapshots --------------------------------------------------------------------------
+    # -- snapshots (see `snapshot`) -----------------------------------------------------------
 
     def _make_snapshot(self) -> EngineSnapshot:
         return take_snapshot(

@@ -100,12 +100,15 @@ class RunningRequest:
         return False
 
     def progress(self) -> PromptProgress:
+        """Where the prefill is; the first (sent on admission) has evaluated nothing yet."""
+        started = self.n_done > self.n_cache
         return PromptProgress(
             req_id=self.req_id,
             total=len(self.prompt),
             cache=self.n_cache,
             processed=self.n_done,
-            time_ms=(time.perf_counter() - self.t_start) * 1e3,
+            time_ms=(time.perf_counter() - self.t_start) * 1e3 if started else 0.0,
+            timings=self.timings() if self.request.timings_per_token else None,
         )
 
     def prompt_done(self) -> None:
@@ -174,7 +177,8 @@ class RunningRequest:
         return Timings(
             cache_n=self.n_cache,
             prompt_n=self.n_done - self.n_cache,
-            prompt_ms=(t_prompt_end - self.t_start) * 1e3,
+            # No prompt token evaluated yet (the admission's progress event): no prompt time.
+            prompt_ms=(t_prompt_end - self.t_start) * 1e3 if self.n_done > self.n_cache else 0.0,
             predicted_n=len(self.generated),
             predicted_ms=max(0.0, self.t_last - self.t_prompt_end) * 1e3 if self.generated else 0.0,
             speculative=self.spec.enabled,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
@@ -44,11 +46,14 @@ class EngineConfig:
     ctx_checkpoints_bytes: int = 0  # one byte budget over all slots; 0 = off
     spec: SpecConfig | None = None  # speculative decoding; None = off
     cache_ram_bytes: int = 0  # anonymous prompt cache (--cache-ram); 0 = off, -1 = no limit
+    cache_idle_slots: bool = True  # --cache-idle-slots: a start saves (and clears) idle slots
     page_ram_bytes: int = 0  # the page store's ceiling (--page-ram-bytes); 0 = no store
     # A test seam: a reconfigure's context build fails, so its rollback path runs.
     fault_on_install: bool = False
     # Debug: every byte owner checks its integrity whenever the engine goes idle.
     check_integrity: bool = False
+    # One empty decode when the engine is built (--warmup), as llama-server.
+    warmup: bool = False
 
 
 class Runtime:
@@ -136,6 +141,18 @@ class Runtime:
             draft=self.spec.draft if self.spec is not None else None,
         )
         self.verbs = SlotVerbs(ctx, self.mover, self.store, self.counters)
+
+    def warm_up(self) -> None:
+        """Decode BOS and EOS on sequence 0, then clear the memory (llama-server's `--warmup`):
+        the weights are faulted in and the compute buffers allocated now, not on the first
+        request. Before the engine thread starts, or on it."""
+        vocab = self.model.vocab
+        tokens = [t for t in (vocab.bos, vocab.eos) if vocab.valid(t)] or [0]
+        self.batch.clear()
+        self.batch.add_span(np.asarray(tokens, dtype=np.int32), 0, 0, True)
+        self.ctx.decode(self.batch)
+        self.batch.clear()
+        self.ctx.clear()
 
     def apply_lora(self, lora: LoraSet) -> None:
         """Make `lora` the context's active adapter set (a no-op when it already is)."""

@@ -1,8 +1,10 @@
 """Immutable views of the engine's state for /slots, /props, /metrics and /health.
 
-The engine publishes a new `EngineSnapshot` after each step (a reference swap, built by
-`take_snapshot` on the engine thread), so readers on other threads never touch live engine
-objects and always get an answer, even mid-reconfigure.
+The engine publishes a new `EngineSnapshot` at a step boundary (a reference swap, built by
+`take_snapshot` on the engine thread) when something changed besides a running request's
+progress, or when the last view was read (`Engine.snapshot`), so readers on other threads never
+touch live engine objects and always get an answer, even mid-reconfigure, and a decode nobody
+watches spends nothing on views.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class SlotSnapshot:
     has_next_token: bool
     generated_text: str
     speculative: bool = False
+    mind: str = ""  # the key of the mind the slot holds ("": none)
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,7 @@ def take_snapshot(
                 has_next_token=slot.running is not None,
                 generated_text=run.text.content if run else "",
                 speculative=runtime.spec is not None,
+                mind=slot.mind or "",
             )
         )
     return EngineSnapshot(

@@ -7,6 +7,7 @@ engine thread does the model work, handlers only validate, tokenize, post and sh
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,19 +18,23 @@ from kvswap import __version__
 from kvswap.config.settings import ServerConfig
 from kvswap.server import routes_web
 from kvswap.server.anthropic import routes as routes_anthropic
+from kvswap.server.cors import CorsMiddleware, cors_policy
 from kvswap.server.errors import install_error_handlers
+from kvswap.server.gcp import GcpCompat
+from kvswap.server.gcp import install as install_gcp
 from kvswap.server.guard import ASGIApp, Guard
-from kvswap.server.llama import routes_completion, routes_info, routes_lora
+from kvswap.server.llama import routes_completion, routes_info, routes_lora, routes_proxy
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
-from kvswap.server.openapi import hoist_defs
+from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import forward, routes_cluster, routes_reconfigure, routes_slots
 from kvswap.server.pages.forward import Forwarder
+from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
 
 
-def create_app(config: ServerConfig, loader: Loader) -> Guard:
+def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
     sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
     forwarder: Forwarder | None = None
 
@@ -54,17 +59,26 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
     app.state.sleeper = sleeper
 
     install_error_handlers(app)
-    app.include_router(routes_info.router)
-    app.include_router(routes_completion.router)
-    app.include_router(routes_chat.router)
-    app.include_router(routes_anthropic.router)
-    app.include_router(routes_responses.router)
-    app.include_router(routes_slots.router)
-    app.include_router(routes_reconfigure.router)
-    app.include_router(routes_lora.router)
+    routers = [
+        routes_info.router,
+        routes_completion.router,
+        routes_chat.router,
+        routes_anthropic.router,
+        routes_responses.router,
+        routes_slots.router,
+        routes_reconfigure.router,
+        routes_lora.router,
+        routes_proxy.router,
+    ]
+    for router in routers:
+        app.include_router(router)
+    gcp = GcpCompat.from_environ(os.environ)
+    if gcp is not None:
+        install_gcp(app, gcp, routers)
     inner: ASGIApp = app
     if config.cluster.replica_id is not None:
         app.include_router(routes_cluster.router)
+        routers.append(routes_cluster.router)  # after install_gcp: /predict runs no cluster verb
         forward.install(app)
         forwarder = Forwarder(
             app,
@@ -76,11 +90,13 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
+            for router in routers:
+                resolve_bodies(router.routes)
             app.openapi_schema = hoist_defs(FastAPI.openapi(app))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return Guard(
+    guard = Guard(
         inner,
         api_keys=config.http.api_keys,
         api_prefix=config.http.api_prefix,
@@ -89,3 +105,4 @@ def create_app(config: ServerConfig, loader: Loader) -> Guard:
         sleeper=sleeper,
         page_paths=page_paths(),
     )
+    return RequestLog(CorsMiddleware(guard, cors_policy(config.http)))

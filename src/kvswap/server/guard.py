@@ -11,7 +11,9 @@ A plain ASGI middleware (no per-request task or body buffering of its own):
 - While the model loads, every route (/health included) but the page's answers 503, as
   llama-server.
 - `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health and the page's counts as
-  activity and wakes a sleeping server first; /health answers 200 while asleep without waking it.
+  activity and wakes a sleeping server first; /health answers 200 while asleep without waking it,
+  and the read-only GETs (/props, /models, /metrics) neither count nor wake: asleep, they get the
+  answers the sleeper kept, as llama-server.
 
 """
 
@@ -23,6 +25,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvswap.core.errors import ErrorKind
+from kvswap.server.internal import call_app
 
 if TYPE_CHECKING:
     from kvswap.server.sleep import Sleeper
@@ -35,6 +38,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+# GETs that read what the server is and did: no activity, and answered while asleep (sleep.py).
+READ_ONLY_PATHS = frozenset({"/props", "/models", "/v1/models", "/metrics"})
 
 
 def _body(kind: ErrorKind, message: str, status: int | None = None) -> tuple[int, bytes]:
@@ -92,6 +97,8 @@ class Guard:
     ) -> None:
         self.sleeper = sleeper
         self.page_paths = page_paths
+        if sleeper is not None:
+            sleeper.fetch = self._fetch
 
         self.app = app
         self.api_keys = tuple(api_keys)
@@ -118,6 +125,20 @@ class Guard:
         if sleeper is not None and path in PUBLIC_PATHS and sleeper.sleeping:
             await _respond(send, 200, json.dumps({"status": "ok"}).encode())  # asleep, not down
             return
+        if sleeper is not None and path in READ_ONLY_PATHS and scope.get("method") == "GET":
+            # llama-server: these neither wake the server nor count as activity
+            if not sleeper.sleeping:
+                await self._serve(scope, receive, send, path)
+                return
+            answer = sleeper.asleep_answer(path)
+            if answer is not None:
+                if not self._key_ok(scope, path):
+                    await _respond(send, *_body(ErrorKind.AUTHENTICATION, "Invalid API Key"))
+                    return
+                status, headers, body = answer
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
         if sleeper is not None and path not in PUBLIC_PATHS and path not in self.page_paths:
             await sleeper.enter()  # activity; wakes a sleeping server first
             try:
@@ -133,13 +154,7 @@ class Guard:
             await _respond(send, *_body(ErrorKind.UNAVAILABLE, "Loading model"))
             return
 
-        if (
-            self.api_keys
-            and not page
-            and path not in PUBLIC_PATHS
-            and scope.get("method") != "OPTIONS"
-            and not key_matches(_request_key(scope), self.api_keys)
-        ):
+        if not self._key_ok(scope, path):
             await _respond(send, *_body(ErrorKind.AUTHENTICATION, "Invalid API Key"))
             return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
@@ -148,6 +163,19 @@ class Guard:
             await _respond(send, *_too_large(self.max_body_bytes))
             return
         await self.app(scope, self._counting(receive), send)
+
+    async def _fetch(self, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """A GET through the app itself (no key, no activity): what the sleeper keeps."""
+        return await call_app(self.app, "GET", path)
+
+    def _key_ok(self, scope: Scope, path: str) -> bool:
+        return (
+            not self.api_keys
+            or path in self.page_paths
+            or path in PUBLIC_PATHS
+            or scope.get("method") == "OPTIONS"
+            or key_matches(_request_key(scope), self.api_keys)
+        )
 
     def _counting(self, receive: Receive) -> Receive:
         seen = 0

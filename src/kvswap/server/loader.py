@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable
 
 from kvswap.backend.lora import Adapters
-from kvswap.backend.model import Model, ModelParams
+from kvswap.backend.model import Model, ModelLoadError, ModelParams
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
 from kvswap.engine.plan.geometry import resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
-from kvswap.models import default_model_path
-from kvswap.server.state import ServerState, build_state
+from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
+from kvswap.server.state import ServerState
 
 log = logging.getLogger("kvswap.server")
 
@@ -53,10 +53,12 @@ def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
         cache_ram_bytes=config.paging.cache_ram_mib * (1 << 20)
         if config.paging.cache_ram_mib > 0
         else config.paging.cache_ram_mib,
+        cache_idle_slots=config.paging.cache_idle_slots,
         spec=spec_config(config),
         page_ram_bytes=config.paging.page_ram_bytes,
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
         check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
+        warmup=config.model.warmup,
     )
 
 
@@ -82,19 +84,25 @@ def spec_config(config: ServerConfig) -> SpecConfig | None:
 class Loader:
     """Loads in the background; see the module docstring."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, prefetch: ModelPrefetch | None = None) -> None:
         self.config = config
+        self.prefetch = prefetch  # the weights already loading (serve.run), taken once
         self.state: ServerState | None = None
         self.error: BaseException | None = None
         self.on_failure: Callable[[], None] = lambda: None
         self._thread: threading.Thread | None = None
         self.adapters: Adapters | None = None  # freed after the engine, before the model
         self.draft_model: Model | None = None
+        # Where the bound sockets listen (serve.run), logged once the model is loaded.
+        self.listening: tuple[str, ...] = ()
 
     def ready(self) -> bool:
         return self.state is not None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Load in the background, reporting to `loop` (which may not run yet); once only."""
+        if self._thread is not None:
+            return
         self._thread = threading.Thread(
             target=self._load, args=(loop,), name="kvswap-loader", daemon=True
         )
@@ -103,15 +111,12 @@ class Loader:
     def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             t0 = time.perf_counter()
-            path = self.config.model.path or str(default_model_path())
-            model = Model.load(
-                path,
-                ModelParams(
-                    n_gpu_layers=self.config.model.n_gpu_layers,
-                    use_mmap=self.config.model.use_mmap,
-                    use_mlock=self.config.model.use_mlock,
-                ),
-            )
+            path = target_path(self.config)
+            prefetch, self.prefetch = self.prefetch, None  # the first load only
+            if prefetch is not None:
+                model = prefetch.take()
+            else:
+                model = Model.load(path, target_params(self.config))
             lora = self.config.model.lora
             self.adapters = Adapters.load(
                 model,
@@ -139,6 +144,10 @@ class Loader:
                 adapters=self.adapters,
                 draft_model=self.draft_model,
             )
+            # The HTTP side's state, imported here: `serve` starts this thread before it
+            # imports the HTTP stack, so the model loads while that import runs.
+            from kvswap.server.state import build_state
+
             state = build_state(self.config, model, client, self.adapters.infos)
             snap = client.snapshot
             state.demoter.start(snap.page_geometry)
@@ -155,13 +164,15 @@ class Loader:
                 snap.n_ctx_slot,
                 snap.geometry.kv_unified,
             )
-            log.info(
-                "server is listening on http://%s:%d", self.config.http.host, self.config.http.port
-            )
+            log.info("server is listening on %s", ", ".join(self.listening))
+        except ModelLoadError as err:
+            self.error = err  # a missing or unreadable file: the one line at exit says it all
+            loop.call_soon_threadsafe(lambda: self.on_failure())
         except Exception as err:
-            log.exception("model loading failed")
+            log.debug("model loading failed", exc_info=True)  # -v shows where
             self.error = err
-            loop.call_soon_threadsafe(self.on_failure)
+            # Read when the loop runs: a load that fails fast may beat `serve` setting it.
+            loop.call_soon_threadsafe(lambda: self.on_failure())
 
     def before_exit(self) -> None:
         """Spill every mind to disk (SIGTERM, normal exit): called while the engine runs."""

@@ -7,15 +7,20 @@ sleep would lose, it sleeps: every mind is spilled to the save path (`Loader.sle
 the same shutdown as an exit), then the engine, its contexts and the model are freed. The next
 request (anything but /health, which answers as llama-server's does while asleep and does not
 count as activity) waits while the model and contexts load again, and the minds spilled in the
-save path are served as after a restart. A server never sleeps while it holds what a sleep would
+save path are served as after a restart. /props, /models and /metrics neither wake it nor count
+as activity: asleep, they get the answers kept just before sleeping (/props saying it sleeps).
+A server never sleeps while it holds what a sleep would
 lose: named RAM pages that are not minds, or minds without a save path to spill them to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from kvswap.engine.minds.anoncache import KEY_PREFIX as ANON_PREFIX
@@ -27,6 +32,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("kvswap.server")
 
 _POLL_S = 0.25
+# (status, headers, body) of a route's answer.
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+# The throughput gauges, rates over the window since the previous read of /metrics.
+_RATE_GAUGES = re.compile(
+    rb"^(llamacpp:(?:prompt_tokens_seconds|predicted_tokens_seconds)) \S+$", re.M
+)
 
 
 class Sleeper:
@@ -42,6 +53,10 @@ class Sleeper:
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._why_awake = ""  # the last reason logged for staying awake
+        # A GET through the app (set by the guard), and what it answered just before sleeping.
+        self.fetch: Callable[[str], Awaitable[Answer]] | None = None
+        self._asleep: dict[str, Answer] = {}
+        self._n_metrics_reads = 0
 
     def start(self) -> None:
         if self.idle_s >= 0 and self._task is None:
@@ -102,6 +117,7 @@ class Sleeper:
                     continue
                 self._why_awake = ""
                 t0 = time.perf_counter()
+                await self._keep_answers()
                 await asyncio.to_thread(self.loader.sleep)
                 self.sleeping = True
                 self.n_sleeps += 1
@@ -110,3 +126,41 @@ class Sleeper:
                     self.idle_s,
                     (time.perf_counter() - t0) * 1e3,
                 )
+
+    async def _keep_answers(self) -> None:
+        """What the read-only routes answer while asleep: their answers now, /props saying
+        it sleeps (llama-server keeps the same, `update_cached_responses`)."""
+        self._asleep = {}
+        self._n_metrics_reads = 0
+        if self.fetch is None:
+            return
+        for path in ("/props", "/models", "/v1/models", "/metrics"):
+            status, headers, body = await self.fetch(path)
+            if path == "/props" and status == 200:
+                props = json.loads(body)
+                props["is_sleeping"] = True
+                body = json.dumps(props).encode()
+                headers = [
+                    (k, str(len(body)).encode() if k == b"content-length" else v)
+                    for k, v in headers
+                ]
+            self._asleep[path] = (status, headers, body)
+
+    def asleep_answer(self, path: str) -> Answer | None:
+        """A read-only route's answer while asleep; None: none kept (the request wakes it).
+
+        /metrics gives the reading taken before sleeping once; later reads show the
+        throughput gauges at 0 (nothing ran since), as llama-server's buckets.
+        """
+        answer = self._asleep.get(path)
+        if answer is None or path != "/metrics":
+            return answer
+        self._n_metrics_reads += 1
+        if self._n_metrics_reads == 1:
+            return answer
+        status, headers, body = answer
+        body = _RATE_GAUGES.sub(rb"\1 0", body)
+        headers = [
+            (k, str(len(body)).encode() if k == b"content-length" else v) for k, v in headers
+        ]
+        return status, headers, body

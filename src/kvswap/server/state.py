@@ -8,6 +8,7 @@ vocabulary calls) and post commands through `client`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from fastapi import Request
 
+from kvswap.backend.chat_builtin import apply_builtin, builtin_template_names
 from kvswap.backend.lora import AdapterInfo
 from kvswap.backend.model import Model
 from kvswap.backend.vocab import TokenArray, Vocab
@@ -25,11 +27,13 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
+from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
 from kvswap.server.llama.prometheus import MetricsRenderer
 from kvswap.server.pages.cluster import ClusterGate
 from kvswap.server.pages.minds import MindGate
 from kvswap.server.requests.lora import LoraScales
 from kvswap.server.streaming import Runner
+from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 from kvswap.tiers.demoter import Demoter, MindPolicy
 from kvswap.tiers.shared.replica import SharedTier
@@ -44,7 +48,7 @@ class ServerState:
     config: ServerConfig
     model: Model
     client: EngineClient  # the engine, through its asyncio client
-    template: ChatTemplate
+    template: ChatTemplate | BuiltinTemplate
     model_name: str
     save_dir: Path | None
     io: ThreadPoolExecutor  # file I/O off the engine thread and off the event loop
@@ -89,19 +93,38 @@ def get_state(request: Request) -> ServerState:
     return state
 
 
-def load_chat_template(config: ServerConfig, model: Model) -> ChatTemplate:
-    """The template llama-server would use: --chat-template(-file), the GGUF's, else ChatML."""
+def load_chat_template(config: ServerConfig, model: Model) -> ChatTemplate | BuiltinTemplate:
+    """The template llama-server would use: --chat-template(-file), the GGUF's, else ChatML;
+    a built-in name (but "chatml") and every template under --no-jinja render through
+    libllama's built-in formats."""
     source = model.info.chat_template
     if config.model.chat_template_file:
         source = Path(config.model.chat_template_file).read_text(encoding="utf-8")
     elif config.model.chat_template:
         source = config.model.chat_template
-    if not source:
-        log.warning("the model has no chat template: using ChatML")
-        source = CHATML_TEMPLATE
     vocab = model.vocab
     bos = vocab.piece(vocab.bos, special=True).decode("utf-8", "replace") if vocab.bos >= 0 else ""
     eos = vocab.piece(vocab.eos, special=True).decode("utf-8", "replace") if vocab.eos >= 0 else ""
+    named = source in builtin_template_names() and source != "chatml"
+    if named or not config.model.use_jinja:
+        builtin = BuiltinTemplate(
+            source or "chatml",
+            bos,
+            eos,
+            apply_builtin,
+            add_bos=vocab.add_bos,
+            add_eos=vocab.add_eos,
+        )
+        if builtin.supported():
+            return builtin
+        log.warning("--no-jinja: libllama has no built-in format for this template: using ChatML")
+        return BuiltinTemplate(
+            "chatml", bos, eos, apply_builtin, add_bos=vocab.add_bos, add_eos=vocab.add_eos
+        )
+    if not source or source == "chatml":
+        if not source:
+            log.warning("the model has no chat template: using ChatML")
+        source = CHATML_TEMPLATE
     return ChatTemplate(source, bos, eos, add_bos=vocab.add_bos, add_eos=vocab.add_eos)
 
 
@@ -115,14 +138,23 @@ def build_state(
 ) -> ServerState:
     """What handlers share, around a started engine; the demoter is built, not started."""
     save_dir = Path(config.http.slot_save_path) if config.http.slot_save_path else None
-    publisher = Publisher(save_dir) if save_dir is not None else None
+    publisher = None
+    if save_dir is not None:
+        seam = kill_seam_from_env(os.environ)  # the crash tests' seam (tests/reliability)
+        if seam is not None:
+            log.warning("%s is set: this server dies at that file step", KILL_AT_STEP_ENV)
+        publisher = Publisher(save_dir, seam)
     io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io")
     demoter = Demoter(
         pages=client.pages,
         post=client.post,
         publisher=publisher,
         save_dir=save_dir,
-        policy=MindPolicy(config.paging.page_disk_bytes, config.paging.page_disk_drop_lru),
+        policy=MindPolicy(
+            config.paging.page_disk_bytes,
+            config.paging.page_disk_drop_lru,
+            config.paging.page_flush_seconds,
+        ),
     )
     shared = cluster = None
     if config.cluster.shared_tier is not None:
@@ -132,6 +164,7 @@ def build_state(
             pages=client.pages,
             publisher=publisher,
             geometry=lambda: client.snapshot.page_geometry,
+            forget_files=demoter.forget,
         )
         cluster = ClusterGate(shared, client.pages.registry)
     return ServerState(

@@ -151,9 +151,24 @@ def _raise_exception(message: object) -> NoReturn:
     raise TemplateRaisedError(str(message))
 
 
+class _ConcatUndefined(jinja2.Undefined):
+    """llama.cpp's jinja engine: a string `+` an undefined value is that string (templates such
+    as firefunction-v2 add a variable llama-server never sets); anything else still fails."""
+
+    def __add__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and isinstance(args[0], str):
+            return args[0]
+        return self._fail_with_undefined_error(*args, **kwargs)
+
+    __radd__ = __add__
+
+
 def _new_environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[_GenerationTag, loopcontrols],
+        undefined=_ConcatUndefined,
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

@@ -11,8 +11,15 @@ restart finds, and the spill before exit.
   spilled minds (logged, counted).
 - Ownership: a server owns each mind it serves through an exclusive lock file
   (`files.owners`), so two servers sharing a save path never serve one mind twice.
+- Flushes (`--page-flush-seconds N`, 0: off): an idle mind changed N seconds ago is written to
+  disk and stays where it is (RAM pages as they are, residents copied out by the engine), and
+  once no mind has been used for `_QUIET_S` (none in use), every changed mind is written at
+  once; so a SIGKILL loses at most N seconds of turns, and none once the minds went quiet. A
+  flush never drops another mind's copy for room, and a copy of a mind ended since is never
+  written.
 - `start()` lists the minds spilled under the save path and serves them (a mind survives a
-  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page.
+  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page not
+  already current on disk.
 
 Owns the demoter thread and the ownership locks. File I/O happens here, on the demoter thread or
 the closing thread, never on the engine thread or the event loop.
@@ -42,6 +49,7 @@ log = logging.getLogger("kvswap.demoter")
 
 _POLL_S = 0.5  # the demoter also looks without being woken, this often
 _ENGINE_TIMEOUT_S = 60.0  # how long a flush or a shed waits for the engine's answer
+_QUIET_S = 1.0  # no mind used for this long: the write-behind runs
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class MindPolicy:
 
     page_disk_bytes: int | None = None  # --page-disk-bytes; None: no bound
     disk_drop_lru: bool = False  # --page-disk-drop-lru
+    flush_seconds: float = 0.0  # --page-flush-seconds; 0: no scheduled writes
 
 
 class Demoter:
@@ -71,12 +80,14 @@ class Demoter:
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
+        self.registry.set_disk_tier(publisher is not None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._io = threading.Lock()  # one spill at a time: demoter and close never interleave
         self._n_passes = 0
         self._refused = ""  # why the last pass could not make room
         self._closed = False
+        self._quiet_flushed = 0.0  # the last use before the quiet spell last flushed
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -87,6 +98,14 @@ class Demoter:
         if self.store is not None:
             self._thread = threading.Thread(target=self._loop, name="kvswap-demoter", daemon=True)
             self._thread.start()
+
+    def forget(self, key: str) -> None:
+        """A slot verb ended mind `key` (erase, page_out): its spilled files go too, so no
+        tier holds it. Under the spill lock: no copy taken before this is written after it."""
+        with self._io:
+            copy = self.registry.forget(key)
+            if copy is not None and self.publisher is not None:
+                self.publisher.remove(key)
 
     def own(self, key: str) -> bool:
         """This server owns mind `key` (now or already); False: another server does."""
@@ -100,8 +119,13 @@ class Demoter:
             if not is_mind_key(info.name):
                 continue
             if info.fingerprint != fingerprint:
+                what = _made_with(info.fingerprint, fingerprint)
+                self.registry.record_foreign(info.name, what)
                 log.warning(
-                    "spilled mind %s was made by another model or KV type: not served", info.name
+                    "spilled mind %s was made with %s: not served, its file is kept (requests "
+                    "naming it are refused)",
+                    info.name,
+                    what,
                 )
                 continue
             if not self.own(info.name):
@@ -139,7 +163,11 @@ class Demoter:
         store = self.store
         if store is None:
             return
-        minds_in_ram = [i.name for i in store.infos() if i.in_store and is_mind_key(i.name)]
+        minds_in_ram = [
+            i.name
+            for i in store.infos()
+            if i.in_store and is_mind_key(i.name) and not self._is_current(i.name)
+        ]
         answer = Answer()
         self.post(FlushMinds(answer))
         if not answer.wait(_ENGINE_TIMEOUT_S):
@@ -159,15 +187,29 @@ class Demoter:
                     len(captured) + len(minds_in_ram),
                 )
             return
+        self._write_handoffs()
         n_spilled = sum(self._spill_captured(key, cap) for key, cap in captured)
         for key in minds_in_ram:
             n_spilled += self._spill(store, key, drop=False, bounded=False)
-        log.info("spilled %d mind(s) before exit", n_spilled)
+        if n_spilled:
+            log.info("spilled %d mind(s) before exit", n_spilled)
 
-    def _spill_captured(self, key: str, cap: Captured) -> int:
+    def _is_current(self, key: str) -> bool:
+        """Mind `key`'s disk copy holds its newest state (nothing changed since it was taken)."""
+        return self.registry.is_clean(key)
+
+    def _spill_captured(self, key: str, cap: Captured, t_copied: float | None = None) -> int:
+        """Write a copy of mind `key` (taken at `t_copied`, if known) and close its buffer; 1
+        when written (or already current on disk). A copy of a mind a slot verb ended since is
+        not written."""
         assert self.publisher is not None
+        if self._is_current(key):
+            cap.buffer.close()
+            return 1
         try:
             with self._io:
+                if t_copied is not None and self.registry.forgotten_after(key, t_copied):
+                    return 0
                 receipt = publish_state(self.publisher, key, cap.buffer, cap.layout)
             self._record_disk(key, receipt.n_bytes, cap.layout.n_tokens)
             return 1
@@ -186,13 +228,80 @@ class Demoter:
             if self._stop.is_set():
                 return
             try:
+                self._write_handoffs()
                 self._demote()
+                if self.policy.flush_seconds > 0 and self.publisher is not None:
+                    self._flush_due(self._flush_age())
             except Exception as err:
                 log.exception("the demoter failed; it retries")
                 self.registry.count(spill_failed_total=1)
                 self._refused = f"the demoter failed ({type(err).__name__})"
             self._n_passes += 1
             self.post(RoomReport(self._n_passes, self._refused))
+
+    def _flush_due(self, age_s: float) -> None:
+        """Write the idle minds changed `age_s` ago (RAM pages directly, resident minds through
+        a copy from the engine), so a SIGKILL loses at most `--page-flush-seconds`. A mind
+        whose write is refused (the disk budget: flushes never drop other minds) waits another
+        window."""
+        store, reg = self.store, self.registry
+        assert store is not None
+        due = reg.due_for_flush(age_s)
+        if not due:
+            return
+        for key in [k for k in due if store.has(k)]:
+            self._flush_page(store, key)
+        resident = frozenset(k for k in due if reg.resident_slot(k) is not None)
+        if not resident:
+            return
+        t_asked = time.time()
+        answer = Answer()
+        self.post(FlushMinds(answer, resident))
+        if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, list):
+            return
+        for key, cap in answer.value:
+            if not self._disk_room(key, cap.layout.n_bytes, may_drop=False):
+                cap.buffer.close()
+            elif self._spill_captured(key, cap, t_asked):  # closes the buffer
+                reg.flushed(key, t_asked)
+                reg.count(flushes_total=1)
+
+    def _flush_page(self, store: PageStore, key: str) -> None:
+        """Write mind `key`'s RAM page to disk, keeping it in RAM."""
+        assert self.publisher is not None
+        try:
+            page = store.hold(key)
+        except KvswapError:
+            return  # paged in meanwhile: its next window writes it from the slot
+        t_held = time.time()
+        try:
+            if not self._disk_room(key, page.n_bytes, may_drop=False):
+                return
+            with self._io:
+                if self.registry.forgotten_after(key, t_held):
+                    return
+                receipt = publish_state(self.publisher, key, page.buffer, page.layout)
+            self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
+            self.registry.flushed(key, t_held)
+            self.registry.count(flushes_total=1)
+        except FilesError as err:
+            self.registry.count(spill_failed_total=1)
+            log.error("mind %s could not be written to disk: %s", key, err)
+        finally:
+            store.release(page)
+
+    def _write_handoffs(self) -> None:
+        """Write the minds too large for the page store that the engine handed over."""
+        while (handoff := self.registry.take_handoff()) is not None:
+            key, cap, t_copied = handoff
+            if self._disk_room(key, cap.layout.n_bytes):
+                written = self._spill_captured(key, cap, t_copied)
+            else:
+                cap.buffer.close()
+                written = 0
+            self.registry.handoff_done(key, bool(written))
+            if written:
+                self.registry.count(spills_total=1)
 
     def _demote(self) -> None:
         """Shed the anonymous cache, then spill least recently used idle mind pages, until the
@@ -218,6 +327,18 @@ class Demoter:
                 return
         self._refused = ""
 
+    def _flush_age(self) -> float:
+        """How long ago a mind must have changed to be written now: `--page-flush-seconds`, or
+        0 once in each quiet spell (no mind used for `_QUIET_S`), so that every changed mind
+        reaches disk as soon as the minds go quiet and a SIGKILL then loses none."""
+        last = self.registry.last_used()
+        newest = max(last.values(), default=0.0)
+        quiet = newest and time.time() - newest >= _QUIET_S and not self.registry.any_busy()
+        if quiet and newest != self._quiet_flushed:
+            self._quiet_flushed = newest
+            return 0.0
+        return self.policy.flush_seconds
+
     def _shed(self, n_bytes: int) -> int:
         """Ask the anonymous cache (on the engine thread) to drop `n_bytes`; bytes it freed."""
         answer = Answer()
@@ -238,9 +359,11 @@ class Demoter:
         try:
             if bounded and not self._disk_room(key, page.n_bytes):
                 return 0
+            t_held = time.time()
             with self._io:
                 receipt = publish_state(self.publisher, key, page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
+            self.registry.flushed(key, t_held)
             if drop:
                 reg.drop_if_idle(key, lambda: store.remove(key, page.generation))
             reg.count(spills_total=1)
@@ -256,8 +379,9 @@ class Demoter:
     def _record_disk(self, key: str, n_bytes: int, n_tokens: int) -> None:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
-    def _disk_room(self, key: str, n_bytes: int) -> bool:
-        """Room for `n_bytes` more on disk (the mind's own old copy is replaced)."""
+    def _disk_room(self, key: str, n_bytes: int, may_drop: bool = True) -> bool:
+        """Room for `n_bytes` more on disk (the mind's own old copy is replaced); `may_drop`:
+        --page-disk-drop-lru may make it (a scheduled flush never drops another mind)."""
         bound = self.policy.page_disk_bytes
         if bound is None:
             return True
@@ -267,6 +391,8 @@ class Demoter:
         used = sum(c.n_bytes for k, c in copies.items() if k != key)
         if used + n_bytes <= bound:
             return True
+        if not may_drop:
+            return False
         if not self.policy.disk_drop_lru:
             reg.count(disk_refused_total=1)
             self._refused = (
@@ -290,6 +416,16 @@ class Demoter:
                 copy.n_bytes,
             )
         return used + n_bytes <= bound
+
+
+def _made_with(theirs: str, ours: str) -> str:
+    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
+    their_model, _, their_kv = theirs.partition(";")
+    our_model, _, _ = ours.partition(";")
+    if their_model != our_model:
+        return "another model"
+    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
+    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
 
 
 def _n_tokens(path: Path) -> int:

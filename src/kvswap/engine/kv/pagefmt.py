@@ -126,8 +126,8 @@ def plan_layout(
         draft = Span(end, draft_bytes)
         end = draft.end
     spans = []
-    for n_tokens, pos_min, pos_max, n in checkpoints:
-        spans.append(CheckpointSpan(n_tokens, pos_min, pos_max, Span(end, n)))
+    for n_cp_tokens, pos_min, pos_max, n in checkpoints:
+        spans.append(CheckpointSpan(n_cp_tokens, pos_min, pos_max, Span(end, n)))
         end += n
     return PageLayout(
         n_tokens, tokens, target, geometry, draft, draft_n_tokens, tuple(spans), stream=stream

@@ -83,6 +83,34 @@ class PageInfo:
     lora: tuple[LoraRef, ...] = ()  # the LoRA set its KV was computed under
 
 
+@dataclass(frozen=True)
+class StoreUsage:
+    """The one count and its parts, read at one moment (GET /pages: the totals add up)."""
+
+    charged_bytes: int
+    pages: list[PageInfo]  # listed pages, then generations held by running spills
+    reserved_bytes: dict[str, int]  # admitted, not yet committed, by page name ("": unnamed)
+    closing_bytes: int  # buffers being unmapped
+
+
+def _infos(listed: list[Page], held: list[Page]) -> list[PageInfo]:
+    now = time.time()
+    return [
+        PageInfo(
+            name=p.name,
+            generation=p.generation,
+            n_bytes=p.n_bytes,
+            n_tokens=p.layout.n_tokens,
+            age_s=now - p.created_unix_s,
+            in_store=in_store,
+            n_spills=p.owners - (1 if in_store else 0),
+            lora=p.layout.lora,
+        )
+        for pages, in_store in ((listed, True), (held, False))
+        for p in pages
+    ]
+
+
 class PageStore:
     """Named pages under a byte ceiling; see the module docstring."""
 
@@ -95,6 +123,7 @@ class PageStore:
         self._held: dict[int, Page] = {}  # generation -> page no longer listed, held by spills
         self._charged = 0  # pages (listed and held) + open reservations + closing buffers
         self._reserved = 0  # bytes of open reservations (admitted, not yet committed)
+        self._reserved_by_name: dict[str, int] = {}  # the same bytes, by the name reserved
         self._closing = 0  # bytes of buffers given to the disposer and not yet unmapped
         self._ids = itertools.count(1)
 
@@ -131,24 +160,20 @@ class PageStore:
         return page
 
     def infos(self) -> list[PageInfo]:
-        now = time.time()
         with self._lock:
             listed = list(self._pages.values())
             held = list(self._held.values())
-        return [
-            PageInfo(
-                name=p.name,
-                generation=p.generation,
-                n_bytes=p.n_bytes,
-                n_tokens=p.layout.n_tokens,
-                age_s=now - p.created_unix_s,
-                in_store=in_store,
-                n_spills=p.owners - (1 if in_store else 0),
-                lora=p.layout.lora,
+        return _infos(listed, held)
+
+    def usage(self) -> StoreUsage:
+        """The count and its parts at one moment."""
+        with self._lock:
+            return StoreUsage(
+                self._charged,
+                _infos(list(self._pages.values()), list(self._held.values())),
+                dict(self._reserved_by_name),
+                self._closing,
             )
-            for pages, in_store in ((listed, True), (held, False))
-            for p in pages
-        ]
 
     # -- admission --------------------------------------------------------------------------
 
@@ -174,7 +199,7 @@ class PageStore:
                 old.buffer.close()
                 self._charged -= old.n_bytes
             self._charged += n_bytes
-            self._reserved += n_bytes
+            self._reserve_locked(name, n_bytes)
         return Reservation(name, n_bytes)
 
     def trim(self, res: Reservation, name: str, n_bytes: int) -> Reservation:
@@ -183,26 +208,36 @@ class PageStore:
         assert n_bytes <= res.n_bytes
         with self._lock:
             self._charged -= res.n_bytes - n_bytes
-            self._reserved -= res.n_bytes - n_bytes
+            self._reserve_locked(res.name, -res.n_bytes)
+            self._reserve_locked(name, n_bytes)
         return Reservation(name, n_bytes)
 
     def cancel(self, res: Reservation) -> None:
         """The copy failed (or was abandoned): give the reserved bytes back."""
         with self._lock:
             self._charged -= res.n_bytes
-            self._reserved -= res.n_bytes
+            self._reserve_locked(res.name, -res.n_bytes)
 
     def commit(self, res: Reservation, buffer: mmap.mmap, layout: PageLayout) -> Page:
         """Store the copied page under its name; a page it replaces loses the store's hold."""
         assert len(buffer) >= res.n_bytes
         page = Page(res.name, next(self._ids), buffer, res.n_bytes, layout)
         with self._lock:
-            self._reserved -= res.n_bytes
+            self._reserve_locked(res.name, -res.n_bytes)
             old = self._pages.pop(res.name, None)
             self._pages[res.name] = page
             if old is not None:
                 self._release_locked(old)
         return page
+
+    def _reserve_locked(self, name: str, n_bytes: int) -> None:
+        """Add `n_bytes` (negative: give back) to the open reservations, under `name`."""
+        self._reserved += n_bytes
+        left = self._reserved_by_name.get(name, 0) + n_bytes
+        if left:
+            self._reserved_by_name[name] = left
+        else:
+            self._reserved_by_name.pop(name, None)
 
     # -- leaving the store ------------------------------------------------------------------
 
@@ -259,6 +294,8 @@ class PageStore:
             assert self._charged == sum(parts), f"charged {self._charged} != {parts}"
             assert 0 <= self._charged <= self.ceiling_bytes, f"charged {self._charged}"
             assert self._reserved >= 0 and self._closing >= 0, parts
+            assert sum(self._reserved_by_name.values()) == self._reserved, self._reserved_by_name
+            assert all(n > 0 for n in self._reserved_by_name.values()), self._reserved_by_name
             for name, page in self._pages.items():
                 assert page.name == name and page.owners >= 1, (name, page.owners)
                 assert len(page.buffer) >= page.n_bytes, name

@@ -7,6 +7,8 @@ again by their longest common token prefix (as llama-server's `--cache-ram`).
   best cached state's, which is then paged into its slot.
 - Cached states are indexed by chained hashes of `BLOCK_TOKENS`-token blocks, so a lookup walks
   the prompt's blocks once instead of comparing every cached state.
+- With `--cache-idle-slots` (on by default, as llama-server), a task starting on a slot saves
+  every other idle anonymous slot, and with unified KV clears it (`cache_idle_slots`).
 - It is a cache: under its byte budget (`--cache-ram`, and at most half the page store) the
   least recently used states are dropped, never spilled, and a store that cannot take a state
   means it is not saved. Minds are never entries: a mind's page is never consumed by an
@@ -30,12 +32,15 @@ import numpy.typing as npt
 from kvswap.core.errors import KvswapError
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.runtime import Runtime
-from kvswap.engine.slot import Slot
+from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
 
 KEY_PREFIX = "anon~"
-BLOCK_TOKENS = 64  # index granularity; also the least prefix worth saving or moving
+# Index granularity; also the least prefix worth saving or moving. 32, not 64: llama-server
+# caches prompts of any length, and a 64-token prompt (one block, less the token always
+# evaluated) would otherwise never be found again.
+BLOCK_TOKENS = 32
 
 
 def block_hashes(tokens: npt.NDArray[np.int32]) -> list[bytes]:
@@ -61,15 +66,32 @@ class _Entry:
 class AnonCache:
     """See the module docstring."""
 
-    def __init__(self, *, store: PageStore | None, runtime: Runtime, budget_bytes: int) -> None:
+    def __init__(
+        self,
+        *,
+        store: PageStore | None,
+        runtime: Runtime,
+        slots: SlotTable,
+        budget_bytes: int,
+        cache_idle_slots: bool = True,
+    ) -> None:
         self.store = store
         self.runtime = runtime
+        self.slots = slots
         self.budget_bytes = budget_bytes  # 0: off; -1: only the store's half
+        self.idle_slots = cache_idle_slots  # --cache-idle-slots
         self._entries: dict[str, _Entry] = {}
         self._index: dict[bytes, set[str]] = {}
         self._ids = itertools.count(1)
         self.n_saved = 0
         self.n_hits = 0
+        if self.idle_slots and self.enabled:
+            cleared = " and cleared" if runtime.geometry.kv_unified else ""
+            log.debug(
+                "idle slots will be saved to the prompt cache%s upon starting a new task "
+                "__TEST_TAG_CACHE_IDLE_SLOTS_ENABLED__",
+                cleared,
+            )
 
     @property
     def enabled(self) -> bool:
@@ -112,6 +134,9 @@ class AnonCache:
         n_slot = min(slot.tokens.common_prefix(prompt), len(prompt) - 1)
         best = self.best(prompt)
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
+            log.debug(
+                "updating prompt cache: slot %d takes %s (%d tokens)", slot.id, best[0], best[1]
+            )
             self.save(slot)
             name = best[0]
             try:
@@ -125,31 +150,55 @@ class AnonCache:
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
             self.save(slot)
 
-    def save(self, slot: Slot) -> None:
-        """Keep the slot's anonymous state as a cached page (the slot keeps it too)."""
+    def save(self, slot: Slot) -> bool:
+        """Keep the slot's anonymous state as a cached page (the slot keeps it too); whether
+        the cache holds it now."""
         if not self.enabled or slot.mind is not None or len(slot.tokens) < BLOCK_TOKENS:
-            return
+            return False
         tokens = slot.tokens.view().copy()
         hashes = block_hashes(tokens)
         if any(len(e.tokens) == len(tokens) and e.hashes == hashes for e in self._entries.values()):
-            return  # already cached (an earlier save of the same prompt)
+            return True  # already cached (an earlier save of the same prompt)
         verbs = self.runtime.verbs
         layout = verbs.mover.measure(slot)
         if not self._make_room(layout.n_bytes):
-            return
+            return False
         name = f"{KEY_PREFIX}{next(self._ids)}"
         store = self.store
         assert store is not None
         try:
             reservation = store.reserve(name, layout.n_bytes)
         except KvswapError:
-            return  # the store is full: a cache entry is simply not kept (not a failed verb)
+            return False  # the store is full: an entry is simply not kept (not a failed verb)
         verbs.capture_to_page(slot, name, layout=layout, reservation=reservation, keep_slot=True)
         entry = _Entry(name, tokens, hashes, layout.n_bytes)
         self._entries[name] = entry
         for h in hashes:
             self._index.setdefault(h, set()).add(name)
         self.n_saved += 1
+        return True
+
+    def cache_idle_slots(self, started: Slot) -> None:
+        """`--cache-idle-slots` (llama-server's default): a task started on `started`, so every
+        other idle anonymous slot is saved to the cache and, with unified KV, cleared: the
+        shared pool then holds only active work, and a later request finds the state here.
+
+        Unlike llama-server, a slot whose state the cache did not take (under BLOCK_TOKENS, or
+        no room) keeps it: clearing would lose it, for almost no KV.
+        """
+        if not (self.enabled and self.idle_slots):
+            return
+        unified = self.runtime.geometry.kv_unified
+        for slot in self.slots:
+            if slot is started or slot.running is not None or slot.locked or slot.mind is not None:
+                continue
+            if len(slot.tokens) and self.save(slot):
+                log.debug(
+                    "slot %d: idle slot saved to the prompt cache __TEST_TAG_CACHE_IDLE_SLOT__",
+                    slot.id,
+                )
+                if unified:
+                    self.runtime.memory.cut(slot, 0)
 
     # -- bookkeeping ------------------------------------------------------------------------
 

@@ -11,11 +11,16 @@ RAM page and of its spilled file, so a mind has one identity on every tier:
 The live copy is the highest of these: a disk copy left behind when the mind is promoted is its
 last durable state (what a SIGKILL leaves), never served while a live copy exists.
 
+A mind too large for the whole page store never has a page: with a disk tier the engine copies
+it out and hands the copy over here (`hand_to_disk`); the demoter takes it, writes it as the
+mind's spilled file and says how that went (`handoff_done`); the engine frees the slot once the
+file holds the slot's state (`end_handoff`).
+
 Owns the disk index, last use times, the set of minds with a request in progress (`busy`: a busy
 mind's RAM page is never dropped by the demoter), which slot each resident mind is in (told by
-the engine thread, read by the HTTP side), the tier counters, and the demoter's wake-up. An owner
-with methods: every field is private and guarded by one lock. Thread-safe: the engine thread,
-HTTP handlers and the demoter use it. No libllama, no files.
+the engine thread, read by the HTTP side), the handoffs to disk, the tier counters, and the
+demoter's wake-up. An owner with methods: every field is private and guarded by one lock.
+Thread-safe: the engine thread, HTTP handlers and the demoter use it. No libllama, no files.
 """
 
 from __future__ import annotations
@@ -25,8 +30,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvswap.core.errors import ErrorKind, KvswapError
+
+if TYPE_CHECKING:
+    from kvswap.engine.commands import Captured
 
 KEY_PREFIX = "mind~"
 NAME_MAX_BYTES = 100  # the key (prefix, namespace, hex) stays a valid page and file name
@@ -92,6 +101,8 @@ class MindCounters:
     spill_failed_total: int = 0
     disk_refused_total: int = 0  # a spill refused: --page-disk-bytes full
     disk_dropped_total: int = 0  # spilled minds dropped to make room (--page-disk-drop-lru)
+    too_large_total: int = 0  # a mind larger than the whole page store left its slot
+    flushes_total: int = 0  # an idle mind's state written on schedule (--page-flush-seconds)
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
 
     def as_metrics(self) -> dict[str, float]:
@@ -111,6 +122,7 @@ class MindView:
     n_bytes: int
     last_used_unix_s: float
     on_disk: bool  # a durable copy exists (possibly older than the live one)
+    n_tokens_on_disk: int = 0  # the tokens of that copy (0: none)
 
 
 class MindRegistry:
@@ -120,23 +132,69 @@ class MindRegistry:
         self._lock = threading.Lock()
         self._disk: dict[str, DiskCopy] = {}
         self._last_used: dict[str, float] = {}  # key -> unix seconds
+        # key -> when it first changed after its last disk copy (the flush schedule)
+        self._dirty_since: dict[str, float] = {}
         self._busy: set[str] = set()
         self._resident: dict[str, int] = {}  # key -> the slot holding it (the engine says)
         self._counters = MindCounters()
         self._largest_page_bytes = 0
         self._wake = threading.Event()  # the demoter's bell
         self._restore_ms: dict[str, float] = {}  # key -> its last read-back's apply, ms
+        self._disk_tier = False  # the demoter has a save path to spill to
+        # Minds too large for the store on their way to disk: key -> the copy to write (None:
+        # being written), then True (written) or False (the write failed).
+        self._handoffs: dict[str, Captured | bool | None] = {}
+        self._handed_at: dict[str, float] = {}  # key -> when its copy was taken
+        self._too_large: set[str] = set()  # minds whose size was logged
+        # Minds spilled by a server with another model or KV types: key -> its file's
+        # geometry. Never served here and never written over (their state stays on disk).
+        self._foreign: dict[str, str] = {}
+        self._forgotten: dict[str, float] = {}  # key -> when a slot verb ended it
 
     # -- use ---------------------------------------------------------------------------------
 
     def touch(self, key: str, when_unix_s: float | None = None) -> None:
-        """The mind was used now (or, for a mind found at start, at `when_unix_s` unless it has
-        been used since)."""
+        """The mind was used now (its state changes: it is dirty until a disk copy taken after
+        this is written), or, for a mind found at start, at `when_unix_s` unless it has been
+        used since."""
         with self._lock:
             if when_unix_s is None:
-                self._last_used[key] = time.time()
+                now = time.time()
+                self._last_used[key] = now
+                self._dirty_since.setdefault(key, now)
             else:
                 self._last_used.setdefault(key, when_unix_s)
+
+    def flushed(self, key: str, t_copied_unix_s: float) -> None:
+        """A disk copy of the mind taken at `t_copied_unix_s` is written: clean, unless it was
+        used after that."""
+        with self._lock:
+            if self._dirty_since.get(key, float("inf")) <= t_copied_unix_s:
+                del self._dirty_since[key]
+
+    def due_for_flush(self, age_s: float) -> list[str]:
+        """Idle minds changed at least `age_s` seconds ago and not written since (oldest
+        first); each is postponed by `age_s`, so a mind that cannot be written now is retried
+        then, not on every pass."""
+        with self._lock:
+            now = time.time()
+            due = [
+                k for k, t in self._dirty_since.items() if t <= now - age_s and k not in self._busy
+            ]
+            due.sort(key=self._dirty_since.__getitem__)
+            for key in due:
+                self._dirty_since[key] = now
+            return due
+
+    def is_clean(self, key: str) -> bool:
+        """Mind `key` has a disk copy holding its newest state (not changed since it was taken)."""
+        with self._lock:
+            return key in self._disk and key not in self._dirty_since
+
+    def any_busy(self) -> bool:
+        """A request is using some mind now."""
+        with self._lock:
+            return bool(self._busy)
 
     def known(self, key: str) -> bool:
         with self._lock:
@@ -225,6 +283,98 @@ class MindRegistry:
         """Every mind's last use, unix seconds (a copy)."""
         with self._lock:
             return dict(self._last_used)
+
+    def forget(self, key: str) -> DiskCopy | None:
+        """A slot verb ended the mind (erase, page_out): it is known no more, and no copy of it
+        taken before now may be written (`forgotten_after`); returns its disk copy (whose files
+        the caller removes), if it had one."""
+        with self._lock:
+            self._forgotten[key] = time.time()
+            self._last_used.pop(key, None)
+            self._dirty_since.pop(key, None)
+            self._too_large.discard(key)
+            return self._disk.pop(key, None)
+
+    def record_foreign(self, key: str, what: str) -> None:
+        """Mind `key` is on disk under another model or KV types (`what` says which)."""
+        with self._lock:
+            self._foreign[key] = what
+
+    def foreign(self, key: str) -> str | None:
+        """What made mind `key`'s file when it is another model's or KV types', else None."""
+        with self._lock:
+            return self._foreign.get(key)
+
+    def forgotten_after(self, key: str, t_unix_s: float) -> bool:
+        """Mind `key` was ended at or after `t_unix_s`: a copy taken then must not be written."""
+        with self._lock:
+            return self._forgotten.get(key, -1.0) >= t_unix_s
+
+    # -- minds too large for the page store ----------------------------------------------------
+
+    def set_disk_tier(self, present: bool) -> None:
+        with self._lock:
+            self._disk_tier = present
+
+    @property
+    def has_disk_tier(self) -> bool:
+        with self._lock:
+            return self._disk_tier
+
+    def first_too_large(self, key: str) -> bool:
+        """True the first time mind `key` is found too large for the store (log it once)."""
+        with self._lock:
+            if key in self._too_large:
+                return False
+            self._too_large.add(key)
+            return True
+
+    def hand_to_disk(self, key: str, captured: Captured) -> None:
+        """The engine hands a copy of a mind too large for the store to the demoter."""
+        with self._lock:
+            assert key not in self._handoffs, key
+            self._handoffs[key] = captured
+            self._handed_at[key] = time.time()
+        self._wake.set()
+
+    def take_handoff(self) -> tuple[str, Captured, float] | None:
+        """A copy to write and when it was taken (the demoter then owns its buffer), or None."""
+        with self._lock:
+            for key, value in self._handoffs.items():
+                if value is not None and not isinstance(value, bool):
+                    self._handoffs[key] = None
+                    return key, value, self._handed_at[key]
+            return None
+
+    def handoff_done(self, key: str, written: bool) -> None:
+        with self._lock:
+            if key in self._handoffs:  # not ended by a slot verb meanwhile
+                self._handoffs[key] = written
+
+    def handoff_state(self, key: str) -> bool | None:
+        """True: the copy is on disk; False: its write failed; None: none asked or under way
+        (`handing` tells those apart)."""
+        with self._lock:
+            value = self._handoffs.get(key)
+            return value if isinstance(value, bool) else None
+
+    def handing(self, key: str) -> bool:
+        with self._lock:
+            return key in self._handoffs
+
+    def end_handoff(self, key: str) -> None:
+        with self._lock:
+            self._handoffs.pop(key, None)
+            self._handed_at.pop(key, None)
+
+    def residents(self) -> dict[str, int]:
+        """Every resident mind and its slot (a copy)."""
+        with self._lock:
+            return dict(self._resident)
+
+    def handoff_keys(self) -> set[str]:
+        with self._lock:
+            return set(self._handoffs)
 
     # -- page sizes and the demoter's bell -----------------------------------------------------
 

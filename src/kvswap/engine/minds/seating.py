@@ -2,10 +2,20 @@
 
 Before any job starts on a slot, `seat` makes the slot right for it:
 - a slot holding another mind pages that mind out to its RAM page first (a memcpy into the
-  page store), so no request, named or anonymous, and no slot verb ever destroys a mind;
+  page store), so no request, named or anonymous, and no restore or page_in ever destroys a
+  mind. A mind larger than the whole page store cannot have a page: with a disk tier it is
+  copied out and handed to the demoter, which writes it as the mind's spilled file (the
+  registry holds the copy until it is on disk); without one its state is dropped, logged once
+  (a mind's state is a cache of the conversation its next request carries whole, so that
+  request re-prefills it), and the slot serves the waiting work;
+- `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
+  save copies it (the mind stays), erase and page_out end it (the caller then forgets its
+  spilled copy). With API keys a verb of another tenant is refused, naming no mind;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
-  starts from an empty slot).
+  starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
+  state: the least recently used idle residents are paged out first (`_make_cells`), exactly
+  as a full pool does for a prefill; while running requests hold the cells the job waits.
 
 A switch copies into a spare buffer prepared ahead (reserved in the page store, mapped and
 faulted in by the buffer worker, a little larger than the largest mind page): faulting fresh
@@ -33,11 +43,18 @@ import time
 import numpy as np
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
-from kvswap.engine.commands import Captured, RoomReport, Submit
+from kvswap.engine.commands import (
+    Captured,
+    PageOut,
+    RoomReport,
+    SlotCapture,
+    SlotErase,
+    Submit,
+)
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
 from kvswap.engine.kv.pagestore import PageStore, Reservation
 from kvswap.engine.minds.anoncache import AnonCache
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.minds.registry import MindRegistry, split_key
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import Slot, SlotTable
 
@@ -49,7 +66,19 @@ _SPARE_ROUND = 2 << 20  # ... rounded up to whole huge pages
 
 
 class NoRoomYet(Exception):
-    """The page store cannot take an evicted mind now: the job waits for the demoter."""
+    """The job cannot be seated now: the page store cannot take an evicted mind (the demoter
+    makes room), or running requests hold the KV cells a returning mind needs (a step frees
+    them). The caller requeues the job."""
+
+
+class NotYourMind(KvswapError):
+    """A slot verb of one tenant on a slot holding another tenant's mind (named nowhere)."""
+
+    def __init__(self, slot_id: int) -> None:
+        super().__init__(
+            ErrorKind.PERMISSION,
+            f"slot {slot_id} holds a conversation of another API key: this key cannot act on it",
+        )
 
 
 class Seating:
@@ -74,6 +103,7 @@ class Seating:
         self._n_reported = 0  # the last demoter pass that reported
         self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
         self._room_refused = ""  # why such a pass could not make room
+        self._refusals_logged: set[str] = set()  # reasons a switch was refused, logged once
         self._spare: tuple[mmap.mmap, Reservation] | None = None
         self._spare_pending: Reservation | None = None  # asked of the buffer worker
 
@@ -81,6 +111,12 @@ class Seating:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
+        if slot.mind is not None and isinstance(cmd, SlotCapture | SlotErase | PageOut):
+            # These verbs act on the state the slot holds: the mind's, where it is (the engine
+            # calls `left` after erase and page_out).
+            if cmd.namespace is not None and split_key(slot.mind)[0] != cmd.namespace:
+                raise NotYourMind(slot.id)
+            return
         mind = cmd.request.mind if isinstance(cmd, Submit) else ""
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
@@ -115,10 +151,12 @@ class Seating:
             verbs.clear(slot)
             reg.count(new_total=1)
         elif store is not None and store.has(mind):
+            self._make_cells(slot, store.get(mind).layout.n_tokens)
             verbs.page_in(slot, mind)
             reg.count(hits_ram_total=1)
         elif cmd.restore is not None:
             t0 = time.perf_counter()
+            self._make_cells(slot, len(cmd.restore.tokens))
             verbs.mover.apply(slot, cmd.restore)
             reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
@@ -127,8 +165,26 @@ class Seating:
             reg.count(new_total=1)
         slot.t_last_used = time.monotonic()
 
+    def _make_cells(self, slot: Slot, n_tokens: int) -> None:
+        """Free KV cells for a state of `n_tokens` about to be loaded into `slot`: in a unified
+        pool every slot draws on one set of cells, so the least recently used idle residents
+        are paged out (minds to their pages, anonymous slots as a full pool pages them) until
+        the state fits. Loading a state clears the slot's own cells first, so only the other
+        slots' count."""
+        rt = self.runtime
+        if not rt.geometry.kv_unified or rt.model.info.is_recurrent:
+            # Each slot has a stream of its own, as large as its window; a recurrent model
+            # holds one cell per slot, whatever its tokens.
+            return
+        while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > rt.ctx.n_ctx:
+            idle = [s for s in self.slots.idle_residents() if s is not slot]
+            if not idle:
+                raise NoRoomYet()  # running requests hold the cells: retried after a step
+            self._page_out(idle[0])
+
     def evict(self, slot: Slot) -> None:
-        """Page the slot's mind out under its key (the slot is then empty)."""
+        """Page the slot's mind out under its key (the slot is then empty); a mind too large
+        for the whole store is handed to the disk tier, or dropped without one."""
         mind = slot.mind
         assert mind is not None and slot.is_idle
         store = self._store()
@@ -138,6 +194,9 @@ class Seating:
         verbs = self.runtime.verbs
         t0 = time.perf_counter()
         layout = verbs.mover.measure(slot)
+        if layout.n_bytes > store.ceiling_bytes:
+            self._too_large(slot, mind, layout.n_bytes)
+            return
         spare = self._take_spare(mind, layout.n_bytes)
         try:
             if spare is not None:
@@ -161,9 +220,67 @@ class Seating:
             self.registry.need_room()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
+    def _too_large(self, slot: Slot, mind: str, n_bytes: int) -> None:
+        """The mind's state is larger than the whole page store: it can never be a page. With
+        a disk tier a copy goes to the demoter and the job waits until the mind's file holds
+        the slot's state, then the slot is freed; without one the state is dropped."""
+        reg, verbs = self.registry, self.runtime.verbs
+        ceiling = self._store().ceiling_bytes
+        if reg.has_disk_tier:
+            if not reg.handing(mind):
+                reg.hand_to_disk(mind, verbs.copy_out(slot))
+                self._log_too_large(mind, n_bytes, ceiling, "written to disk")
+                raise NoRoomYet()  # the slot keeps the mind until its file holds it
+            written = reg.handoff_state(mind)
+            if written is None:
+                raise NoRoomYet()  # being written
+            reg.end_handoff(mind)
+            if not written:
+                raise KvswapError(
+                    ErrorKind.UNAVAILABLE,
+                    f"a mind of {n_bytes} bytes, more than the whole page store (--page-ram-bytes "
+                    f"{ceiling}), could not be written to disk to free its slot (see the server "
+                    "log); raise --page-ram-bytes",
+                )
+            copy = reg.disk_copy(mind)
+            if copy is None or copy.n_tokens != len(slot.tokens):
+                self._too_large(slot, mind, n_bytes)  # it changed meanwhile: hand it over again
+                return
+        else:
+            self._log_too_large(
+                mind,
+                n_bytes,
+                ceiling,
+                "dropped (no --slot-save-path): its next request re-prefills",
+            )
+        verbs.clear(slot)
+        self._left(slot, mind)
+        reg.count(too_large_total=1)
+
+    def _log_too_large(self, mind: str, n_bytes: int, ceiling: int, how: str) -> None:
+        if self.registry.first_too_large(mind):
+            log.warning(
+                "mind %s holds %d bytes, more than the whole page store (--page-ram-bytes %d): "
+                "it leaves its slot %s; raise --page-ram-bytes to keep it in RAM",
+                mind,
+                n_bytes,
+                ceiling,
+                how,
+            )
+
     def _left(self, slot: Slot, mind: str) -> None:
         slot.mind = None
         self.registry.unseated(mind)
+
+    def left(self, slot: Slot) -> str:
+        """A slot verb ended the slot's mind (erase, page_out): the slot holds it no more.
+        Returns the mind's key ("" when the slot held none)."""
+        mind = slot.mind
+        if mind is None:
+            return ""
+        self._left(slot, mind)
+        self.registry.end_handoff(mind)  # a copy on its way to disk is the ended mind's
+        return mind
 
     # -- a full KV pool ---------------------------------------------------------------------
 
@@ -175,29 +292,29 @@ class Seating:
         if not idle:
             return False
         slot = idle[0]
-        if slot.mind is not None:
-            try:
-                self.evict(slot)  # the mind keeps its own page name
-            except (KvswapError, NoRoomYet):
-                log.warning("KV pool full and idle mind slot %d could not be paged out", slot.id)
-                return False
-            return True
-        name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
         try:
-            # An emergency: map the buffer here rather than wait a step for the worker.
-            moved = self.runtime.verbs.capture_to_page(slot, name)
-        except KvswapError as err:
-            log.warning(
-                "KV pool full and idle slot %d could not be paged out: %s", slot.id, err.message
-            )
+            self._page_out(slot)
+        except (KvswapError, NoRoomYet) as err:
+            why = err.message if isinstance(err, KvswapError) else "the page store is full"
+            log.warning("KV pool full and idle slot %d could not be paged out: %s", slot.id, why)
             return False
+        return True
+
+    def _page_out(self, slot: Slot) -> None:
+        """Free an idle resident's cells: a mind moves to its page (`evict`), an anonymous
+        slot to a page `auto-slot...`. Raises NoRoomYet or KvswapError when it cannot."""
+        if slot.mind is not None:
+            self.evict(slot)  # the mind keeps its own page name
+            return
+        name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
+        # An emergency: map the buffer here rather than wait a step for the worker.
+        moved = self.runtime.verbs.capture_to_page(slot, name)
         log.warning(
             "KV pool full: paged out idle slot %d (%d tokens) as page %r",
             slot.id,
             moved.n_tokens,
             name,
         )
-        return True
 
     # -- waiting for room -------------------------------------------------------------------
 
@@ -207,10 +324,14 @@ class Seating:
         if self._room_ticket is not None and self._room_refused:
             reason = self._room_refused
             self._room_ticket, self._room_refused = None, ""
-            raise KvswapError(
-                ErrorKind.UNAVAILABLE,
-                f"cannot make room for a mind switch: the page store is full and {reason}",
-            ) from err
+            message = (
+                f"cannot make room for a mind switch: the page store is full (--page-ram-bytes "
+                f"{self._store().ceiling_bytes}) and {reason}; raise --page-ram-bytes"
+            )
+            if reason not in self._refusals_logged:  # once per reason, not once per request
+                self._refusals_logged.add(reason)
+                log.warning("%s", message)
+            raise KvswapError(ErrorKind.UNAVAILABLE, message) from err
         if self._room_ticket is None:
             self._room_ticket = self._n_reported + 1
         self.registry.need_room()
@@ -270,14 +391,14 @@ class Seating:
 
     # -- the flush before exit --------------------------------------------------------------
 
-    def flush(self, only: frozenset[str] | None = None) -> list[tuple[str, Captured]]:
-        """Copies of every idle resident mind's state, or of those in `only` (the slots keep
+    def flush(self, keys: frozenset[str] | None = None) -> list[tuple[str, Captured]]:
+        """Copies of every idle resident mind's state, or of those in `keys` (the slots keep
         theirs)."""
         out = []
         for slot in self.slots:
             if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
                 continue
-            if only is not None and slot.mind not in only:
+            if keys is not None and slot.mind not in keys:
                 continue
             out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
         return out
@@ -290,10 +411,18 @@ class Seating:
             if not slot.is_idle:
                 return False
             self.runtime.verbs.clear(slot)
-            self._left(slot, key)
+            self.left(slot)  # a copy on its way to disk goes too
         if self.store is not None and self.store.has(key):
             self.store.remove(key)
         return True
+
+    def check_integrity(self) -> None:
+        """Assert the registry's residents are exactly the slots' minds, and a mind on its way
+        to disk (too large for the store) still holds its slot until its file is written."""
+        seated = {s.mind: s.id for s in self.slots if s.mind is not None}
+        assert self.registry.residents() == seated, (self.registry.residents(), seated)
+        for key in self.registry.handoff_keys():
+            assert key in seated, f"mind {key} on its way to disk left its slot first"
 
     def _store(self) -> PageStore:
         if self.store is None:

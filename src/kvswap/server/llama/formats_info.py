@@ -50,6 +50,7 @@ class SlotView:
     speculative: bool  # has a draft model
     is_processing: bool
     task: SlotTaskView | None = None  # None: never ran a task
+    mind: str | None = None  # the mind it holds, named only to that mind's own tenant
 
 
 def slot_json(
@@ -62,6 +63,8 @@ def slot_json(
         "speculative": slot.speculative,
         "is_processing": slot.is_processing,
     }
+    if slot.mind is not None:
+        out["mind"] = slot.mind  # kvswap's: the caller's own mind the slot holds
     task = slot.task
     if task is None:
         return out

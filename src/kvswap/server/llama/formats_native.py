@@ -100,7 +100,7 @@ def native_progress_chunk(
 
     llama-server sends `tokens: [0]` here (an unset token); kvswap sends no token.
     """
-    return {
+    out: dict[str, Any] = {
         "index": index,
         "content": "",
         "tokens": [],
@@ -108,5 +108,8 @@ def native_progress_chunk(
         "id_slot": id_slot,
         "tokens_predicted": 0,
         "tokens_evaluated": progress.total,
-        "prompt_progress": progress_json(progress),
     }
+    if progress.timings is not None:
+        out["timings"] = timings_json(progress.timings)
+    out["prompt_progress"] = progress_json(progress)
+    return out

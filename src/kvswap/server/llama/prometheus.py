@@ -69,6 +69,14 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     "mind_spill_failed_total": ("counter", "Mind spills that failed"),
     "mind_disk_refused_total": ("counter", "Mind spills refused: --page-disk-bytes full"),
     "mind_disk_dropped_total": ("counter", "Spilled minds dropped (--page-disk-drop-lru)"),
+    "mind_flushes_total": (
+        "counter",
+        "Idle minds written to disk on schedule (--page-flush-seconds)",
+    ),
+    "mind_too_large_total": (
+        "counter",
+        "Minds larger than the whole page store that left their slot (spilled, or dropped)",
+    ),
     "mind_switch_ms_total": (
         "counter",
         "Engine milliseconds spent moving minds in and out of slots",

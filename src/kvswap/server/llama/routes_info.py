@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import psutil
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
@@ -30,6 +31,7 @@ from kvswap.server.llama.formats_info import (
 from kvswap.server.llama.prometheus import render
 from kvswap.server.openapi import body_schema
 from kvswap.server.pages import formats_cluster
+from kvswap.server.pages.minds import caller_namespace, mind_name
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
 from kvswap.server.requests.schemas import (
     CompletionRequest,
@@ -125,24 +127,32 @@ async def models(request: Request) -> JSONResponse:
     return JSONResponse(models_json(view, created=int(state.t_start)))
 
 
-def _slot_view(s: SlotSnapshot) -> SlotView:
+def _slot_view(s: SlotSnapshot, namespace: str) -> SlotView:
     task = None
     if s.request is not None:
         n_predict = s.request.n_predict
+        # llama-server resets a released slot's counters (server_slot::reset): an idle slot
+        # shows its last task's params but no budget or counts of it.
+        busy = s.is_processing
         task = SlotTaskView(
             id_task=s.id_task,
             request=s.request,
             n_prompt_tokens=s.n_cached,
-            n_prompt_tokens_processed=s.n_prompt_tokens_processed,
-            n_prompt_tokens_cache=s.n_prompt_tokens_cache,
+            n_prompt_tokens_processed=s.n_prompt_tokens_processed if busy else 0,
+            n_prompt_tokens_cache=s.n_prompt_tokens_cache if busy else 0,
             has_next_token=s.has_next_token,
             has_new_line="\n" in s.generated_text,
-            n_remain=-1 if n_predict < 0 else max(0, n_predict - s.n_decoded),
-            n_decoded=s.n_decoded,
+            n_remain=-1 if n_predict < 0 or not busy else max(0, n_predict - s.n_decoded),
+            n_decoded=s.n_decoded if busy else 0,
             generated=s.generated_text,
         )
     return SlotView(
-        id=s.id, n_ctx=s.n_ctx, speculative=s.speculative, is_processing=s.is_processing, task=task
+        id=s.id,
+        n_ctx=s.n_ctx,
+        speculative=s.speculative,
+        is_processing=s.is_processing,
+        task=task,
+        mind=mind_name(s.mind, namespace),
     )
 
 
@@ -154,7 +164,8 @@ async def slots(request: Request) -> JSONResponse:
     snap = state.snapshot
     if request.query_params.get("fail_on_no_slot") and snap.n_idle_slots == 0:
         raise KvswapError(ErrorKind.UNAVAILABLE, "no slot available")
-    views = [_slot_view(s) for s in snap.slots]
+    namespace = caller_namespace(request.headers, keyed=bool(state.config.http.api_keys))
+    views = [_slot_view(s, namespace) for s in snap.slots]
     return JSONResponse(slots_json(views, speculative_types=state.config.spec.spec_type))
 
 
@@ -166,7 +177,12 @@ async def metrics(request: Request) -> Response:
     text = state.metrics.render(state.snapshot.metrics)
     if state.cluster is not None:
         text += render(formats_cluster.metrics(await state.cluster.view()))
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    # llama-server's header, in its case (Starlette lowercases names given to a Response);
+    # kvswap sends the process's real start time in unix seconds.
+    started = str(int(psutil.Process().create_time())).encode()
+    response.raw_headers.append((b"Process-Start-Time-Unix", started))
+    return response
 
 
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))

@@ -144,6 +144,8 @@ def completion_progress_chunk(
         "choices": [{"text": "", "index": index, "logprobs": None, "finish_reason": None}],
         **_envelope(meta, "text_completion"),
     }
+    if progress.timings is not None:
+        out["timings"] = timings_json(progress.timings)
     out["prompt_progress"] = progress_json(progress)
     return out
 
@@ -218,6 +220,8 @@ def chat_chunks(
 def chat_progress_chunk(progress: PromptProgress, meta: OaiMeta, *, index: int = 0) -> dict:
     """A prefill progress event: llama-server sends it as a role chunk with `prompt_progress`."""
     chunk = chat_chunk_json(meta, index, dict(ROLE_DELTA), None)
+    if progress.timings is not None:
+        chunk["timings"] = timings_json(progress.timings)
     chunk["prompt_progress"] = progress_json(progress)
     return chunk
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from kvswap.chat.blocks import Block, BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
-from kvswap.core.types import Completion, EngineError, StopType
+from kvswap.core.types import Completion, EngineError, PromptProgress, StopType
+from kvswap.server.formats import progress_json, timings_json
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -282,7 +283,17 @@ class ResponseEvents:
     def complete(self, c: Completion) -> list[dict[str, Any]]:
         resp = response_json(self.meta, status="completed", output=self.done_items, c=c)
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
-        return [self._event(kind, response=resp)]
+        return [self._event(kind, response=resp, timings=timings_json(c.timings))]
+
+    def progress(self, p: PromptProgress) -> dict[str, Any]:
+        """A prefill progress event (`return_progress`): llama-server's `response.in_progress`
+        with `prompt_progress` (and `timings` with timings_per_token)."""
+        head = {"id": self.meta.id, "object": "response", "status": "in_progress"}
+        event = self._event("response.in_progress", response=head)
+        if p.timings is not None:
+            event["timings"] = timings_json(p.timings)
+        event["prompt_progress"] = progress_json(p)
+        return event
 
     def error(self, event: EngineError) -> dict[str, Any]:
         return self._event("error", code=event.kind.value, message=event.message, param=None)

@@ -9,7 +9,7 @@ as OpenAI (and llama-server) do. Chat answers are parsed for tool calls and reas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,9 +24,9 @@ from kvswap.core.types import (
     TokenEvent,
     TokenProbs,
 )
+from kvswap.server.llama.formats_native import native_final
 from kvswap.server.openai.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
 from kvswap.server.openai.formats_oai import (
-    OaiMeta,
     chat_progress_chunk,
     completion_chunk,
     completion_final,
@@ -54,22 +54,29 @@ from kvswap.server.requests.schemas import (
     OaiCompletionRequest,
     parse_body,
 )
-from kvswap.server.state import get_state
-from kvswap.server.streaming import Runner, complete_all, open_stream
+from kvswap.server.state import ServerState, get_state
+from kvswap.server.streaming import complete_all, open_stream
 
 router = APIRouter()
 
 
-async def _finals(
-    runner: Runner,
+def _with_verbose(
+    state: ServerState,
+    body: OaiCompletionRequest | ChatCompletionRequest,
+    finals: list[dict[str, Any]],
+    results: list[Completion],
     reqs: list[GenerationRequest],
-    request: Request,
-    shape: Callable[..., dict[str, Any]],
-    meta: OaiMeta,
 ) -> list[dict[str, Any]]:
-    """Run every task to its end and shape each final result (OpenAI routes)."""
-    results = await complete_all(runner, reqs, request)
-    return [shape(c, r, meta, index=i) for i, (c, r) in enumerate(zip(results, reqs, strict=True))]
+    """llama-server's debug field: under -v (or a body's `verbose: true`) each OpenAI final
+    carries the native /completion answer, the rendered prompt included, as `__verbose`."""
+    if not (state.config.log.verbose if body.verbose is None else body.verbose):
+        return finals
+    for i, (final, c, r) in enumerate(zip(finals, results, reqs, strict=True)):
+        prompt_text = state.vocab.detokenize(list(r.prompt_tokens), special=True)
+        final["__verbose"] = native_final(
+            c, r, model=state.model_name, prompt_text=prompt_text, index=i
+        )
+    return finals
 
 
 # ---------------------------------------------------------------------------- /v1/completions
@@ -86,9 +93,12 @@ async def oai_completion(request: Request) -> Response:
     runner = state.runner()
     meta = oai_meta(state)
     if not body.stream:
-        return JSONResponse(
-            merge_choices(await _finals(runner, reqs, request, completion_final, meta))
-        )
+        results = await complete_all(runner, reqs, request)
+        finals = [
+            completion_final(c, r, meta, index=i)
+            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
+        ]
+        return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
@@ -127,7 +137,7 @@ async def chat_completion(request: Request) -> Response:
             chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
             for i, (c, r) in enumerate(zip(results, reqs, strict=True))
         ]
-        return JSONResponse(merge_choices(finals))
+        return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     parsers = [ChatParser(plan.spec) for _ in reqs]
     unsent: list[tuple[TokenProbs, ...]] = [() for _ in reqs]  # probs of steps sent no chunk

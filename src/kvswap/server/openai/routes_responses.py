@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
-from kvswap.core.types import Completion, EngineError, Event, TokenEvent
+from kvswap.core.types import Completion, EngineError, Event, PromptProgress, TokenEvent
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
@@ -86,7 +86,12 @@ async def responses(request: Request) -> Response:
             started = True
             yield from events.start()
         if isinstance(event, TokenEvent):
-            yield from events.blocks(blocks.feed(parser.feed(event.text)))
+            out = events.blocks(blocks.feed(parser.feed(event.text)))
+            if out and event.timings is not None:  # timings_per_token: on the step's last event
+                out[-1]["timings"] = fr.timings_json(event.timings)
+            yield from out
+        elif isinstance(event, PromptProgress):
+            yield events.progress(event)
         elif isinstance(event, Completion):
             yield from events.blocks(blocks.feed(parser.finish()) + blocks.close())
             yield from events.complete(event)

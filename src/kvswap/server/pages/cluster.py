@@ -176,6 +176,19 @@ class ClusterGate:
             log.info("mind %s handed off", split_key(key)[1])
         return done
 
+    async def ended(self, key: str) -> None:
+        """A slot verb ended the mind here (erase, page_out): the shared tier drops it too, so
+        its next turn anywhere starts it fresh. Redis away: it stays there (logged)."""
+        try:
+            await self._run(self.tier.end_mind, key)
+        except TierUnavailable as err:
+            log.error(
+                "mind %s: ended here, but the shared tier could not drop it (%s): a later "
+                "turn may resume it from there",
+                split_key(key)[1],
+                err,
+            )
+
     # -- after a turn ------------------------------------------------------------------------
 
     async def turn_done(

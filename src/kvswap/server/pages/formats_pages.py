@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvswap.engine.commands import PageMoved
-from kvswap.engine.kv.pagestore import PageInfo
+from kvswap.engine.kv.pagestore import PageInfo, StoreUsage
 from kvswap.engine.minds.anoncache import KEY_PREFIX as ANON_PREFIX
 from kvswap.engine.minds.registry import MindView
 
@@ -57,16 +57,25 @@ def _page_json(p: PageInfo) -> dict[str, Any]:
     }
 
 
-def pages_json(infos: Sequence[PageInfo], n_bytes: int, ceiling_bytes: int) -> dict[str, Any]:
-    """Every named page in the store, the generations only running spills still hold, and the
-    anonymous prompt cache's pages as one summary (they are the server's, not a client's)."""
+def pages_json(usage: StoreUsage, ceiling_bytes: int) -> dict[str, Any]:
+    """Every named page in the store, the generations only running spills still hold, the
+    anonymous prompt cache's pages as one summary (they are the server's, not a client's), and
+    the bytes admitted for no page yet: `n_bytes` is the sum of the lists and `closing_bytes`."""
+    infos = usage.pages
     cached = [p for p in infos if p.in_store and p.name.startswith(ANON_PREFIX)]
     return {
-        "n_bytes": n_bytes,
+        "n_bytes": usage.charged_bytes,
         "ceiling_bytes": ceiling_bytes,
         "pages": [_page_json(p) for p in infos if p.in_store and p not in cached],
         "held_by_spills": [_page_json(p) for p in infos if not p.in_store],
         "anonymous_cache": {"n_pages": len(cached), "n_bytes": sum(p.n_bytes for p in cached)},
+        "reserved": [
+            {"name": name, "what": "copy under way", "n_bytes": n}
+            if name
+            else {"name": "", "what": "spare switch buffer", "n_bytes": n}
+            for name, n in sorted(usage.reserved_bytes.items())
+        ],
+        "closing_bytes": usage.closing_bytes,
     }
 
 
@@ -83,6 +92,7 @@ def minds_json(views: Sequence[MindView], now_unix_s: float) -> list[dict[str, A
             "last_used_unix_s": round(v.last_used_unix_s, 3),
             "idle_s": round(max(0.0, now_unix_s - v.last_used_unix_s), 3),
             "on_disk": v.on_disk,
+            "n_tokens_on_disk": v.n_tokens_on_disk,
         }
         for v in views
     ]

@@ -40,17 +40,51 @@ from kvswap.tiers.slotfiles import ReadState, files_error, read_state
 log = logging.getLogger("kvswap.minds")
 
 
-def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool) -> str:
-    """The mind key a request names (`"mind"` in the body, else `X-Mind-Id`), in the namespace
-    of its API key when the server has keys; "" when it names none."""
-    name = body_mind if body_mind is not None else headers.get("x-mind-id")
-    if name is None:
-        return ""
+def caller_namespace(headers: Mapping[str, str], keyed: bool) -> str:
+    """The mind namespace of a request: its API key's when the server has keys."""
     api_key = ""
     if keyed:
         raw = headers.get("authorization") or headers.get("x-api-key") or ""
         api_key = raw.removeprefix("Bearer ")
-    return mind_key(namespace_of(api_key), name)
+    return namespace_of(api_key)
+
+
+def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool) -> str:
+    """The mind key a request names (`"mind"` in the body and/or `X-Mind-Id`), in the namespace
+    of its API key when the server has keys; "" when it names none. The header is read as
+    UTF-8 (HTTP hands its bytes over as Latin-1), so both ways name the same mind; a typed 400
+    when they disagree or the header is not UTF-8."""
+    header = _header_utf8(headers.get("x-mind-id"))
+    if body_mind is not None and header is not None and body_mind != header:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            f'the X-Mind-Id header ({header!r}) and the body\'s "mind" ({body_mind!r}) name '
+            "different minds",
+        )
+    name = body_mind if body_mind is not None else header
+    if name is None:
+        return ""
+    return mind_key(caller_namespace(headers, keyed), name)
+
+
+def _header_utf8(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.encode("latin-1").decode("utf-8")
+    except UnicodeError as err:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST, "the X-Mind-Id header must be UTF-8 text"
+        ) from err
+
+
+def mind_name(key: str, namespace: str) -> str | None:
+    """The name of mind `key` as a caller of `namespace` may see it: None for another
+    tenant's mind (or no mind)."""
+    if not key:
+        return None
+    owner, name = split_key(key)
+    return name if owner == namespace else None
 
 
 class MindGate:
@@ -89,6 +123,15 @@ class MindGate:
                 raise KvswapError(
                     ErrorKind.UNAVAILABLE,
                     "this mind is served by another server sharing the save path",
+                )
+            made_with = self.registry.foreign(key)
+            if made_with is not None:
+                # Its state stays in its file for the server that made it: never written over.
+                raise KvswapError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"this mind was spilled by a server running {made_with}, which this server "
+                    "cannot load: its file is kept; serve it from a server with that model and "
+                    "those KV types, or name another mind",
                 )
             resumed = await self.cluster.place(key) if self.cluster is not None else None
             on_disk_only = self.registry.begin_use(key, store.has)
@@ -148,6 +191,18 @@ class MindGate:
         """The bytes of every mind's spilled copy: what `--page-disk-bytes` bounds."""
         return sum(copy.n_bytes for copy in self.registry.disk_copies().values())
 
+    async def forget(self, key: str) -> None:
+        """A slot verb ended mind `key` (erase, page_out): its spilled copy goes too, so no
+        tier holds it any more (the files are removed on an I/O worker; in a cluster the shared
+        tier drops it too)."""
+        if self.cluster is not None:
+            await self.cluster.ended(key)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.io, self.demoter.forget, key)
+        except FilesError as err:
+            raise files_error(err, "remove the mind's spilled copy") from err
+
     def views(self) -> list[MindView]:
         """Every mind this server serves, with its live tier."""
         store = self.store
@@ -173,6 +228,7 @@ class MindGate:
                 slot_id, n_tokens, n_bytes, tier = -1, copy.n_tokens, copy.n_bytes, "disk"
             out.append(
                 MindView(key, namespace, name, tier, slot_id, n_tokens, n_bytes,
-                         last.get(key, 0.0), copy is not None)
+                         last.get(key, 0.0), copy is not None,
+                         copy.n_tokens if copy is not None else 0)
             )  # fmt: skip
         return out

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec
@@ -26,7 +26,8 @@ router = APIRouter()
 
 
 class ReconfigureBody(Body):
-    """Omitted fields keep their value."""
+    """Omitted fields keep their value. An unknown field is a 400 naming it: a typo must not
+    run a whole drain and rebuild that changes nothing."""
 
     n_ctx: int | None = Field(default=None, ge=1)
     n_parallel: int | None = Field(default=None, ge=1, le=256)
@@ -38,6 +39,18 @@ class ReconfigureBody(Body):
     n_ubatch: int | None = Field(default=None, ge=1)
     force: bool = False
     drain_timeout_s: float = Field(default=30.0, ge=0, le=3600)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"unknown field(s) {', '.join(map(repr, unknown))}; /reconfigure takes "
+                    + ", ".join(cls.model_fields)
+                )
+        return data
 
 
 def geometry_json(g: Geometry, n_ctx_slot: int) -> dict[str, Any]:

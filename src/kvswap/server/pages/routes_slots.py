@@ -6,6 +6,11 @@ publisher on a worker thread, so a save, restore or spill never blocks decoding.
 in order behind work queued on their slot; a client that disconnects while its verb waits
 cancels it. `spill` and `page_drop` act on the page store only (`{id_slot}` is validated and
 ignored), so they never wait behind a slot.
+
+`save`, `erase` and `page_out` on a slot holding a mind act on the mind (the answer names it):
+save writes its state, erase and page_out end it (its spilled copy is removed, so no tier holds
+it; after page_out the page is its state). With API keys they are refused, typed and naming no
+mind, when the mind is another key's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_
 from kvswap.server.openapi import body_schema
 from kvswap.server.pages import formats_cluster
 from kvswap.server.pages.formats_pages import minds_json, page_moved_json, pages_json, spill_json
+from kvswap.server.pages.minds import caller_namespace, mind_name
 from kvswap.server.requests.schemas import SlotFileRequest, SpillRequest, parse_body
 from kvswap.server.state import ServerState, get_state
 from kvswap.tiers.slotfiles import files_error, publish_state, read_state
@@ -90,7 +96,7 @@ async def _verb(
     return await state.client.call(make, request.is_disconnected, on_reply)
 
 
-@router.post("/slots/{id_slot}", openapi_extra=body_schema(SlotFileRequest))
+@router.post("/slots/{id_slot}", openapi_extra=body_schema(SlotFileRequest, SpillRequest))
 async def slot_action(
     id_slot: int, request: Request, action: str = "", page: str = ""
 ) -> JSONResponse:
@@ -100,17 +106,21 @@ async def slot_action(
             ErrorKind.INVALID_REQUEST,
             f"Invalid action: {action!r} (one of {', '.join(SLOT_ACTIONS)})",
         )
+    namespace = caller_namespace(request.headers, keyed=bool(state.config.http.api_keys))
     if action == "erase":
         erased: Erased = await _verb(
-            state, request, lambda rid, reply: SlotErase(rid, id_slot, reply)
+            state, request, lambda rid, reply: SlotErase(rid, id_slot, reply, namespace)
         )
-        return JSONResponse(slot_erase_json(erased.slot_id, erased.n_erased))
+        if erased.mind:
+            await state.minds.forget(erased.mind)
+        answer = slot_erase_json(erased.slot_id, erased.n_erased)
+        return JSONResponse(_with_mind(answer, erased.mind, namespace))
     if action in ("save", "restore"):
         publisher = _publisher(state)
         body = parse_body(SlotFileRequest, await request.body())
         filename = _name(validate_filename, body.filename, f"{action} slot")
         if action == "save":
-            return await _save(state, publisher, request, id_slot, filename)
+            return await _save(state, publisher, request, id_slot, filename, namespace)
         return await _restore(state, publisher, request, id_slot, filename)
     store = _store(state)
     name = _name(validate_page_name, page, action)
@@ -119,12 +129,17 @@ async def slot_action(
             ErrorKind.INVALID_REQUEST,
             f"page names starting with {KEY_PREFIX!r} belong to minds; name the mind in a request",
         )
-    if action in ("page_out", "page_in"):
-        cmd = PageOut if action == "page_out" else PageIn
+    if action == "page_out":
         moved: PageMoved = await _verb(
-            state, request, lambda rid, reply: cmd(rid, id_slot, name, reply)
+            state, request, lambda rid, reply: PageOut(rid, id_slot, name, reply, namespace)
         )
-        return JSONResponse(page_moved_json(moved, page_in=action == "page_in"))
+        if moved.mind:
+            await state.minds.forget(moved.mind)
+        answer = page_moved_json(moved, page_in=False)
+        return JSONResponse(_with_mind(answer, moved.mind, namespace))
+    if action == "page_in":
+        moved = await _verb(state, request, lambda rid, reply: PageIn(rid, id_slot, name, reply))
+        return JSONResponse(page_moved_json(moved, page_in=True))
     if not 0 <= id_slot < len(state.snapshot.slots):
         raise KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID")
     if action == "page_drop":
@@ -133,12 +148,23 @@ async def slot_action(
     return await _spill(state, store, request, name)
 
 
+def _with_mind(body: dict[str, Any], key: str, namespace: str) -> dict[str, Any]:
+    """A verb's answer, naming the mind it acted on (the caller's own: others are refused)."""
+    name = mind_name(key, namespace)
+    return {**body, "mind": name} if name is not None else body
+
+
 async def _save(
-    state: ServerState, publisher: Publisher, request: Request, id_slot: int, filename: str
+    state: ServerState,
+    publisher: Publisher,
+    request: Request,
+    id_slot: int,
+    filename: str,
+    namespace: str,
 ) -> JSONResponse:
     t0 = time.perf_counter()
     captured: Captured = await _verb(
-        state, request, lambda rid, reply: SlotCapture(rid, id_slot, reply)
+        state, request, lambda rid, reply: SlotCapture(rid, id_slot, reply, namespace)
     )
     try:
         receipt = await _in_worker(
@@ -153,9 +179,8 @@ async def _save(
     except FilesError as err:
         raise files_error(err, "save slot") from err
     ms = (time.perf_counter() - t0) * 1e3
-    return JSONResponse(
-        slot_save_json(id_slot, filename, captured.layout.n_tokens, receipt.n_bytes, ms)
-    )
+    body = slot_save_json(id_slot, filename, captured.layout.n_tokens, receipt.n_bytes, ms)
+    return JSONResponse(_with_mind(body, captured.mind, namespace))
 
 
 async def _restore(
@@ -204,7 +229,7 @@ async def _spill(state: ServerState, store: PageStore, request: Request, name: s
 async def pages(request: Request) -> JSONResponse:
     state = get_state(request)
     store = _store(state)
-    body = pages_json(store.infos(), store.charged_bytes, store.ceiling_bytes)
+    body = pages_json(store.usage(), store.ceiling_bytes)
     body["minds"] = minds_json(state.minds.views(), time.time())
     body["disk_n_bytes"] = state.minds.disk_bytes()
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound

@@ -11,11 +11,12 @@ parser uses. Typed 400s for what cannot be honoured.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from kvswap.chat.parser import ParseSpec
-from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning
+from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning, close_thinking
 from kvswap.chat.toolformats import ToolFormat, tool_format_for
 from kvswap.chat.tools import ToolChoice, ToolError, ToolMode, parse_tool_choice, parse_tools
 from kvswap.core.errors import ErrorKind, KvswapError
@@ -28,6 +29,7 @@ from kvswap.server.requests.constraints import (
     response_format_schema,
     schema_grammar,
 )
+from kvswap.server.requests.continuation import split_continuation
 from kvswap.server.requests.params import chat_messages
 from kvswap.server.requests.schemas import ChatCompletionRequest
 from kvswap.server.state import ServerState
@@ -84,12 +86,23 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     )
     # A response format wins over optional tool calls, as llama-server's autoparser.
     calling = calling and schema is None
+    # tool_choice "none" shows the tools as "auto" does (llama-server renders them either way),
+    # so a switch between the two keeps the prompt and the conversation's cache; a template
+    # with no tool syntax is then held to the JSON reply, without its call alternative.
+    answering = (
+        choice.mode is ToolMode.NONE
+        and fmt is not None
+        and fmt.name == "generic"
+        and schema is None
+        and not body.grammar
+    )
     messages = chat_messages(body)
     if fmt is not None:
+        shown = ToolChoice(ToolMode.AUTO) if answering else choice
         messages = fmt.adapt_messages(
             messages,
             tools,
-            choice if calling else ToolChoice(ToolMode.NONE),
+            shown if calling or answering else ToolChoice(ToolMode.NONE),
             parallel,
             template.caps,
         )
@@ -98,7 +111,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     reasoning_format = _reasoning_format(body)
     reasoning = Reasoning.detect(template.source, prompt) if reasoning_format != "none" else None
     constraint: Constraint | None = None
-    if calling and fmt is not None:
+    if (calling or answering) and fmt is not None:
         try:
             tool_grammar = fmt.grammar(tools, choice, parallel)
         except SchemaError as err:
@@ -119,7 +132,7 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
         check_constraint(state.vocab, constraint)
     streamed_legacy = reasoning_format == "deepseek-legacy" and bool(body.stream)
     spec = ParseSpec(
-        tool_format=fmt if calling else None,
+        tool_format=fmt if calling or answering else None,
         reasoning=None if streamed_legacy else reasoning,
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
@@ -140,20 +153,31 @@ def _render(
     tools: list[dict[str, Any]] | None,
 ) -> str:
     """The chat template applied to the messages (typed 400 on bad messages)."""
-    kwargs = dict(body.chat_template_kwargs or {})
+    # --chat-template-kwargs are the defaults; the request's own keys win (llama-server).
+    kwargs = {k: json.loads(v) for k, v in state.config.model.chat_template_kwargs}
+    kwargs.update(body.chat_template_kwargs or {})
     effort = body.reasoning_effort
     if effort == "none":
         kwargs["enable_thinking"] = False
     elif effort:
         kwargs["reasoning_effort"] = effort
+    cont = split_continuation(
+        messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        prefill_assistant=state.config.model.prefill_assistant,
+    )
+    reasoning = state.config.model.reasoning  # --reasoning: on, off or auto (the template's)
     try:
-        return state.template.render(
-            messages,
-            add_generation_prompt=True
-            if body.add_generation_prompt is None
-            else body.add_generation_prompt,
+        prompt = state.template.render(
+            cont.messages,
+            add_generation_prompt=cont.add_generation_prompt,
             tools=tools,
             chat_template_kwargs=kwargs,
+            enable_thinking=None if reasoning == "auto" else reasoning == "on",
         )
+        if reasoning == "off" and cont.add_generation_prompt and not cont.suffix:
+            prompt = close_thinking(state.template.source, prompt)
+        return prompt + cont.suffix
     except (InvalidMessagesError, TemplateError) as err:
         raise _invalid(str(err)) from err

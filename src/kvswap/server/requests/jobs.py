@@ -8,6 +8,7 @@ constraint's grammar in them; `checked_constraint` checks a grammar with libllam
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -65,6 +66,11 @@ def generation_requests(
             n_vocab=state.vocab.n_tokens,
             tokenize=tokenizer(state),
         )
+        if req.sampling.ignore_eos:  # llama-server bans every EOG token in logit_bias
+            bans = tuple((tok, -math.inf) for tok in state.vocab.eog_tokens)
+            req = replace(
+                req, sampling=replace(req.sampling, logit_bias=req.sampling.logit_bias + bans)
+            )
         lora, asked = state.lora.for_request(body.lora)
         req = replace(with_constraint(req, constraint), lora=lora, lora_request=asked, mind=mind)
 

@@ -52,9 +52,14 @@ IntOrMinus1 = Annotated[int, Field(ge=-1, le=INT32_MAX), _ToInt]  # -1: "default
 
 
 class Body(BaseModel):
-    """Base of every request body: strict types, unknown fields ignored, no NaN or infinity."""
+    """Base of every request body: strict types, unknown fields ignored, no NaN or infinity.
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+    Validators are built on a model's first use (`defer_build`), not at import: a cold start
+    builds only the bodies its first requests send."""
+
+    model_config = ConfigDict(
+        strict=True, extra="ignore", allow_inf_nan=False, frozen=True, defer_build=True
+    )
 
 
 class PromptObject(Body):
@@ -329,6 +334,8 @@ class ChatCompletionRequest(GenerationFields):
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
+        if not self.messages:
+            raise ValueError("'messages' must contain at least one message (as OpenAI's API)")
         if self.json_schema is not None and self.grammar:
             raise ValueError("Cannot use both json_schema and grammar")
         if not self.logprobs and self.top_logprobs is not None:

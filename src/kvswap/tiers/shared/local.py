@@ -9,7 +9,8 @@ of its latest state to publish, and forgetting them all once another replica own
 - on disk only: its committed generation, read and verified, packed into one page buffer.
 
 `forget(key)` frees the mind's slot and RAM page (`ForgetMind`, on the engine thread) and
-removes its spilled files. Called from worker threads only (it waits for the engine and does
+removes its spilled files through the demoter's `forget` (under its spill lock, so no copy taken
+before is written after, and no scheduled flush writes the mind again). Called from worker threads only (it waits for the engine and does
 file I/O); never from the engine thread or the event loop.
 """
 
@@ -59,8 +60,10 @@ class LocalMinds:
         pages: PagesHandle,
         publisher: Publisher | None,
         geometry: Callable[[], PageGeometry],
+        forget_files: Callable[[str], None],
     ) -> None:
         self.post = post
+        self.forget_files = forget_files
         self.store = pages.store
         self.registry = pages.registry
         self.publisher = publisher
@@ -78,7 +81,7 @@ class LocalMinds:
 
     def copy(self, key: str) -> PageCopy | None:
         """The mind's latest state here, or None (busy in a slot, or held nowhere)."""
-        captured = self._ask(lambda a: FlushMinds(a, only=frozenset({key})), "a copy")
+        captured = self._ask(lambda a: FlushMinds(a, keys=frozenset({key})), "a copy")
         assert isinstance(captured, list)
         if captured:
             (_, cap), *rest = captured
@@ -118,11 +121,10 @@ class LocalMinds:
         """Drop every copy of the mind here; False when its slot is busy (nothing dropped)."""
         if not self._ask(lambda a: ForgetMind(key, a), "a forget"):
             return False
-        if self.registry.forget_disk(key) is not None and self.publisher is not None:
-            try:
-                self.publisher.remove(key)
-            except FilesError as err:
-                log.error("mind %s: its disk copy could not be removed: %s", key, err)
+        try:
+            self.forget_files(key)
+        except FilesError as err:
+            log.error("mind %s: its disk copy could not be removed: %s", key, err)
         return True
 
     def has(self, key: str) -> bool:

@@ -99,7 +99,10 @@ class SharedTier:
         pages: PagesHandle,
         publisher: Publisher | None,
         geometry: Callable[[], PageGeometry],
+        forget_files: Callable[[str], None],
     ) -> None:
+        """`forget_files`: the demoter's `forget` (a mind's spilled files removed, under its
+        spill lock)."""
         assert settings.shared_tier and settings.replica_id and settings.advertise_url
         self.settings = settings
         self.geometry = geometry
@@ -110,7 +113,13 @@ class SharedTier:
             self.client, replica_id=settings.replica_id, budget_bytes=settings.shared_tier_bytes
         )
         self.token_log = TokenLog(self.client)
-        self.local = LocalMinds(post=post, pages=pages, publisher=publisher, geometry=geometry)
+        self.local = LocalMinds(
+            post=post,
+            pages=pages,
+            publisher=publisher,
+            geometry=geometry,
+            forget_files=forget_files,
+        )
         self.holdings = Holdings(
             self.client,
             Leases(self.client, self.incarnation, settings.lease_ms),
@@ -196,6 +205,10 @@ class SharedTier:
 
     def hand_off(self, key: str) -> bool:
         return self.writer.hand_off(key)
+
+    def end_mind(self, key: str) -> None:
+        """A slot verb ended the mind here: out of the tier too (TierUnavailable: it stays)."""
+        self.writer.end_mind(key)
 
     def holder(self, key: str) -> LeaseHolder | None:
         """Who holds the mind's lease now (None: free). Raises TierUnavailable."""

@@ -243,6 +243,27 @@ class MindWriter:
         self._count(n_lost=1)
         self.holdings.drop(held)
 
+    # -- a mind ended here ---------------------------------------------------------------------
+
+    def end_mind(self, key: str) -> None:
+        """A slot verb ended the mind here (erase, page_out): the tier drops it too (its page
+        and token log, fenced) and its lease is released, so no tier holds it and its next
+        turn, on any replica, starts it fresh. Raises TierUnavailable (the tier keeps it)."""
+        held = self.holdings.get(key)
+        if held is None:
+            return
+        with held.publishing:
+            try:
+                self._fenced(held, lambda: self.store.drop(held.lease))
+            except StaleOwner:
+                self._lost(held)
+                return
+            except TierUnavailable as err:
+                self.health.failed("mind drop", err)
+                raise
+            self.health.ok()
+            self.holdings.release(held)
+
     # -- handing off and draining ------------------------------------------------------------
 
     def hand_off(self, key: str) -> bool:

@@ -1,0 +1,54 @@
+"""One log line per HTTP request, in llama-server's words (`log_server_request`,
+`tools/server/server-http.cpp`): `done request: METHOD PATH ADDR STATUS`, once the answer has
+been sent. The routes clients poll (/health, /models, /props, /metrics) are not logged, as
+llama-server skips them. An ASGI wrapper around the whole app, so refusals of the guard (401,
+413, 503) are logged too. Logged at INFO: shown at the default verbosity.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+log = logging.getLogger("kvswap.http")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# llama-server's list: requests sent regularly, not logged to avoid log spam.
+QUIET_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/props", "/metrics"})
+
+
+class RequestLog:
+    """Wraps an ASGI app; see the module docstring."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path", "") in QUIET_PATHS:
+            await self.app(scope, receive, send)
+            return
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            client = scope.get("client") or ("", 0)
+            log.info(
+                "done request: %s %s %s %d",
+                scope.get("method", ""),
+                scope["path"],
+                client[0],
+                status,
+            )

@@ -1,0 +1,51 @@
+"""`kvswap bench minds`' bookkeeping: what a case reports from its turns (pure, no server)."""
+
+from __future__ import annotations
+
+from kvswap.bench.minds_report import ratio_lines, table_lines
+from kvswap.bench.minds_script import Case, Result, Turn, estimate
+
+
+def _turn(mind: int, rnd: int, content: str, *, lost_ms: float = 0.0, n_lost: int = 0) -> Turn:
+    return Turn(mind, rnd, content, wall_ms=100.0, ttft_ms=60.0, prompt_n=50, cache_n=500,
+                moved_ms=5.0, lost_ms=lost_ms, n_lost=n_lost)  # fmt: skip
+
+
+CASE = Case("fit", "m.gguf", 2, 500, 1, 2, budget_bytes=1 << 30)
+
+
+def test_switching_counts_rounds_after_the_first_and_splits_out_the_re_prefill() -> None:
+    r = Result("fit", "llama-server")
+    r.turns = [_turn(0, 0, "a"), _turn(1, 0, "b"), _turn(0, 1, "c", lost_ms=900.0, n_lost=500)]
+    assert r.first_round_s == 0.2
+    assert r.switch_s == (5.0 + 900.0) / 1e3  # round 1 only: the move and the re-prefill
+    assert (r.lost_s, r.n_lost) == (0.9, 500)
+
+
+def test_text_is_compared_turn_for_turn_and_estimated_turns_are_never_compared() -> None:
+    kvswap, other = Result("fit", "kvswap"), Result("fit", "llama-server")
+    kvswap.turns = [_turn(0, 0, "a"), _turn(0, 1, "b")]
+    other.turns = [_turn(0, 0, "a"), _turn(0, 1, "b")]
+    assert other.identical_to(kvswap)
+    other.turns[1] = _turn(0, 1, "x")
+    assert "round 1, mind 0" in other.first_difference(kvswap)
+    other.turns[1:] = estimate(other.turns[:1], range(1, 2), n_minds=1, growth=30)
+    assert other.estimated and other.identical_to(kvswap)
+    rows = table_lines([(CASE, {"kvswap": kvswap, "llama-server": other}, "load 1.0")])
+    assert "llama-server (est.)" in rows[-1]
+
+
+def test_estimated_turns_re_prefill_the_whole_mind_at_the_measured_rate() -> None:
+    measured = [_turn(0, 0, "a")]  # 50 tokens prefilled in 60 ms (1.2 ms a token)
+    [later] = estimate(measured, range(1, 2), n_minds=1, growth=30)
+    assert later.estimated and later.prompt_n == 550 + 30
+    assert later.n_lost == 550 and abs(later.lost_ms - 550 * 1.2) < 1e-6
+
+
+def test_ratios_read_llama_server_over_kvswap() -> None:
+    kvswap, other = Result("fit", "kvswap"), Result("fit", "llama-server")
+    kvswap.turns = [_turn(0, 0, "a"), _turn(0, 1, "b")]
+    other.turns = [_turn(0, 0, "a"), _turn(0, 1, "b", lost_ms=995.0, n_lost=500)]
+    kvswap.total_s, other.total_s = 1.0, 2.0
+    [row] = ratio_lines([(CASE, {"kvswap": kvswap, "llama-server": other}, "")])[2:]
+    assert row.startswith("| fit | 1.00x | 1.00x | 200.00x |") and row.endswith("| 2.00x |")

@@ -1,0 +1,45 @@
+"""Which mind a request names: the body's "mind" and the X-Mind-Id header name one mind, the
+header read as UTF-8; a disagreement or a header that is not UTF-8 is a typed 400."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.engine.minds.registry import mind_key, namespace_of
+from kvswap.server.pages.minds import caller_namespace, mind_name, request_mind
+
+NAME = "ünï cødé"
+
+
+def as_http(text: str) -> str:
+    """A header value as the ASGI server hands it over: its UTF-8 bytes read as Latin-1."""
+    return text.encode("utf-8").decode("latin-1")
+
+
+def test_a_utf8_header_and_the_body_name_the_same_mind() -> None:
+    by_header = request_mind({"x-mind-id": as_http(NAME)}, None, keyed=False)
+    by_body = request_mind({}, NAME, keyed=False)
+    both = request_mind({"x-mind-id": as_http(NAME)}, NAME, keyed=False)
+    assert by_header == by_body == both == mind_key("public", NAME)
+
+
+@pytest.mark.parametrize(
+    ("headers", "body"),
+    [({"x-mind-id": "x1"}, "x2"), ({"x-mind-id": "caf\xe9"}, None)],
+    ids=["header-and-body-disagree", "header-not-utf8"],
+)
+def test_an_ambiguous_or_garbled_name_is_a_400(headers: dict[str, str], body: str | None) -> None:
+    with pytest.raises(KvswapError) as err:
+        request_mind(headers, body, keyed=False)
+    assert err.value.kind is ErrorKind.INVALID_REQUEST
+    assert "X-Mind-Id" in err.value.message
+
+
+def test_names_are_shown_only_to_their_own_key() -> None:
+    headers = {"authorization": "Bearer ka"}
+    key = request_mind({**headers, "x-mind-id": "zed"}, None, keyed=True)
+    assert caller_namespace(headers, keyed=True) == namespace_of("ka")
+    assert mind_name(key, namespace_of("ka")) == "zed"
+    assert mind_name(key, namespace_of("kb")) is None
+    assert mind_name("", namespace_of("ka")) is None
