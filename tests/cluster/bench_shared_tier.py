@@ -22,6 +22,7 @@ from pathlib import Path
 
 import redis
 
+from kvswap.core.keys import mind_key
 from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES as CHUNK
 from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.lease import Lease, Leases
@@ -59,7 +60,7 @@ def throughput(server: RedisServer, n_mib: int) -> None:
             raw_w, raw_r = raw(client, page)
             raw_writes.append(raw_w)
             raw_reads.append(raw_r)
-            name = f"mind~bench~{n_conn:02x}{rep:02x}"
+            name = mind_key("bench", f"{n_conn:02x}{rep:02x}")
             got = Leases(client, incarnation("bench")).acquire(MindKeys.of(name))
             assert isinstance(got, Lease)
             t0 = time.perf_counter()
@@ -100,7 +101,7 @@ def delta(server: RedisServer) -> None:
     print(f"SmolLM2-135M: 4096-token prefill {time.perf_counter() - t0:.0f} s")
     client = server.client()
     store = SharedStore(client, replica_id="bench")
-    name = "mind~bench~64656c7461"
+    name = mind_key("bench", "delta")
     lease = Leases(client, incarnation("bench"), ttl_ms=600_000).acquire(MindKeys.of(name))
     assert isinstance(lease, Lease)
     receipt = store.publish(lease, name, *capture(ctx, tokens[:4096], geometry))

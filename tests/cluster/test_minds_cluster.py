@@ -26,7 +26,7 @@ import httpx
 import pytest
 import redis
 
-from kvswap.engine.minds.registry import mind_key, namespace_of
+from kvswap.core.keys import mind_key, namespace_of
 from kvswap.tiers.shared import manifest
 from kvswap.tiers.shared.keys import MindKeys
 from tests.cluster import workload

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvswap.engine.minds.registry import mind_key, namespace_of
+from kvswap.core.keys import mind_key, namespace_of
 from kvswap.tiers.shared import manifest
 from kvswap.tiers.shared.keys import MindKeys
 from tests.cluster import workload
@@ -125,8 +125,8 @@ def test_redis_down_keeps_resident_minds_serving_and_publishes_them_when_back(
             assert during[(i, 3)].text == baseline[(i, 3)].text
         assert _sum(replicas, "shared_publish_failed_total") > failed  # visibly
         assert not any(r.shared()["reachable"] for r in replicas)
-        held = {m["key"] for r in replicas for m in r.shared()["held"]}
-        assert {mind_key(namespace_of(""), c.name) for c in convs} <= held
+        held = {m["mind"] for r in replicas for m in r.shared()["held"]}
+        assert {c.name for c in convs} <= held
     finally:
         cluster.redis.restart()
 
@@ -143,6 +143,8 @@ def test_redis_down_keeps_resident_minds_serving_and_publishes_them_when_back(
     r = cluster.redis.client()
     for s in (rep.shared() for rep in replicas):
         for m in s["held"]:
-            record = manifest.decode(r.hget(MindKeys.of(m["key"]).manifest, "body") or b"")
+            record = manifest.decode(
+                r.hget(MindKeys.of(mind_key(namespace_of(""), m["mind"])).manifest, "body") or b""
+            )
             assert record.n_tokens == m["n_tokens"] == m["n_published"]
     assert check_fence_log(cluster.fence_log) > 0

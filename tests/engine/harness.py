@@ -29,6 +29,7 @@ def make_engine(
     n_ubatch: int = 128,
     n_threads: int = 1,
     page_ram_bytes: int = 0,
+    cache_ram_bytes: int = 0,
     adapters: Adapters | None = None,
     spec: SpecConfig | None = None,
     draft_model: Model | None = None,
@@ -50,6 +51,7 @@ def make_engine(
         n_threads_batch=n_threads,
         spec=spec,
         page_ram_bytes=page_ram_bytes,
+        cache_ram_bytes=cache_ram_bytes,
         check_integrity=True,  # every byte owner checks itself whenever the engine idles
     )
     engine = Engine(model, config, adapters=adapters, draft_model=draft_model)

@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind
+from kvswap.core.keys import PageKind
 from kvswap.core.sampling import SamplingParams
 from kvswap.core.types import Completion, EngineError, GenerationRequest, StopType
-from kvswap.engine.commands import Cancel, Erased, PageIn, PageMoved, SlotErase
+from kvswap.engine.commands import Cancel, Erased, SlotErase
 from tests.engine.harness import (
     call,
     complete,
@@ -148,8 +149,10 @@ def test_a_full_pool_refuses_the_newcomer_and_keeps_the_residents(smollm2) -> No
         eng.close()
 
 
-def test_a_full_pool_pages_out_the_idle_resident_when_the_store_is_on(smollm2) -> None:  # type: ignore[no-untyped-def]
-    eng = make_engine(smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, page_ram_bytes=64 << 20)
+def test_a_full_pool_moves_the_idle_resident_into_the_anonymous_cache(smollm2) -> None:  # type: ignore[no-untyped-def]
+    eng = make_engine(
+        smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, page_ram_bytes=64 << 20, cache_ram_bytes=-1
+    )
     store = eng.store
     assert store is not None
     try:
@@ -158,18 +161,31 @@ def test_a_full_pool_pages_out_the_idle_resident_when_the_store_is_on(smollm2) -
         resident = complete(eng, request(resident_prompt, n_predict=2, id_slot=0))
         newcomer = complete(eng, request(other_prompt, n_predict=2, id_slot=1))
         assert newcomer.n_decoded == 2
+        # The idle slot's state became an entry of the anonymous cache: no page that a request
+        # could name and that would live forever.
         (info,) = store.infos()
-        assert info.name.startswith("auto-slot0-") and info.n_tokens == 301
-        # While the newcomer holds the pool the page cannot come back, and it stays a page.
-        refused = call(eng, lambda rid, reply: PageIn(rid, 0, info.name, reply))
-        assert isinstance(refused, KvswapError) and len(store.infos()) == 1
+        assert info.key.kind is PageKind.ANON and info.n_tokens == 301
         # Once there is room it comes back whole: its prompt is a full cache hit.
         assert isinstance(call(eng, lambda rid, reply: SlotErase(rid, 1, reply)), Erased)
-        moved = call(eng, lambda rid, reply: PageIn(rid, 0, info.name, reply))
-        assert isinstance(moved, PageMoved) and moved.n_tokens == 301
         again = complete(eng, request(resident_prompt, n_predict=2, id_slot=0))
         assert again.timings.cache_n == len(resident_prompt) - 1
         assert again.tokens == resident.tokens
+        assert not any(i.key.kind is PageKind.ANON for i in store.infos())  # taken back
+    finally:
+        eng.close()
+
+
+def test_a_full_pool_purges_an_idle_cached_prompt_when_the_cache_is_off(smollm2) -> None:  # type: ignore[no-untyped-def]
+    eng = make_engine(smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, page_ram_bytes=64 << 20)
+    store = eng.store
+    assert store is not None
+    try:
+        resident_prompt = _tok(smollm2, " ".join(f"word{i}" for i in range(120)))[:300]
+        other_prompt = _tok(smollm2, " ".join(f"item{i}" for i in range(150)))[:300]
+        complete(eng, request(resident_prompt, n_predict=2, id_slot=0))
+        newcomer = complete(eng, request(other_prompt, n_predict=2, id_slot=1))
+        assert newcomer.n_decoded == 2  # as llama-server's try_clear_idle_slots
+        assert store.infos() == [] and eng.slots[0].tokens.view().size == 0
     finally:
         eng.close()
 

@@ -12,6 +12,7 @@ import pytest
 
 from kvswap.backend.model import Model
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import page_key
 from kvswap.core.types import Completion, GenerationRequest
 from kvswap.engine.commands import PageIn, PageMoved, PageOut
 from kvswap.engine.engine import Engine
@@ -169,9 +170,9 @@ def test_a_paged_mind_drafts_like_one_that_never_moved(smollm2, tiny_smollm2_dra
         try:
             first = complete(eng, request(prompt, n_predict=16, id_slot=1))
             if move:
-                out = call(eng, lambda rid, reply: PageOut(rid, 1, "mind", reply))
+                out = call(eng, lambda rid, reply: PageOut(rid, 1, page_key("t", "mind"), reply))
                 assert isinstance(out, PageMoved) and out.n_bytes_spec > 0
-                moved = call(eng, lambda rid, reply: PageIn(rid, 2, "mind", reply))
+                moved = call(eng, lambda rid, reply: PageIn(rid, 2, page_key("t", "mind"), reply))
                 assert isinstance(moved, PageMoved) and moved.n_bytes_spec == out.n_bytes_spec
             turns.append(complete(eng, request(_follow_up(smollm2, prompt, first), n_predict=16)))
         finally:
@@ -200,7 +201,7 @@ def test_a_page_with_draft_state_fits_the_ceiling_exactly_and_not_one_byte_over(
             )
             try:
                 first = complete(eng, request(prompt, n_predict=8, id_slot=0))
-                out = call(eng, lambda rid, reply: PageOut(rid, 0, "p", reply))
+                out = call(eng, lambda rid, reply: PageOut(rid, 0, page_key("t", "p"), reply))
                 if ceiling > 0:
                     assert isinstance(out, PageMoved) and out.n_bytes_spec > 0
                     assert eng.store is not None

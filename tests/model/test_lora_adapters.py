@@ -12,6 +12,7 @@ import pytest
 from kvswap.backend.lora import AdapterLoadError, Adapters
 from kvswap.backend.model import Model
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey, page_key
 from kvswap.engine.commands import PageIn, PageMoved, PageOut
 from kvswap.engine.engine import Engine
 from kvswap.engine.kv.buffers import new_buffer
@@ -58,7 +59,7 @@ def test_an_adapter_for_another_model_is_a_load_error(model: Model, tmp_path: Pa
         Adapters.load(model, [(str(tmp_path / "missing.gguf"), 1.0)])
 
 
-def _copy_page(src: Engine, dst: Engine, name: str) -> None:
+def _copy_page(src: Engine, dst: Engine, name: PageKey) -> None:
     """Put `src`'s page `name` into `dst`'s store, byte for byte (another server's page)."""
     assert src.store is not None and dst.store is not None
     page = src.store.hold(name)
@@ -81,18 +82,18 @@ def test_a_page_whose_adapter_is_not_loaded_is_refused_and_stays(model: Model, b
     try:
         lora = ((0, 1.0),)
         first = complete(with_lora, request(PROMPT, 8, id_slot=0, lora=lora))
-        moved = call(with_lora, lambda rid, reply: PageOut(rid, 0, "mind", reply))
+        moved = call(with_lora, lambda rid, reply: PageOut(rid, 0, page_key("t", "mind"), reply))
         assert isinstance(moved, PageMoved)
-        _copy_page(with_lora, without, "mind")
+        _copy_page(with_lora, without, page_key("t", "mind"))
 
-        refused = call(without, lambda rid, reply: PageIn(rid, 1, "mind", reply))
+        refused = call(without, lambda rid, reply: PageIn(rid, 1, page_key("t", "mind"), reply))
         assert isinstance(refused, KvswapError), refused
         assert refused.kind is ErrorKind.INVALID_REQUEST and "not loaded" in refused.message
         assert without.store is not None and without.store.n_pages == 1
         assert without.slots[1].lora == () and len(without.slots[1].tokens) == 0
 
         # Where the adapter is loaded, the page comes back under it: the slot takes its set.
-        back = call(with_lora, lambda rid, reply: PageIn(rid, 1, "mind", reply))
+        back = call(with_lora, lambda rid, reply: PageIn(rid, 1, page_key("t", "mind"), reply))
         assert isinstance(back, PageMoved), back
         assert with_lora.slots[1].lora == lora
         follow = PROMPT + list(first.tokens)

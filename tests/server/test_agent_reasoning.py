@@ -125,3 +125,6 @@ def test_responses_reasoning_item(qwen3_server: ServerProcess) -> None:
     kinds = [o.type for o in out.output]
     assert kinds == ["reasoning", "message"] and out.output_text
     assert out.output[0].content[0].text  # type: ignore[union-attr]
+    # Its tokens are counted in the usage (the reasoning item's text, not a constant 0).
+    details = out.usage.output_tokens_details  # type: ignore[union-attr]
+    assert 0 < details.reasoning_tokens < out.usage.output_tokens  # type: ignore[union-attr]

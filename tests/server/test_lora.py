@@ -318,15 +318,15 @@ def test_a_kv_type_change_keeps_a_token_only_page_under_its_set(server_factory: 
     )
     try:
         first = _run(server, PROMPT, 1, L1_HALF)
+        assert server.post("/slots/1?action=page_out&page=p").status_code == 200
         body = {"cache_type_k": "f32", "cache_type_v": "f32", "force": True}
         resp = server.post("/reconfigure", body)
         assert resp.status_code == 200, resp.text
-        fate = resp.json()["slots"][0]
-        assert fate["fate"] == "token_only"
-        listed = server.client.get("/pages").json()["pages"]
-        assert [p["lora"][0]["scale"] for p in listed] == [0.5]
+        [page] = server.client.get("/pages").json()["pages"]
+        assert page["n_bytes"] == 4 * page["n_tokens"]  # tokens only, under its set:
+        assert [a["scale"] for a in page["lora"]] == [0.5]
         # page_in re-prefills the tokens under the page's set: the next turn under it reuses them.
-        moved = server.post(f"/slots/0?action=page_in&page={fate['page']}")
+        moved = server.post("/slots/0?action=page_in&page=p")
         assert moved.status_code == 200, moved.text
         follow = PROMPT + first["tokens"] + MORE
         nxt = _run(server, follow, 0, L1_HALF)

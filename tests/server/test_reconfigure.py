@@ -80,7 +80,7 @@ def test_a_stream_and_a_resident_mind_go_through_a_reconfigure(server_factory) -
         assert streamed == reference  # token-identical to the undisturbed run
         fates = {f["old_slot"]: f for f in receipt["slots"]}
         assert fates[0]["kind"] == "request" and fates[0]["fate"] == "kept"
-        assert fates[1]["kind"] == "mind" and fates[1]["new_slot"] == 1
+        assert fates[1]["kind"] == "cache" and fates[1]["new_slot"] == 1  # an idle cached prompt
         assert receipt["new"]["n_parallel"] == 3 and receipt["new"]["n_ctx"] == 4096
         assert set(receipt["timings"]) == {
             "drain_ms",
@@ -106,21 +106,25 @@ def test_a_stream_and_a_resident_mind_go_through_a_reconfigure(server_factory) -
         server.stop()
 
 
-def test_shrinking_past_a_resident_mind_keeps_it_as_a_page(server_factory) -> None:  # type: ignore[no-untyped-def]
+def test_shrinking_past_an_idle_cached_prompt_keeps_it_in_the_anonymous_cache(
+    server_factory,
+) -> None:  # type: ignore[no-untyped-def]
     server: ServerProcess = server_factory("-c", "3072", "-np", "3", "-t", "2", fresh=True)
+
+    def prompt(i: int) -> str:  # longer than a block of the cache's index (64 tokens)
+        return chat_prompt(("user", f"Mind number {i}. " + "Tell me about the sea. " * 12))
+
     try:
-        minds = [
-            _complete(server, chat_prompt(("user", f"Mind number {i}.")), slot=i) for i in range(3)
-        ]
+        minds = [_complete(server, prompt(i), slot=i) for i in range(3)]
         status, receipt = _reconfigure(server, n_parallel=2, n_ctx=2048)
         assert status == 200, receipt
         fate = {f["old_slot"]: f for f in receipt["slots"]}[2]
-        assert fate["new_slot"] is None and fate["fate"] == "paged" and fate["reason"]
-        page = fate["page"]
-        assert page in [p["name"] for p in server.client.get("/pages").json()["pages"]]
+        assert fate["new_slot"] is None and fate["fate"] == "cached" and fate["reason"]
+        assert fate["page"] is None  # no page a request could name, none that lives forever
+        assert server.client.get("/pages").json()["pages"] == []
         assert server.post("/slots/0?action=erase").status_code == 200
-        assert server.post(f"/slots/0?action=page_in&page={page}").status_code == 200
-        again = _complete(server, chat_prompt(("user", "Mind number 2.")), slot=0)
+        # The next request with that prompt takes it from the cache, whole.
+        again = _complete(server, prompt(2), slot=0)
         assert (
             again["timings"]["cache_n"]
             == len(again["tokens"]) * 0 + minds[2]["tokens_evaluated"] - 1
@@ -210,15 +214,21 @@ def test_a_kv_type_change_needs_force_and_leaves_token_only_pages(server_factory
     server: ServerProcess = server_factory(*ARGS, "-fa", "on", fresh=True)
     try:
         _complete(server, MIND, slot=1)
+        assert server.post("/slots/1?action=page_out&page=p").status_code == 200
+        _complete(server, chat_prompt(("user", "Something else.")), slot=1)
         status, body = _reconfigure(server, cache_type_k="q8_0", cache_type_v="q8_0")
         assert status == 400 and "force" in body["error"]["message"]
         status, receipt = _reconfigure(server, cache_type_k="q8_0", cache_type_v="q8_0", force=True)
         assert status == 200, receipt
+        # An idle cached prompt of the old types is dropped (a re-prefill costs what a cache
+        # miss costs), and said so; a client's page of the old types keeps its tokens.
         fate = receipt["slots"][0]
-        assert fate["fate"] == "token_only" and fate["page"]
+        assert fate["fate"] == "dropped" and fate["reason"] and fate["page"] is None
+        [page] = server.client.get("/pages").json()["pages"]
+        assert page["name"] == "p" and page["n_bytes"] == 4 * page["n_tokens"]
         assert _geometry(server)["cache_type_k"] == "q8_0"
         # page_in re-prefills the tokens under the new KV type; the next turn reuses them.
-        moved = server.post(f"/slots/0?action=page_in&page={fate['page']}")
+        moved = server.post("/slots/0?action=page_in&page=p")
         assert moved.status_code == 200, moved.text
         again = _complete(server, MIND, slot=0)
         assert again["timings"]["prompt_n"] == 1

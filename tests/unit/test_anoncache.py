@@ -2,15 +2,20 @@
 prompt takes, what is saved, what is shed first, and `check_integrity`.
 
 The slot state copies are done by a small stand-in for the runtime's verbs that moves tokens
-only (the real copies are exercised by the server tests); the store is the real PageStore.
+only (the real copies are exercised by the server tests), and the buffer worker by one that maps
+at once on the test's thread; the store is the real PageStore.
 """
 
 from __future__ import annotations
 
+import mmap
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
-from kvswap.engine.kv.buffers import new_buffer
+from kvswap.core.keys import PageKey, PageKind
+from kvswap.engine.kv.buffers import BufferReady, new_buffer
 from kvswap.engine.kv.pagefmt import (
     PageGeometry,
     PageLayout,
@@ -18,8 +23,8 @@ from kvswap.engine.kv.pagefmt import (
     read_tokens,
     write_tokens,
 )
-from kvswap.engine.kv.pagestore import PageStore, Reservation
-from kvswap.engine.minds.anoncache import BLOCK_TOKENS, AnonCache
+from kvswap.engine.kv.pagestore import PageStore, Reservation, close_now
+from kvswap.engine.minds.anoncache import BLOCK_TOKENS, AnonCache, Kept
 from kvswap.engine.slot import Slot, SlotTable
 
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=4096)
@@ -37,21 +42,24 @@ class _Verbs:
         return plan_layout(len(slot.tokens), 8 * len(slot.tokens), GEOMETRY)
 
     def capture_to_page(
-        self, slot: Slot, name: str, *, layout: PageLayout, reservation: Reservation,
+        self, slot: Slot, *, layout: PageLayout, reservation: Reservation, buffer: mmap.mmap,
         keep_slot: bool = False,
     ) -> None:  # fmt: skip
-        buffer = new_buffer(layout.n_bytes)
+        assert len(buffer) >= layout.n_bytes and reservation.key.kind is PageKind.ANON
         with memoryview(buffer) as view:
             write_tokens(view, layout, slot.tokens.view())
         self.store.commit(reservation, buffer, layout)
         assert keep_slot
 
-    def page_in(self, slot: Slot, name: str) -> None:
-        page = self.store.hold(name)
+    def page_in(self, slot: Slot, key: PageKey) -> None:
+        page = self.store.hold(key)
         with page.view() as view:
             slot.tokens.replace(read_tokens(view, page.layout))
-        self.store.remove(name, page.generation)
+        self.store.remove(key, page.generation)
         self.store.release(page)
+
+    def clear(self, slot: Slot) -> None:
+        slot.tokens.truncate(0)
 
 
 class _Runtime:
@@ -59,16 +67,55 @@ class _Runtime:
         self.verbs = _Verbs(store)
 
 
-def _cache(ceiling: int = 1 << 20, budget: int = -1) -> tuple[AnonCache, PageStore]:
+class _Worker:
+    """Maps at once (the real worker maps on its thread and the engine hands the buffer on);
+    `held` keeps the answers back until `deliver`, as a busy worker would."""
+
+    def __init__(self) -> None:
+        self.held: list[BufferReady] = []
+        self.hold = False
+        self.n_mapped = 0
+
+    def allocate(self, n_bytes: int, then: Callable[[BufferReady], None]) -> None:
+        self.n_mapped += 1
+        ready = BufferReady(new_buffer(n_bytes), then)
+        if self.hold:
+            self.held.append(ready)
+        else:
+            then(ready)
+
+    def deliver(self) -> None:
+        held, self.held = self.held, []
+        for ready in held:
+            ready.then(ready)
+
+    def dispose(self, buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
+        close_now(buffer, done)
+
+
+def _cache(
+    ceiling: int = 1 << 20, budget: int = -1, worker: _Worker | None = None
+) -> tuple[AnonCache, PageStore]:
     store = PageStore(ceiling)
     cache = AnonCache(
         store=store,
-        runtime=_Runtime(store),  # type: ignore[arg-type]
+        runtime=_Runtime(store),
         slots=SlotTable(1, 4096),
         budget_bytes=budget,
+        buffers=worker or _Worker(),  # type: ignore[arg-type]
         cache_idle_slots=False,
     )
     return cache, store
+
+
+def _save(cache: AnonCache, slot: Slot) -> Kept:
+    """A request ended on the slot (its buffer is prepared), then its state is displaced."""
+    cache.expect(slot)
+    return cache.save(slot)
+
+
+def _pages(store: PageStore) -> int:
+    return sum(1 for i in store.infos() if i.key.kind is PageKind.ANON)
 
 
 def _slot(tokens: list[int], slot_id: int = 0) -> Slot:
@@ -83,8 +130,8 @@ def _toks(n: int, start: int = 0) -> list[int]:
 
 def test_a_saved_state_is_found_by_its_longest_common_prefix() -> None:
     cache, _ = _cache()
-    cache.save(_slot(_toks(3 * B)))
-    cache.save(_slot(_toks(2 * B, start=10_000)))
+    _save(cache, _slot(_toks(3 * B)))
+    _save(cache, _slot(_toks(2 * B, start=10_000)))
     cache.check_integrity()
     prompt = np.array(_toks(2 * B) + [7] * B, dtype=np.int32)
     best = cache.best(prompt)
@@ -94,17 +141,17 @@ def test_a_saved_state_is_found_by_its_longest_common_prefix() -> None:
 
 def test_states_shorter_than_a_block_are_not_kept_and_equal_states_once() -> None:
     cache, store = _cache()
-    cache.save(_slot(_toks(B - 1)))
-    assert store.n_pages == 0
-    cache.save(_slot(_toks(B)))
-    cache.save(_slot(_toks(B), slot_id=1))
-    assert store.n_pages == 1
+    _save(cache, _slot(_toks(B - 1)))
+    assert _pages(store) == 0
+    _save(cache, _slot(_toks(B)))
+    _save(cache, _slot(_toks(B), slot_id=1))
+    assert _pages(store) == 1
     cache.check_integrity()
 
 
 def test_prepare_pages_in_a_cached_prefix_only_when_it_beats_the_slot_by_a_block() -> None:
     cache, store = _cache()
-    cache.save(_slot(_toks(4 * B)))
+    _save(cache, _slot(_toks(4 * B)))
     prompt = np.array([*_toks(4 * B), 1], dtype=np.int32)
     near = _slot(_toks(3 * B + 1))  # holds 3 blocks and a bit: the cache is < a block better
     cache.prepare(near, prompt)
@@ -116,15 +163,15 @@ def test_prepare_pages_in_a_cached_prefix_only_when_it_beats_the_slot_by_a_block
     assert cache.best(np.array([*_toks(B, start=50000), 2], dtype=np.int32)) is not None
     cache.check_integrity()
     # The cached state moved into the slot (it left the cache); the slot's own was saved.
-    assert store.n_pages == 1
+    assert _pages(store) == 1
 
 
 def test_the_budget_drops_least_recently_saved_states_first() -> None:
     page = plan_layout(B, 8 * B, GEOMETRY).n_bytes
     cache, store = _cache(budget=2 * page)
     for i in range(3):
-        cache.save(_slot(_toks(B, start=1000 * i)))
-    assert store.n_pages == 2
+        _save(cache, _slot(_toks(B, start=1000 * i)))
+    assert _pages(store) == 2
     assert cache.best(np.array([*_toks(B, start=0), 1], dtype=np.int32)) is None
     cache.check_integrity()
 
@@ -132,10 +179,10 @@ def test_the_budget_drops_least_recently_saved_states_first() -> None:
 def test_shed_frees_at_least_what_is_asked_oldest_first() -> None:
     cache, store = _cache()
     for i in range(3):
-        cache.save(_slot(_toks(B, start=1000 * i)))
+        _save(cache, _slot(_toks(B, start=1000 * i)))
     one = plan_layout(B, 8 * B, GEOMETRY).n_bytes
     assert cache.shed(one + 1) == 2 * one
-    assert store.n_pages == 1
+    assert _pages(store) == 1
     assert cache.best(np.array([*_toks(B, start=2000), 1], dtype=np.int32)) is not None
     assert cache.shed(10 * one) == one and cache.shed(1) == 0
     cache.check_integrity()
@@ -143,7 +190,71 @@ def test_shed_frees_at_least_what_is_asked_oldest_first() -> None:
 
 def test_check_integrity_catches_an_entry_whose_page_is_gone() -> None:
     cache, store = _cache()
-    cache.save(_slot(_toks(B)))
-    store.remove(store.infos()[0].name)
+    _save(cache, _slot(_toks(B)))
+    store.remove(store.infos()[0].key)
     with pytest.raises(AssertionError):
         cache.check_integrity()
+
+
+def test_no_prepared_buffer_means_no_save_and_one_is_mapped_for_the_next() -> None:
+    worker = _Worker()
+    cache, store = _cache(worker=worker)
+    worker.hold = True  # the worker has not answered yet
+    slot = _slot(_toks(2 * B))
+    assert cache.save(slot) is Kept.WAITING  # skipped: never mapped here, on the engine thread
+    assert _pages(store) == 0 and cache.n_skipped == 1 and worker.n_mapped == 1
+    assert cache.save(slot) is Kept.WAITING and worker.n_mapped == 1  # asked once only
+    worker.deliver()
+    assert cache.save(slot) is Kept.SAVED and _pages(store) == 1
+    assert worker.n_mapped == 2  # the next save's buffer is asked for at once
+    cache.check_integrity()
+    store.check_integrity()
+
+
+def test_the_prepared_buffer_is_charged_and_shown_as_a_reservation() -> None:
+    cache, store = _cache()
+    cache.expect(_slot(_toks(2 * B)))
+    [(key, n_bytes)] = store.reservations()
+    assert key.kind is PageKind.SPARE and n_bytes >= plan_layout(2 * B, 16 * B, GEOMETRY).n_bytes
+    assert store.charged_bytes == n_bytes
+    cache.close()
+    assert store.charged_bytes == 0 and store.reservations() == []
+
+
+def test_keep_empties_the_slot_into_an_entry_found_by_its_prefix() -> None:
+    cache, _ = _cache()
+    slot = _slot(_toks(2 * B))
+    cache.expect(slot)
+    assert cache.keep(slot) is Kept.SAVED and len(slot.tokens) == 0
+    assert cache.best(np.array([*_toks(2 * B), 1], dtype=np.int32)) is not None
+    cache.check_integrity()
+
+
+def test_adopt_and_drop_all() -> None:
+    cache, store = _cache()
+    key = cache.new_key()
+    layout = plan_layout(B, 8 * B, GEOMETRY)
+    buffer = new_buffer(layout.n_bytes)
+    with memoryview(buffer) as view:
+        write_tokens(view, layout, np.array(_toks(B), dtype=np.int32))
+    store.commit(store.reserve(key, layout.n_bytes), buffer, layout)
+    assert cache.adopt(key, np.array(_toks(B), dtype=np.int32))
+    assert cache.best(np.array([*_toks(B), 1], dtype=np.int32)) == (key, B)
+    cache.check_integrity()
+    assert cache.drop_all() == 1 and _pages(store) == 0
+
+
+def test_a_paged_in_entry_becomes_the_next_saves_buffer() -> None:
+    worker = _Worker()
+    cache, store = _cache(worker=worker)
+    _save(cache, _slot(_toks(4 * B)))
+    [entry] = [i for i in store.infos() if i.key.kind is PageKind.ANON]
+    n_mapped = worker.n_mapped
+    other = _slot(_toks(4 * B, start=50_000))
+    cache.prepare(other, np.array([*_toks(4 * B), 1], dtype=np.int32))
+    assert cache.n_hits == 1 and cache.n_saved == 2
+    # The entry's buffer, faulted in already, is the spare now: nothing new was mapped.
+    assert worker.n_mapped == n_mapped
+    assert [(k.kind, n) for k, n in store.reservations()] == [(PageKind.SPARE, entry.n_bytes)]
+    cache.check_integrity()
+    store.check_integrity()

@@ -122,3 +122,44 @@ def test_incoming_respects_the_per_slot_count() -> None:
     budget = CheckpointBudget(max_per_slot=2, max_bytes=0)
     kept, dropped = budget.admit_incoming({}, 0, [_ck(1), _ck(2), _ck(3)])
     assert [c.n_tokens for c in kept] == [1, 3] and [c.n_tokens for c in dropped] == [2]
+
+
+class _Context:
+    """The calls `SlotMemory.capture` makes, counting the copies it asks for."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.n_copies = 0
+
+    def state_size(self, seq: int, flags: int) -> int:
+        return self.size
+
+    def state_get_into(self, seq: int, data: bytearray, flags: int) -> int:
+        self.n_copies += 1
+        return len(data)
+
+    def seq_pos_min(self, seq: int) -> int:
+        return 0
+
+    def seq_pos_max(self, seq: int) -> int:
+        return 0
+
+
+def test_a_checkpoint_the_budget_refuses_is_never_copied() -> None:
+    from kvswap.engine.kv.memory import SlotMemory
+    from kvswap.engine.slot import Slot
+
+    ctx = _Context(size=48)
+    budget = CheckpointBudget(max_per_slot=4, max_bytes=64)
+    mem = SlotMemory(
+        ctx,  # type: ignore[arg-type]
+        needs_checkpoints=True, swa_window=0, budget=budget, n_ubatch=64, min_step=0,
+    )  # fmt: skip
+    slot = Slot(0, n_ctx=1024)
+    slot.tokens.append([1, 2, 3])
+    mem.capture(slot)
+    assert ctx.n_copies == 1 and mem.total_bytes == 48
+    slot.tokens.append([4])
+    mem.capture(slot)  # 48 + 48 > 64, and the slot's first is kept: skipped before any copy
+    assert ctx.n_copies == 1 and mem.total_bytes == 48
+    assert budget.counters.skipped_budget_total == 1

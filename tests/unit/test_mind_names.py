@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.minds.registry import mind_key, namespace_of
-from kvswap.server.pages.minds import caller_namespace, mind_name, request_mind
+from kvswap.core.keys import PUBLIC_NAMESPACE, mind_key, namespace_of
+from kvswap.server.pages.minds import mind_name, request_mind
 
 NAME = "ünï cødé"
 
@@ -18,10 +18,10 @@ def as_http(text: str) -> str:
 
 
 def test_a_utf8_header_and_the_body_name_the_same_mind() -> None:
-    by_header = request_mind({"x-mind-id": as_http(NAME)}, None, keyed=False)
-    by_body = request_mind({}, NAME, keyed=False)
-    both = request_mind({"x-mind-id": as_http(NAME)}, NAME, keyed=False)
-    assert by_header == by_body == both == mind_key("public", NAME)
+    by_header = request_mind({"x-mind-id": as_http(NAME)}, None, namespace=PUBLIC_NAMESPACE)
+    by_body = request_mind({}, NAME, namespace=PUBLIC_NAMESPACE)
+    both = request_mind({"x-mind-id": as_http(NAME)}, NAME, namespace=PUBLIC_NAMESPACE)
+    assert by_header == by_body == both == mind_key(PUBLIC_NAMESPACE, NAME)
 
 
 @pytest.mark.parametrize(
@@ -31,15 +31,14 @@ def test_a_utf8_header_and_the_body_name_the_same_mind() -> None:
 )
 def test_an_ambiguous_or_garbled_name_is_a_400(headers: dict[str, str], body: str | None) -> None:
     with pytest.raises(KvswapError) as err:
-        request_mind(headers, body, keyed=False)
+        request_mind(headers, body, namespace=PUBLIC_NAMESPACE)
     assert err.value.kind is ErrorKind.INVALID_REQUEST
     assert "X-Mind-Id" in err.value.message
 
 
 def test_names_are_shown_only_to_their_own_key() -> None:
-    headers = {"authorization": "Bearer ka"}
-    key = request_mind({**headers, "x-mind-id": "zed"}, None, keyed=True)
-    assert caller_namespace(headers, keyed=True) == namespace_of("ka")
+    key = request_mind({"x-mind-id": "zed"}, None, namespace=namespace_of("ka"))
+    assert key is not None and key.namespace == namespace_of("ka")
     assert mind_name(key, namespace_of("ka")) == "zed"
     assert mind_name(key, namespace_of("kb")) is None
-    assert mind_name("", namespace_of("ka")) is None
+    assert mind_name(None, namespace_of("ka")) is None

@@ -5,11 +5,18 @@ import numpy as np
 import pytest
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey, PageKind, mind_key, namespace_of, page_key, spare_key
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, block_hashes
-from kvswap.engine.minds.registry import mind_key, namespace_of, split_key
 from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
 from kvswap.engine.slot import Slot
+from kvswap.tiers.mindfiles import file_name, key_of
+
+NS = namespace_of("k")
+
+
+def _m(name: str) -> PageKey:
+    return mind_key(NS, name)
 
 
 def _slots(n: int) -> list[Slot]:
@@ -25,8 +32,12 @@ def test_keys_are_per_namespace_and_round_trip() -> None:
     assert a != b and namespace_of("") == "public"
     key = mind_key(a, "agent/7 ünï")
     assert key != mind_key(b, "agent/7 ünï")
-    assert split_key(key) == (a, "agent/7 ünï")
-    assert "/" not in key  # a valid page and file name
+    assert (key.kind, key.namespace, key.name) == (PageKind.MIND, a, "agent/7 ünï")
+    # A client's page of the same name is another key: it never reaches the mind's page.
+    assert page_key(a, "agent/7 ünï") != key
+    # The mind's file name is a valid slot file name of its own folder, and round-trips.
+    assert "/" not in file_name(key) and key_of(file_name(key)) == key
+    assert key_of("alice.bin") is None and key_of(file_name(mind_key(b, "x" * 100))) is not None
     for bad in ("", "x" * 101, "a\x00b", "tab\there"):
         with pytest.raises(KvswapError):
             mind_key(a, bad)
@@ -34,40 +45,40 @@ def test_keys_are_per_namespace_and_round_trip() -> None:
 
 def test_a_resident_mind_waits_for_its_own_slot() -> None:
     slots = _slots(2)
-    slots[1].mind = "m"
-    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="m") is slots[1]
-    assert choose_slot(slots, _prompt(1), 0.1, {1}, mind="m") is None  # busy: never elsewhere
+    slots[1].mind = _m("m")
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind=_m("m")) is slots[1]
+    assert choose_slot(slots, _prompt(1), 0.1, {1}, mind=_m("m")) is None  # busy: never elsewhere
 
 
 def test_a_new_mind_prefers_empty_then_anonymous_then_lru_mind() -> None:
     slots = _slots(3)
-    slots[0].mind, slots[1].mind = "a", "b"
+    slots[0].mind, slots[1].mind = _m("a"), _m("b")
     slots[2].tokens.append([5, 6])
-    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="c") is slots[2]
-    slots[2].mind = "z"
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind=_m("c")) is slots[2]
+    slots[2].mind = _m("z")
     slots[0].t_last_used, slots[1].t_last_used, slots[2].t_last_used = 3.0, 1.0, 2.0
-    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="c") is slots[1]
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind=_m("c")) is slots[1]
     slots.append(Slot(3, n_ctx=1024, t_last_used=9.0))
-    assert choose_slot(slots, _prompt(1), 0.1, set(), mind="c") is slots[3]
+    assert choose_slot(slots, _prompt(1), 0.1, set(), mind=_m("c")) is slots[3]
 
 
 def test_anonymous_requests_never_match_a_minds_prefix() -> None:
     slots = _slots(2)
     slots[0].tokens.append([1, 2, 3, 4])
-    slots[0].mind = "m"
+    slots[0].mind = _m("m")
     slots[0].t_last_used = 0.0
     slots[1].t_last_used = 5.0
     assert choose_slot(slots, _prompt(1, 2, 3, 4, 5), 0.1, set()) is slots[1]
-    slots[1].mind = "n"  # every idle slot holds a mind: the LRU one (paged out first)
+    slots[1].mind = _m("n")  # every idle slot holds a mind: the LRU one (paged out first)
     assert choose_slot(slots, _prompt(1, 2, 3, 4, 5), 0.1, set()) is slots[0]
 
 
 def test_queue_finds_a_minds_slot_behind_other_work() -> None:
     slots = _slots(2)
-    slots[0].mind = "m"
+    slots[0].mind = _m("m")
     queue = WaitQueue(0.1)
     queue.add(Job(1, 0, None, "verb on slot 0"))
-    queue.add(Job(2, -1, _prompt(1), "mind request", mind="m"))
+    queue.add(Job(2, -1, _prompt(1), "mind request", mind=_m("m")))
     started = [(job.req_id, slot.id) for job, slot in queue.startable(slots)]
     assert started[0] == (1, 0)
     assert (2, 0) in started  # the same pass, once the verb left the slot idle
@@ -85,8 +96,10 @@ def test_block_hashes_chain_over_full_blocks() -> None:
 
 def test_trim_gives_back_the_unused_part_of_a_reservation() -> None:
     store = PageStore(1000)
-    spare = store.reserve("", 600)
-    res = store.trim(spare, "m", 400)
-    assert store.charged_bytes == 400 and res.name == "m"
+    spare = store.reserve(spare_key("test"), 600)
+    assert store.reservations() == [(spare_key("test"), 600)]
+    res = store.trim(spare, _m("m"), 400)
+    assert store.charged_bytes == 400 and res.key == _m("m")
+    assert store.reservations() == [(_m("m"), 400)]
     store.cancel(res)
     assert store.charged_bytes == 0

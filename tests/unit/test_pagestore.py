@@ -8,16 +8,22 @@ import psutil
 import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey, namespace_of, page_key
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagefmt import PageGeometry, plan_layout
 from kvswap.engine.kv.pagestore import Page, PageStore
 
 MiB = 1 << 20
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=1024)
+NS = namespace_of("tenant")
+
+
+def _k(name: str) -> PageKey:
+    return page_key(NS, name)
 
 
 def _page(store: PageStore, name: str, n_bytes: int, fill: int = 1) -> Page:
-    res = store.reserve(name, n_bytes)
+    res = store.reserve(_k(name), n_bytes)
     buffer = new_buffer(n_bytes)
     buffer[:n_bytes] = bytes([fill]) * n_bytes  # touch every byte, as a state copy does
     return store.commit(res, buffer, plan_layout(0, n_bytes, GEOMETRY))
@@ -29,23 +35,23 @@ def _kind(err: pytest.ExceptionInfo[KvswapError]) -> ErrorKind:
 
 def test_admission_equals_the_charge() -> None:
     store = PageStore(10 * MiB)
-    res = store.reserve("a", 3 * MiB)
+    res = store.reserve(_k("a"), 3 * MiB)
     assert store.charged_bytes == 3 * MiB  # reserved before the copy
     page = store.commit(res, new_buffer(3 * MiB), plan_layout(0, 3 * MiB, GEOMETRY))
     assert store.charged_bytes == page.n_bytes == 3 * MiB
-    store.cancel(store.reserve("b", 1 * MiB))
+    store.cancel(store.reserve(_k("b"), 1 * MiB))
     assert store.charged_bytes == 3 * MiB
 
 
 def test_a_page_at_exactly_the_ceiling_fits_and_one_byte_more_does_not() -> None:
     store = PageStore(4 * MiB)
     with pytest.raises(KvswapError) as too_big:
-        store.reserve("a", 4 * MiB + 1)
+        store.reserve(_k("a"), 4 * MiB + 1)
     assert _kind(too_big) is ErrorKind.INVALID_REQUEST  # larger than the whole ceiling
     _page(store, "a", 4 * MiB)
     assert store.charged_bytes == 4 * MiB
     with pytest.raises(KvswapError) as full:
-        store.reserve("b", 1)
+        store.reserve(_k("b"), 1)
     assert _kind(full) is ErrorKind.UNAVAILABLE  # full now
 
 
@@ -54,8 +60,8 @@ def test_a_refusal_keeps_the_incumbent() -> None:
     _page(store, "other", 3 * MiB)
     incumbent = _page(store, "mind", 1 * MiB, fill=7)
     with pytest.raises(KvswapError):
-        store.reserve("mind", 2 * MiB)  # 3 + 2 - 1 > 4
-    assert store.get("mind") is incumbent
+        store.reserve(_k("mind"), 2 * MiB)  # 3 + 2 - 1 > 4
+    assert store.get(_k("mind")) is incumbent
     assert incumbent.buffer[0] == 7
     assert store.charged_bytes == 4 * MiB
 
@@ -64,10 +70,10 @@ def test_replacement_subtracts_the_old_page_only_when_the_store_is_its_sole_owne
     store = PageStore(4 * MiB)
     _page(store, "mind", 3 * MiB)
     new = _page(store, "mind", 4 * MiB)  # fits only once the old page is gone
-    assert store.get("mind") is new and store.charged_bytes == 4 * MiB
-    held = store.hold("mind")  # a spill holds it
+    assert store.get(_k("mind")) is new and store.charged_bytes == 4 * MiB
+    held = store.hold(_k("mind"))  # a spill holds it
     with pytest.raises(KvswapError) as full:
-        store.reserve("mind", 1 * MiB)  # the spill keeps the 4 MiB counted
+        store.reserve(_k("mind"), 1 * MiB)  # the spill keeps the 4 MiB counted
     assert _kind(full) is ErrorKind.UNAVAILABLE
     store.release(held)
     _page(store, "mind", 1 * MiB)
@@ -78,16 +84,16 @@ def test_replacement_subtracts_the_old_page_only_when_the_store_is_its_sole_owne
 def test_a_page_held_by_a_spill_stays_counted_until_the_spill_ends(how: str) -> None:
     store = PageStore(10 * MiB)
     page = _page(store, "mind", 2 * MiB)
-    held = store.hold("mind")
+    held = store.hold(_k("mind"))
     assert held is page
     if how == "page_in":
-        assert store.remove("mind", page.generation)
+        assert store.remove(_k("mind"), page.generation)
     elif how == "page_drop":
-        store.drop("mind")
+        store.drop(_k("mind"))
     else:
         _page(store, "mind", 1 * MiB)
     assert store.charged_bytes == (2 if how != "replacement" else 3) * MiB
-    infos = {(i.name, i.in_store): i for i in store.infos()}
+    infos = {(i.key.name, i.in_store): i for i in store.infos()}
     assert infos[("mind", False)].n_bytes == 2 * MiB and infos[("mind", False)].n_spills == 1
     assert store.held_bytes == 2 * MiB
     store.release(held)
@@ -100,13 +106,19 @@ def test_remove_frees_only_the_named_generation() -> None:
     store = PageStore(10 * MiB)
     old = _page(store, "mind", 1 * MiB)
     new = _page(store, "mind", 1 * MiB)
-    assert not store.remove("mind", old.generation)  # a spill of `old` asked to drop: newer stays
-    assert store.get("mind") is new
+    assert not store.remove(
+        _k("mind"), old.generation
+    )  # a spill of `old` asked to drop: newer stays
+    assert store.get(_k("mind")) is new
 
 
 def test_unknown_pages_are_404() -> None:
     store = PageStore(MiB)
-    for call in (lambda: store.get("x"), lambda: store.drop("x"), lambda: store.hold("x")):
+    for call in (
+        lambda: store.get(_k("x")),
+        lambda: store.drop(_k("x")),
+        lambda: store.hold(_k("x")),
+    ):
         with pytest.raises(KvswapError) as err:
             call()
         assert _kind(err) is ErrorKind.NOT_FOUND
@@ -125,11 +137,11 @@ def test_the_charge_never_exceeds_the_ceiling_under_any_sequence() -> None:
             if op < 0.5:
                 _page(store, name, rng.randrange(1, 4 * MiB))
             elif op < 0.65:
-                holds.append(store.hold(name))
+                holds.append(store.hold(_k(name)))
             elif op < 0.8 and holds:
                 store.release(holds.pop(rng.randrange(len(holds))))
             else:
-                store.drop(name)
+                store.drop(_k(name))
         except KvswapError:
             pass
         assert 0 <= store.charged_bytes <= store.ceiling_bytes
@@ -148,7 +160,7 @@ def test_resident_memory_follows_the_charge() -> None:
     grown = proc.memory_info().rss - base
     assert grown >= 200 * MiB  # the pages are really resident
     for i in range(4):
-        store.drop(f"p{i}")
+        store.drop(_k(f"p{i}"))
     after = proc.memory_info().rss - base
     assert after < 32 * MiB, (grown, after)
     assert store.charged_bytes == 0

@@ -7,7 +7,7 @@ import pytest
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.commands import ReconfigureSpec
 from kvswap.engine.plan.geometry import Geometry
-from kvswap.engine.reconfigure import Occupant, plan_seats, target_geometry
+from kvswap.engine.plan.reconfigure import Occupant, plan_seats, target_geometry
 
 CURRENT = Geometry(
     n_ctx=4096, n_parallel=4, kv_unified=True, n_batch=512, n_ubatch=128,

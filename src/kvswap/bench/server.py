@@ -39,7 +39,11 @@ class BenchServer:
     """Starts `kvswap serve ARGS`, or `BIN ARGS` when `binary` is given; waits for /health."""
 
     def __init__(
-        self, args: Sequence[str], binary: str | None = None, timeout_s: float = 300
+        self,
+        args: Sequence[str],
+        binary: str | None = None,
+        timeout_s: float = 300,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -47,7 +51,10 @@ class BenchServer:
         self.log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)  # noqa: SIM115
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(
-            [*cmd, "--port", str(self.port), *args], stdout=self.log, stderr=subprocess.STDOUT
+            [*cmd, "--port", str(self.port), *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         self.client = httpx.Client(base_url=self.url, timeout=3600)
         deadline = time.monotonic() + timeout_s

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvswap.core.errors import ErrorKind
+from kvswap.core.keys import PageKey
 from kvswap.core.sampling import SamplingParams
 
 # A LoRA set: (adapter id, scale) pairs, sorted by id, no zero scales.
@@ -46,7 +47,7 @@ class GenerationRequest:
     # and the request's own `lora` field as sent (reported in /slots and generation_settings).
     lora: LoraSet = ()
     lora_request: LoraSet = ()
-    mind: str = ""  # the mind's key (engine.minds.mind_key); "": anonymous
+    mind: PageKey | None = None  # the mind's key (core.keys.mind_key); None: anonymous
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.core.types import EngineError, Event, GenerationRequest
 from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.engine.kv.slotstate import SlotState
@@ -76,23 +77,22 @@ class SlotErase:
 
 @dataclass(frozen=True)
 class PageOut:
-    """Move a slot's whole state into the page store under `name`; the slot is freed (a mind
-    it holds becomes that page)."""
+    """Move a slot's whole state into the page store under `key`; the slot is freed."""
 
     req_id: int
     slot_id: int
-    name: str
+    key: PageKey
     reply: Reply[PageMoved]
     namespace: str | None = None  # the caller's mind namespace (None: not a tenant's verb)
 
 
 @dataclass(frozen=True)
 class PageIn:
-    """Load page `name` into a slot; on success the page leaves the store."""
+    """Load page `key` into a slot; on success the page leaves the store."""
 
     req_id: int
     slot_id: int
-    name: str
+    key: PageKey
     reply: Reply[PageMoved]
 
 
@@ -124,10 +124,11 @@ class FlushMinds:
     """Copy every idle resident mind's state out (for a spill before exit, or only `keys` for
     a scheduled flush); the slots keep theirs.
 
-    Replies with a list of (mind key, Captured) whose buffers the caller closes."""
+    Replies with a list of (mind key, Captured) whose buffers the caller closes, once every
+    copy is in a buffer the buffer worker mapped (the engine thread only copies)."""
 
-    reply: Reply[list[tuple[str, Captured]]]
-    keys: frozenset[str] | None = None  # None: every mind
+    reply: Reply[list[tuple[PageKey, Captured]]]
+    keys: frozenset[PageKey] | None = None  # None: every mind
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class ForgetMind:
     """Mind `key` is owned elsewhere now: free its idle slot of it and drop its RAM page.
     Replies False (nothing changed) when its slot is busy."""
 
-    key: str
+    key: PageKey
     reply: Reply[bool]
 
 
@@ -197,7 +198,7 @@ class Captured:
     slot_id: int
     buffer: mmap.mmap  # laid out by `layout`
     layout: PageLayout
-    mind: str = ""  # the key of the mind the slot holds ("": none)
+    mind: PageKey | None = None  # the mind the slot holds (None: none)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class Applied:
 class Erased:
     slot_id: int
     n_erased: int
-    mind: str = ""  # the key of the mind erased with the slot ("": none)
+    mind: PageKey | None = None  # the mind erased with the slot (None: none)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ class PageMoved:
     """The result of `PageOut` and `PageIn` (SPEC §3 result fields)."""
 
     slot_id: int
-    name: str
+    key: PageKey
     n_tokens: int
     n_bytes: int  # the target state
     n_bytes_spec: int  # the draft state
@@ -229,7 +230,7 @@ class PageMoved:
     t_ms: float  # the whole verb, from its start on the slot
     n_discarded: int = 0  # page_in: cached tokens the slot lost
     copy_ms: float = 0.0  # page_out: the copy on the engine thread (its only stall)
-    mind: str = ""  # page_out: the key of the mind the slot held ("": none)
+    mind: PageKey | None = None  # page_out: the mind the slot held (None: none)
 
 
 @dataclass(frozen=True)
@@ -238,9 +239,9 @@ class SlotFate:
 
     old_slot: int
     kind: str  # "request" | "mind"
-    new_slot: int | None  # None: it stays a page
-    page: str | None  # the page that holds it (when it stays one)
-    fate: str  # "kept" | "moved" | "paged" | "token_only"
+    new_slot: int | None  # None: it stays a page (or joins the anonymous cache, or is dropped)
+    page: PageKey | None  # the page that holds it (a mind that stays one)
+    fate: str  # "kept" | "moved" | "paged" | "token_only" | "cached" | "dropped"
     reason: str = ""
 
 

@@ -13,7 +13,6 @@ slot files are read and written by workers around `SlotCapture` and `SlotApply`.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -29,6 +28,7 @@ from kvswap.backend.sampler import SamplerChain
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.types import Completion, EngineError
 from kvswap.engine.admission import check_request
+from kvswap.engine.captures import Captures
 from kvswap.engine.commands import (
     SLOT_VERBS,
     Cancel,
@@ -51,11 +51,11 @@ from kvswap.engine.commands import (
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
 from kvswap.engine.kv.checkpoints import CheckpointBudget
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.verbs import PageCounters, PendingCapture
+from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.minds.seating import SPARE_TAG, NoRoomYet, Seating
+from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seating
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
 from kvswap.engine.reprefill import is_token_only, reprefill_request
@@ -96,9 +96,6 @@ class Engine:
             if config.page_ram_bytes > 0
             else None
         )
-        # Captures waiting for their buffer, by the buffer worker's tag.
-        self._pending: dict[int, tuple[PageOut | SlotCapture, PendingCapture]] = {}
-        self._tags = itertools.count(1)
         self.registry = MindRegistry()
         self.runtime = Runtime(
             model=model,
@@ -113,11 +110,15 @@ class Engine:
         if config.warmup:
             rt.warm_up()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
+        # Captures waiting for their buffer (page_out, save, the flush before exit).
+        self.captures = Captures(rt, self.buffers, left=lambda slot: self.seating.left(slot))
+        self._stalled = False  # a full KV pool waits for a buffer: the next drain blocks
         self.anon = AnonCache(
             store=self.store,
             runtime=rt,
             slots=self.slots,
             budget_bytes=config.cache_ram_bytes,
+            buffers=self.buffers,
             cache_idle_slots=config.cache_idle_slots,
         )
         self.seating = Seating(
@@ -134,6 +135,8 @@ class Engine:
             store=self.store,
             model_info=model.info,
             registry=self.registry,
+            anon=self.anon,
+            buffers=self.buffers,
             fault_on_install=config.fault_on_install,
         )
         self.stepper = Stepper(
@@ -164,6 +167,7 @@ class Engine:
     def close(self) -> None:
         self.stop()
         self.seating.close()
+        self.anon.close()
         if self.store is not None:
             self.store.close()
         self.buffers.close()
@@ -173,12 +177,13 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            while self._drain(block=not self._busy()):
+            while self._drain(block=not self._busy() or self._stalled):
+                self._stalled = False
                 self._start_waiting()
                 plan, lora = self.stepper.plan()
                 if plan.spans:
                     self._apply(self.stepper.run(plan, lora, self._frozen()))
-                finished = self.reconfigurer.tick(captures_pending=bool(self._pending))
+                finished = self.reconfigurer.tick(captures_pending=bool(self.captures))
                 if finished is not None:
                     self._reconfigured(finished)
                 # The step or the tick may have freed a slot that queued work waits for: start
@@ -225,7 +230,7 @@ class Engine:
 
     def _frozen(self) -> set[int]:
         """Slots whose capture waits for its buffer (their page layout is fixed)."""
-        return {pending.slot.id for _, pending in self._pending.values()}
+        return self.captures.frozen()
 
     def _drain(self, block: bool) -> bool:
         """Handle queued commands; False once asked to shut down."""
@@ -260,7 +265,7 @@ class Engine:
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
         elif isinstance(cmd, BufferReady):
-            self._buffer_ready(cmd)
+            cmd.then(cmd)  # a buffer the worker mapped, for whoever asked
         elif isinstance(cmd, Reconfigure):
             self.reconfigurer.submit(cmd)
         elif isinstance(cmd, Nudge):
@@ -271,10 +276,7 @@ class Engine:
         elif isinstance(cmd, ShedCache):
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
-            try:
-                cmd.reply(self.seating.flush(cmd.keys))
-            except KvswapError as err:
-                cmd.reply(err)
+            self.captures.flush(cmd, self.seating.flush_slots(cmd.keys))
         elif isinstance(cmd, ForgetMind):
             cmd.reply(self.seating.forget(cmd.key))
         elif isinstance(cmd, SLOT_VERBS):
@@ -316,60 +318,32 @@ class Engine:
                 self._run_verb(cmd, slot)
 
     def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:
-        verbs = self.runtime.verbs
+        verbs, counters = self.runtime.verbs, self.runtime.counters
+        if isinstance(cmd, PageOut | SlotCapture):
+            self.captures.start(cmd, slot)  # answered once its buffer has arrived
+            return
         try:
-            if isinstance(cmd, PageOut | SlotCapture):
-                pending = (
-                    verbs.begin_page(slot, cmd.name)
-                    if isinstance(cmd, PageOut)
-                    else verbs.begin_copy(slot)
-                )
-                tag = next(self._tags)
-                self._pending[tag] = (cmd, pending)
-                slot.locked = True
-                self.buffers.allocate(pending.layout.n_bytes, tag)
-                return
             if isinstance(cmd, SlotApply):
                 cmd.reply(verbs.apply(cmd, slot))
             elif isinstance(cmd, SlotErase):
                 erased = verbs.erase(cmd, slot)
                 cmd.reply(replace(erased, mind=self.seating.left(slot)))
-            elif self.store is not None and is_token_only(self.store, cmd.name):
+            elif self.store is not None and is_token_only(self.store, cmd.key):
                 # A KV type change dropped its state: the slot re-prefills its tokens.
                 submit = reprefill_request(
-                    cmd, slot, self.store, self.adapters.infos, self.runtime.n_ctx_slot,
-                    self.runtime.counters,
-                )  # fmt: skip
+                    cmd, slot, self.store, self.adapters.infos, self.runtime.n_ctx_slot, counters
+                )
                 if submit is not None:
                     tokens = np.asarray(submit.request.prompt_tokens, dtype=np.int32)
                     self._admit(submit, tokens, slot)
                 return
             else:
-                cmd.reply(verbs.page_in(slot, cmd.name))
-            slot.t_last_used = time.monotonic()
-        except KvswapError as err:
-            cmd.reply(err)
-
-    def _buffer_ready(self, ready: BufferReady) -> None:
-        """The second half of a capture: copy into the buffer that just arrived."""
-        if ready.tag == SPARE_TAG:
-            self.seating.spare_ready(ready)
-            return
-        cmd, pending = self._pending.pop(ready.tag)
-        pending.slot.locked = False
-        verbs = self.runtime.verbs
-        if ready.buffer is None:
-            verbs.abandon(pending)
-            cmd.reply(KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the copy: {ready.error}"))
-            return
-        slot = pending.slot
-        try:
-            if isinstance(cmd, PageOut):
-                moved = verbs.finish_page(pending, ready.buffer)
-                cmd.reply(replace(moved, mind=self.seating.left(slot)))  # the mind is the page
-            else:
-                captured = verbs.finish_copy(pending, ready.buffer)
-                cmd.reply(replace(captured, mind=slot.mind or ""))
+                try:
+                    cmd.reply(verbs.page_in(slot, cmd.key))
+                except KvswapError:
+                    counters.page_failed_total += 1
+                    raise
+                counters.page_in_total += 1
             slot.t_last_used = time.monotonic()
         except KvswapError as err:
             cmd.reply(err)
@@ -406,8 +380,13 @@ class Engine:
         is refreshed before any completion goes out: a client that has its answer reads /slots
         and /pages as they are after it."""
         ended = [self._end(self.slots[i], error) for i, error in outcome.finished.items()]
+        paged = PagedOut.NOTHING
+        if outcome.kv_full:
+            paged = self.seating.page_out_idle_resident()
+            if paged is PagedOut.WAITING:
+                self._stalled = True  # nothing fits until the buffer (or room) arrives
         running = [s for s in outcome.retry if s.running is not None]
-        if outcome.kv_full and running and not self.seating.page_out_idle_resident():
+        if outcome.kv_full and running and paged is PagedOut.NOTHING:
             victim = max(running, key=lambda s: s.running.admitted if s.running else -1)
             req_id = victim.running.req_id if victim.running else -1
             log.warning("KV pool full: refusing request %s on slot %d", req_id, victim.id)
@@ -441,6 +420,8 @@ class Engine:
                 completion.timings.predicted_n, completion.timings.predicted_ms / 1e3
             )
         run.close()
+        if slot.mind is None:
+            self.anon.expect(slot)  # a buffer for when a later request displaces its state
         return lambda: run.sink(completion)
 
     def _reconfigured(self, finished: Finished) -> None:
@@ -482,11 +463,7 @@ class Engine:
                 return
 
     def _fail_everything(self, kind: ErrorKind, message: str) -> None:
-        for cmd, pending in self._pending.values():
-            self.runtime.verbs.abandon(pending)
-            pending.slot.locked = False
-            cmd.reply(KvswapError(kind, message))
-        self._pending.clear()
+        self.captures.fail_all(kind, message)
         for slot in self.slots.busy():
             if slot.running is not None:
                 self._release(slot, EngineError(slot.running.req_id, kind, message))

@@ -9,7 +9,15 @@ is rewritten when the stream count changed), and admission reopens. Running requ
 sampler and RNG and go on as if nothing happened. A geometry libllama cannot build rolls back
 to the old one with every state restored.
 
-Owns the plan (pure: `plan_seats`, `target_geometry`) and the procedure (`Reconfigurer`), which
+Before the pause, each occupied slot gets a buffer prepared by the buffer worker (`kv.spare`,
+reserved in the page store: a store that cannot hold them refuses the reconfigure before
+anything changes), so the pause only copies. After it, a mind left without a seat stays its own
+RAM page; an idle anonymous slot left without one joins the anonymous cache. A KV type change
+leaves every state of the old types (residents, minds' and clients' pages) as tokens that
+re-prefill on page_in, and empties the anonymous cache (re-prefilling a cached prefix costs what
+a miss costs).
+
+Owns the procedure (`Reconfigurer`; the pure plan is `engine.plan.reconfigure`), which
 works on the narrow owners it is given (the runtime, the slot table, the page store, the mind
 registry) and never on the engine. The engine calls `submit`, `admission_open` and `tick`; a tick
 that ran a reconfigure hands back the command and its answer (`Finished`), and the engine then
@@ -21,124 +29,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import psutil
 
-from kvswap.backend.context import KV_CACHE_TYPES, ContextInitError
+from kvswap.backend.context import ContextInitError
 from kvswap.backend.model import ModelInfo
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
-from kvswap.engine.kv.buffers import new_buffer
+from kvswap.core.keys import PageKey, PageKind, engine_key
+from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
+from kvswap.engine.kv.buffers import BufferWorker, new_buffer
 from kvswap.engine.kv.pagefmt import plan_layout, read_tokens, write_tokens
 from kvswap.engine.kv.pagestore import Page, PageStore
 from kvswap.engine.kv.slotstate import state_of_page
+from kvswap.engine.kv.spare import Spare
+from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.plan.reconfigure import (
+    Occupant,
+    SeatPlan,
+    check_memory,
+    plan_seats,
+    target_geometry,
+)
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import SlotTable
 
 log = logging.getLogger("kvswap.reconfigure")
-
-
-def target_geometry(current: Geometry, spec: ReconfigureSpec) -> Geometry:
-    """The new geometry: the spec's fields over the current ones; typed 400 on nonsense."""
-    geo = replace(
-        current,
-        n_ctx=spec.n_ctx if spec.n_ctx is not None else current.n_ctx,
-        n_parallel=spec.n_parallel if spec.n_parallel is not None else current.n_parallel,
-        cache_type_k=spec.cache_type_k or current.cache_type_k,
-        cache_type_v=spec.cache_type_v or current.cache_type_v,
-        n_batch=spec.n_batch if spec.n_batch is not None else current.n_batch,
-        n_ubatch=spec.n_ubatch if spec.n_ubatch is not None else current.n_ubatch,
-        generation=current.generation + 1,
-    )
-    problems = []
-    if geo.n_parallel < 1:
-        problems.append("n_parallel must be at least 1")
-    if geo.n_ctx < 1:
-        problems.append("n_ctx must be at least 1")
-    if geo.n_batch < 1 or geo.n_ubatch < 1:
-        problems.append("n_batch and n_ubatch must be at least 1")
-    for name in (geo.cache_type_k, geo.cache_type_v):
-        if name not in KV_CACHE_TYPES:
-            problems.append(f"unknown KV cache type {name!r} (one of {', '.join(KV_CACHE_TYPES)})")
-    if not problems and (reason := geo.unbuildable_reason()) is not None:
-        problems.append(reason)
-    if problems:
-        raise KvswapError(ErrorKind.INVALID_REQUEST, "; ".join(problems))
-    return replace(geo, n_ubatch=min(geo.n_ubatch, geo.n_batch))
-
-
-# Bytes per KV element of each cache type (quantized blocks of 32 values).
-_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-               "iq4_nl": 18 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32}  # fmt: skip
-
-
-def kv_bytes_estimate(info: ModelInfo, geo: Geometry) -> int:
-    """An upper bound of the KV pool's size (every layer counted as attention)."""
-    if info.n_head <= 0 or info.n_head_kv <= 0:
-        return 0
-    head_dim = info.n_embd // info.n_head
-    per_elem = _TYPE_BYTES[geo.cache_type_k] + _TYPE_BYTES[geo.cache_type_v]
-    return int(geo.n_ctx * info.n_layer * info.n_head_kv * head_dim * per_elem)
-
-
-def check_memory(info: ModelInfo, geo: Geometry, available_bytes: int) -> None:
-    """Refuse a geometry whose KV pool could not fit in memory (libllama would be OOM-killed)."""
-    need = kv_bytes_estimate(info, geo)
-    if need > 0.9 * available_bytes:
-        raise KvswapError(
-            ErrorKind.INVALID_REQUEST,
-            f"the new geometry needs about {need / 2**30:.1f} GiB of KV cache and "
-            f"{available_bytes / 2**30:.1f} GiB of memory is available: nothing changed",
-        )
-
-
-@dataclass(frozen=True)
-class Occupant:
-    """An occupied slot, as the seat planner sees it."""
-
-    slot_id: int
-    running: bool
-    n_tokens: int
-
-
-@dataclass(frozen=True)
-class SeatPlan:
-    seats: dict[int, int]  # old slot -> new slot
-    unseated: dict[int, str]  # old slot -> why it stays a page
-
-
-def plan_seats(occupants: list[Occupant], n_parallel: int, n_ctx_slot: int) -> SeatPlan:
-    """Seats in the new geometry: running requests first (their own slot, else the lowest
-    free one), then idle minds (their own slot, else the lowest free one) if they fit."""
-    seats: dict[int, int] = {}
-    unseated: dict[int, str] = {}
-    taken: set[int] = set()
-    for group in ([o for o in occupants if o.running], [o for o in occupants if not o.running]):
-        for occ in sorted(group, key=lambda o: o.slot_id):
-            if not occ.running and occ.n_tokens >= n_ctx_slot:
-                unseated[occ.slot_id] = (
-                    f"larger than the new window ({occ.n_tokens} >= {n_ctx_slot} tokens)"
-                )
-                continue
-            if occ.slot_id < n_parallel and occ.slot_id not in taken:
-                seat = occ.slot_id
-            else:
-                free = [
-                    s
-                    for s in range(n_parallel)
-                    if s not in taken and not any(o.slot_id == s and o.running for o in occupants)
-                ]
-                if not free:
-                    unseated[occ.slot_id] = "no free slot in the new geometry"
-                    continue
-                seat = free[0]
-            seats[occ.slot_id] = seat
-            taken.add(seat)
-    return SeatPlan(seats, unseated)
 
 
 @dataclass
@@ -147,6 +67,12 @@ class _Pending:
     target: Geometry
     deadline: float
     t_start: float
+    spares: dict[int, Spare] = field(default_factory=dict)  # slot id -> its move's buffer
+
+    def discard_spares(self) -> None:
+        for spare in self.spares.values():
+            spare.discard()
+        self.spares.clear()
 
 
 @dataclass(frozen=True)
@@ -170,6 +96,8 @@ class Reconfigurer:
         store: PageStore | None,
         model_info: ModelInfo,
         registry: MindRegistry,
+        anon: AnonCache,
+        buffers: BufferWorker,
         fault_on_install: bool = False,
     ) -> None:
         self.runtime = runtime
@@ -177,6 +105,8 @@ class Reconfigurer:
         self.store = store
         self.info = model_info
         self.registry = registry
+        self.anon = anon
+        self.buffers = buffers
         self.fault_on_install = fault_on_install  # a test seam: the new context fails to build
         self._pending: _Pending | None = None
         self.total = 0
@@ -244,6 +174,7 @@ class Reconfigurer:
             if time.monotonic() < p.deadline:
                 return None  # keep decoding: requests drain
             self._pending = None
+            p.discard_spares()
             self.failed_total += 1
             message = (
                 f"requests did not drain within {p.cmd.spec.drain_timeout_s} s "
@@ -251,13 +182,19 @@ class Reconfigurer:
             )
             log.warning("reconfigure refused: %s", message)
             return Finished(p.cmd, KvswapError(ErrorKind.UNAVAILABLE, message), changed=False)
-        self._pending = None
         try:
+            if not self._prepared(p):
+                return None  # keep decoding while the buffer worker maps the moves' buffers
+            self._pending = None
             receipt = self._run(p, time.monotonic())
         except KvswapError as err:
+            self._pending = None
             self.failed_total += 1
             log.warning("reconfigure refused: %s", err.message)
             return Finished(p.cmd, KvswapError(err.kind, err.message), changed=False)
+        finally:
+            if self._pending is None:
+                p.discard_spares()
         if receipt.rolled_back:
             self.failed_total += 1
             error = KvswapError(
@@ -268,6 +205,39 @@ class Reconfigurer:
             return Finished(p.cmd, error, changed=True)
         self.total += 1
         return Finished(p.cmd, receipt, changed=True)
+
+    def _prepared(self, p: _Pending) -> bool:
+        """Every occupied slot has a buffer large enough for its move (asked for now if not);
+        typed 503 when the page store cannot reserve them or the worker cannot map them."""
+        occupied = [s for s in self.slots if s.running is not None or len(s.tokens) > 0]
+        if not occupied:
+            return True
+        store = self.store
+        if store is None:
+            raise KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                "occupied slots need the page store to move (--page-ram-bytes > 0)",
+            )
+        ready = True
+        for slot in occupied:
+            n_bytes = self.runtime.verbs.mover.measure(slot).n_bytes
+            spare = p.spares.setdefault(
+                slot.id, Spare(store, self.buffers, f"reconfigure-slot{slot.id}")
+            )
+            if spare.error:
+                raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the move: {spare.error}")
+            if spare.ready_for(n_bytes):
+                continue
+            ready = False
+            try:
+                spare.ask(n_bytes)
+            except KvswapError as err:
+                raise KvswapError(
+                    ErrorKind.UNAVAILABLE,
+                    f"the page store cannot hold the slots' states for the move ({err.message}; "
+                    f"--page-ram-bytes {store.ceiling_bytes}); nothing changed",
+                ) from err
+        return ready
 
     # -- the pause --------------------------------------------------------------------------
 
@@ -296,7 +266,7 @@ class Reconfigurer:
         timings = receipt.timings_ms
         timings["drain_ms"] = (t_drained - p.t_start) * 1e3
         # Whole states even when the KV types change: a rollback must find every state intact.
-        pages = self._page_out_all(occupants, old.generation)
+        pages = self._page_out_all(occupants, old.generation, p.spares)
 
         t1 = time.monotonic()
         timings["page_out_ms"] = (t1 - t_drained) * 1e3
@@ -324,6 +294,7 @@ class Reconfigurer:
         timings["init_ms"] = (t3 - t2) * 1e3
         if kv_change:
             self._drop_states(pages)
+            self._drop_stored_states(exclude={page.generation for page in pages.values()})
         slots.rebuild(rt.geometry.n_parallel, rt.n_ctx_slot)
 
         receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change)
@@ -339,34 +310,34 @@ class Reconfigurer:
         log.info("reconfigure: %s -> %s in %.1f ms", old, rt.geometry, timings["total_ms"])
         return receipt
 
-    def _page_out_all(self, occupants: list[Occupant], generation: int) -> dict[int, Page]:
-        """Every occupied slot becomes a page; pre-checked against the ceiling first."""
+    def _page_out_all(
+        self, occupants: list[Occupant], generation: int, spares: Mapping[int, Spare]
+    ) -> dict[int, Page]:
+        """Every occupied slot becomes a page, copied into the buffer prepared for it."""
         store, verbs = self.store, self.runtime.verbs
-        if not occupants:
-            return {}
-        if store is None:
-            raise KvswapError(
-                ErrorKind.INVALID_REQUEST,
-                "occupied slots need the page store to move (--page-ram-bytes > 0)",
-            )
-        layouts = {o.slot_id: verbs.mover.measure(self.slots[o.slot_id]) for o in occupants}
-
-        needed = sum(lay.n_bytes for lay in layouts.values())
-        room = store.ceiling_bytes - store.charged_bytes
-        if needed > room:
-            raise KvswapError(
-                ErrorKind.UNAVAILABLE,
-                f"the page store cannot hold the slots' states for the move: {needed} bytes needed, "
-                f"{room} free (--page-ram-bytes {store.ceiling_bytes}); nothing changed",
-            )
         pages: dict[int, Page] = {}
         for occ in occupants:
+            assert store is not None
             slot = self.slots[occ.slot_id]
-            # A mind keeps its own page name: left without a seat, it stays findable in RAM.
-            name = slot.mind or f"reconfigure-g{generation}-slot{slot.id}"
-            verbs.capture_to_page(slot, name, layout=layouts[slot.id])
-            pages[slot.id] = store.get(name)
+            layout = verbs.mover.measure(slot)
+            key = self._page_key(slot.mind, occ.running, generation, slot.id)
+            took = spares[slot.id].take(key, layout.n_bytes)
+            assert took is not None, "checked by _prepared in this same tick"
+            buffer, reservation = took
+            verbs.capture_to_page(slot, layout=layout, reservation=reservation, buffer=buffer)
+            pages[slot.id] = store.get(key)
         return pages
+
+    def _page_key(
+        self, mind: PageKey | None, running: bool, generation: int, slot_id: int
+    ) -> PageKey:
+        """A mind keeps its own key (left without a seat, it stays findable in RAM); an idle
+        anonymous state takes a key of the anonymous cache (left without one, it joins it)."""
+        if mind is not None:
+            return mind
+        if not running:
+            return self.anon.new_key()
+        return engine_key(f"reconfigure-g{generation}-slot{slot_id}")
 
     def _drop_states(self, pages: dict[int, Page]) -> None:
         """The new contexts are built with other KV types: each page keeps its tokens (and LoRA
@@ -377,17 +348,61 @@ class Reconfigurer:
         for slot_id, page in pages.items():
             with page.view() as view:
                 tokens = read_tokens(view, page.layout)
-            layout = replace(
-                plan_layout(len(tokens), 0, page.layout.geometry),
-                token_only=True,
-                lora=page.layout.lora,
-            )
-            store.remove(page.name, page.generation)
-            reservation = store.reserve(page.name, layout.n_bytes)
+            store.remove(page.key, page.generation)
+            pages[slot_id] = self._store_tokens(page.key, tokens, page)
+
+    def _store_tokens(self, key: PageKey, tokens: np.ndarray, page: Page) -> Page:
+        """Page `key` as its tokens only (4 bytes a token: the only buffer a pause maps)."""
+        store = self.store
+        assert store is not None
+        layout = replace(
+            plan_layout(len(tokens), 0, page.layout.geometry),
+            token_only=True,
+            lora=page.layout.lora,
+        )
+        reservation = store.reserve(key, layout.n_bytes)
+        try:
             buffer = new_buffer(layout.n_bytes)
-            with memoryview(buffer) as view:
-                write_tokens(view, layout, tokens)
-            pages[slot_id] = store.commit(reservation, buffer, layout)
+        except OSError as err:
+            store.cancel(reservation)
+            raise KvswapError(
+                ErrorKind.UNAVAILABLE, f"no memory for a tokens-only page: {err}"
+            ) from err
+        with memoryview(buffer) as view:
+            write_tokens(view, layout, tokens)
+        return store.commit(reservation, buffer, layout)
+
+    def _drop_stored_states(self, exclude: set[int]) -> None:
+        """The KV types changed: every minds' and clients' page of the old types keeps its
+        tokens only (re-prefilled on page_in), and the anonymous cache is emptied."""
+        store = self.store
+        assert store is not None
+        n_cached = self.anon.drop_all()
+        n_pages = 0
+        for info in store.infos():
+            if not info.in_store or info.key.kind not in (PageKind.MIND, PageKind.PAGE):
+                continue
+            try:
+                page = store.hold(info.key)
+            except KvswapError:
+                continue  # spilled and dropped meanwhile
+            try:
+                if page.generation in exclude or page.layout.token_only:
+                    continue
+                with page.view() as view:
+                    tokens = read_tokens(view, page.layout)
+            finally:
+                store.release(page)
+            try:
+                self._store_tokens(info.key, tokens, page)
+                n_pages += 1
+            except KvswapError as err:
+                log.warning("reconfigure: %s keeps its old KV types: %s", info.key, err.message)
+        log.info(
+            "reconfigure: %d page(s) now hold tokens only; %d anonymous cache entries dropped",
+            n_pages,
+            n_cached,
+        )
 
     def _page_in_all(
         self,
@@ -401,15 +416,19 @@ class Reconfigurer:
         fates = []
         for occ in occupants:
             page = pages[occ.slot_id]
-            kind = "request" if occ.running else "mind"
+            cached = page.key.kind is PageKind.ANON  # an idle anonymous slot's state
+            kind = "request" if occ.running else ("cache" if cached else "mind")
             seat = plan.seats.get(occ.slot_id)
             if seat is None or (kv_change and not occ.running):
                 reason = plan.unseated.get(
                     occ.slot_id,
                     "the KV types changed: it holds tokens only and re-prefills on page_in",
                 )
+                if cached:
+                    fates.append(self._cache_unseated(occ, page, kv_change, reason))
+                    continue
                 fate = "token_only" if kv_change else "paged"
-                fates.append(SlotFate(occ.slot_id, kind, None, page.name, fate, reason))
+                fates.append(SlotFate(occ.slot_id, kind, None, page.key, fate, reason))
                 continue
             slot = self.slots[seat]
             with page.view() as view:
@@ -419,7 +438,7 @@ class Reconfigurer:
                 finally:
                     state.release()
             assert store is not None
-            store.remove(page.name, page.generation)
+            store.remove(page.key, page.generation)
             run = runs.get(occ.slot_id)
             if run is not None:
                 slot.running = run
@@ -428,3 +447,19 @@ class Reconfigurer:
                 SlotFate(occ.slot_id, kind, seat, None, "kept" if seat == occ.slot_id else "moved")
             )
         return fates
+
+    def _cache_unseated(self, occ: Occupant, page: Page, kv_change: bool, reason: str) -> SlotFate:
+        """An idle anonymous state left without a seat joins the anonymous cache (of the old
+        KV types it is dropped: re-prefilling it costs what a cache miss costs)."""
+        store = self.store
+        assert store is not None
+        if not kv_change:
+            with page.view() as view:
+                tokens = read_tokens(view, page.layout)
+            if self.anon.adopt(page.key, tokens):
+                return SlotFate(occ.slot_id, "cache", None, None, "cached", reason)
+            reason = f"{reason}; the anonymous cache has no room for it"
+        else:
+            store.remove(page.key, page.generation)
+            reason = "the KV types changed: a cached prompt of the old types is dropped"
+        return SlotFate(occ.slot_id, "cache", None, None, "dropped", reason)

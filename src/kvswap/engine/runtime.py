@@ -140,7 +140,7 @@ class Runtime:
             self.adapters.infos,
             draft=self.spec.draft if self.spec is not None else None,
         )
-        self.verbs = SlotVerbs(ctx, self.mover, self.store, self.counters)
+        self.verbs = SlotVerbs(ctx, self.mover, self.store)
 
     def warm_up(self) -> None:
         """Decode BOS and EOS on sequence 0, then clear the memory (llama-server's `--warmup`):

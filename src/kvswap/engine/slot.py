@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvswap.core.keys import PageKey
 from kvswap.core.types import LoraSet
 from kvswap.engine.tokens import TokenBuffer
 
@@ -31,7 +32,7 @@ class Slot:
     locked: bool = False  # a capture waits for its buffer: nothing else may touch the slot
     # The LoRA set its KV was computed under (core.types.LoraSet); only equal sets share it.
     lora: LoraSet = ()
-    mind: str | None = None  # the mind (engine.minds key) whose state the slot holds
+    mind: PageKey | None = None  # the mind whose state the slot holds
 
     @property
     def seq_id(self) -> int:
@@ -70,7 +71,7 @@ class SlotTable(Sequence[Slot]):
         """Slots running a request."""
         return [s for s in self._slots if s.running is not None]
 
-    def holding(self, mind: str) -> Slot | None:
+    def holding(self, mind: PageKey) -> Slot | None:
         """The slot whose state is mind `mind`'s, if any."""
         return next((s for s in self._slots if s.mind == mind), None)
 

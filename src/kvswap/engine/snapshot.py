@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
@@ -42,7 +43,7 @@ class SlotSnapshot:
     has_next_token: bool
     generated_text: str
     speculative: bool = False
-    mind: str = ""  # the key of the mind the slot holds ("": none)
+    mind: PageKey | None = None  # the mind the slot holds (None: none)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class EngineSnapshot:
     is_sleeping: bool = False
     crashed: str | None = None  # the engine loop died: /health answers 500
     # Resident minds: (mind key, slot id, tokens held), for /pages.
-    minds: tuple[tuple[str, int, int], ...] = ()
+    minds: tuple[tuple[PageKey, int, int], ...] = ()
 
     @property
     def n_idle_slots(self) -> int:
@@ -89,6 +90,10 @@ def own_metrics(
         out["page_store_bytes"] = store.charged_bytes
         out["page_store_pages"] = store.n_pages
         out["page_spill_held_bytes"] = store.held_bytes
+        out["page_store_leaked_bytes"] = store.leaked_bytes
+        out["page_store_spare_bytes"] = sum(
+            n for key, n in store.reservations() if key.kind is PageKind.SPARE
+        )
     out.update(registry.metrics())
     out.update(anon.metrics())
     return out
@@ -123,7 +128,7 @@ def take_snapshot(
                 has_next_token=slot.running is not None,
                 generated_text=run.text.content if run else "",
                 speculative=runtime.spec is not None,
-                mind=slot.mind or "",
+                mind=slot.mind,
             )
         )
     return EngineSnapshot(

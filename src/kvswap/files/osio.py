@@ -130,6 +130,19 @@ class OsAdapter:
         """One read system call into `view`; returns the bytes read (0 at end of file)."""
         return self._step("read", str(fd), lambda: os.readv(fd, [view]))
 
+    def read_up_to(self, fd: int, n_bytes: int) -> bytes:
+        """Read until `n_bytes` are in or the file ends (fewer then)."""
+        buf = bytearray(n_bytes)
+        view = memoryview(buf)
+        got = 0
+        while got < n_bytes:
+            n = self.readinto(fd, view[got:])
+            if n == 0:
+                break
+            got += n
+        view.release()
+        return bytes(buf[:got])
+
     def fsync(self, fd: int) -> None:
         """Make a file's data durable (F_FULLFSYNC where plain fsync does not reach the disk)."""
         if sys.platform == "darwin":  # pragma: no cover - platform difference lives here

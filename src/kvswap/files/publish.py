@@ -40,7 +40,7 @@ from kvswap.files.locks import LockTable
 from kvswap.files.names import validate_filename
 from kvswap.files.osio import OsAdapter
 from kvswap.files.paths import SaveRoot, name_key, record_name
-from kvswap.files.reader import Alloc, Generation, read_locked
+from kvswap.files.reader import Alloc, Generation, read_head, read_locked
 from kvswap.files.records import CommitRecord, FileEntry, is_pending, new_record, read_record
 from kvswap.files.sidecar import EncodedFile
 from kvswap.files.stage import FileContent, Stage, roll_forward, sweep
@@ -288,6 +288,13 @@ class Publisher:
             record = read_record(self._root, key, name)
             if record is not None:
                 roll_forward(self._root, record)
+
+    def read_head(self, name: str, n_bytes: int) -> bytes:
+        """The first `n_bytes` of `F` of generation `name` (e.g. its header), under its name
+        lock; b"" when there is no such file."""
+        validate_filename(name)
+        with _os_errors("reading", name), self._locks.hold(name_key(name), exclusive=False):
+            return read_head(self._root, name, n_bytes)
 
     def list_generations(self) -> list[GenerationInfo]:
         """Every committed generation with a commit record, by name (sidecar files unread)."""

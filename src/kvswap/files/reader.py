@@ -133,6 +133,19 @@ def _open_regular(osio: OsAdapter, dir_fd: int, entry: str) -> int | None:
     return fd
 
 
+def read_head(root: SaveRoot, name: str, n_bytes: int) -> bytes:
+    """The first `n_bytes` of file `name` (fewer if it is shorter; b"" when it is absent),
+    through the adapter, never through a symlink or from a FIFO."""
+    osio = root.osio
+    fd = _open_regular(osio, root.save_fd, name)
+    if fd is None:
+        return b""
+    try:
+        return osio.read_up_to(fd, n_bytes)
+    finally:
+        osio.close(fd)
+
+
 def _read_exact(osio: OsAdapter, fd: int, view: memoryview, crc: checksum.StreamCrc) -> None:
     """Fill `view` from `fd`, feeding each piece to `crc`; a file that ends early is corrupt."""
     got = 0

@@ -143,15 +143,7 @@ def read_small(osio: OsAdapter, dir_fd: int, entry: str, limit: int) -> bytes | 
             raise CorruptFileError(f"{entry!r} is not a regular file")
         if size > limit:
             raise CorruptFileError(f"{entry!r} is {size} bytes, larger than any record")
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        while got < size:
-            n = osio.readinto(fd, view[got:])
-            if n == 0:
-                break
-            got += n
-        return bytes(buf[:got])
+        return osio.read_up_to(fd, size)
     finally:
         osio.close(fd)
 

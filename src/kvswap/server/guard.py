@@ -1,9 +1,13 @@
-"""The ASGI guard in front of every route: API prefix, API keys, body size, loading state.
+"""The ASGI guard in front of every route: API prefix, API keys and tenants, body size, loading
+state, sleep.
 
 A plain ASGI middleware (no per-request task or body buffering of its own):
 - `--api-prefix`: paths under the prefix are served with it stripped; others are 404.
 - `--api-key`/`--api-key-file`: every route but /health and /v1/health needs a key, in
   `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time against every key.
+  The request's tenant namespace (`core.keys.namespace_of` of the key it authenticated with, the
+  public one on a key-less server) is set here, once, in the ASGI scope; `tenant_namespace`
+  reads it. No route derives a tenant from headers itself.
 - The web page's paths (`page_paths`: `/`, its files, `/sw.js`) need no key, are served while
   the model loads and never wake a sleeping server, as llama-server serves its UI; the page
   then asks for the key its API calls need.
@@ -11,9 +15,10 @@ A plain ASGI middleware (no per-request task or body buffering of its own):
 - While the model loads, every route (/health included) but the page's answers 503, as
   llama-server.
 - `--sleep-idle-seconds` (`sleep.Sleeper`): every request but /health and the page's counts as
-  activity and wakes a sleeping server first; /health answers 200 while asleep without waking it,
-  and the read-only GETs (/props, /models, /metrics) neither count nor wake: asleep, they get the
-  answers the sleeper kept, as llama-server.
+  activity and wakes a sleeping server first (a request without a valid key never does); /health
+  answers 200 while asleep without waking it, and the read-only GETs (/props, /models,
+  /v1/models, /metrics, and /slots) neither count nor wake: asleep, they get the answers the
+  sleeper kept, as llama-server.
 
 """
 
@@ -25,7 +30,9 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvswap.core.errors import ErrorKind
+from kvswap.core.keys import PUBLIC_NAMESPACE, namespace_of
 from kvswap.server.internal import call_app
+from kvswap.server.sleep import WakeFailed
 
 if TYPE_CHECKING:
     from kvswap.server.sleep import Sleeper
@@ -39,7 +46,8 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 # GETs that read what the server is and did: no activity, and answered while asleep (sleep.py).
-READ_ONLY_PATHS = frozenset({"/props", "/models", "/v1/models", "/metrics"})
+READ_ONLY_PATHS = frozenset({"/props", "/models", "/v1/models", "/metrics", "/slots"})
+_NAMESPACE = "kvswap.namespace"  # the scope["state"] entry the guard sets
 
 
 def _body(kind: ErrorKind, message: str, status: int | None = None) -> tuple[int, bytes]:
@@ -140,9 +148,14 @@ class Guard:
                 await send({"type": "http.response.body", "body": body})
                 return
         if sleeper is not None and path not in PUBLIC_PATHS and path not in self.page_paths:
-            await sleeper.enter()  # activity; wakes a sleeping server first
+            if not self._key_ok(scope, path):  # refused before it counts: it never wakes it
+                await _respond(send, *_body(ErrorKind.AUTHENTICATION, "Invalid API Key"))
+                return
             try:
+                await sleeper.enter()  # activity; wakes a sleeping server first
                 await self._serve(scope, receive, send, path)
+            except WakeFailed as err:
+                await _respond(send, *_body(ErrorKind.SERVER, str(err)))
             finally:
                 sleeper.leave()
             return
@@ -157,6 +170,10 @@ class Guard:
         if not self._key_ok(scope, path):
             await _respond(send, *_body(ErrorKind.AUTHENTICATION, "Invalid API Key"))
             return
+        key = _request_key(scope)
+        valid = bool(self.api_keys) and key_matches(key, self.api_keys)
+        namespace = namespace_of(key if valid else "")
+        scope = {**scope, "state": {**scope.get("state", {}), _NAMESPACE: namespace}}
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
@@ -166,7 +183,7 @@ class Guard:
 
     async def _fetch(self, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """A GET through the app itself (no key, no activity): what the sleeper keeps."""
-        return await call_app(self.app, "GET", path)
+        return await call_app(self.app, "GET", path, like={"state": {_NAMESPACE: PUBLIC_NAMESPACE}})
 
     def _key_ok(self, scope: Scope, path: str) -> bool:
         return (
@@ -191,6 +208,13 @@ class Guard:
             return message
 
         return counted
+
+
+def tenant_namespace(scope: Scope) -> str:
+    """The tenant namespace the guard gave this request (set for every request it let in)."""
+    namespace = scope.get("state", {}).get(_NAMESPACE)
+    assert isinstance(namespace, str) and namespace, "a request that did not pass the guard"
+    return namespace
 
 
 def _too_large(limit: int) -> tuple[int, bytes]:

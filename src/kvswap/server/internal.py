@@ -26,7 +26,7 @@ async def call_app(
     like: Scope | None = None,
 ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
     """(status, headers, body) of `method path` through `app`; `like` lends its client and
-    server addresses."""
+    server addresses, and its state (the tenant namespace)."""
     base = like or {}
     scope = {
         "type": "http",
@@ -41,6 +41,7 @@ async def call_app(
         "raw_path": path.encode(),
         "query_string": b"",
         "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        "state": dict(base.get("state", {})),  # the tenant the guard gave `like`
     }
     sent = False
     status = 500

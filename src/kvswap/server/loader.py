@@ -3,6 +3,12 @@
 Owns the model, the engine and the server state from load to `close`. `ready()` tells the guard
 whether to answer 503 "Loading model"; a failure is kept in `error` and reported through
 `on_failure` (the server then exits, as llama-server does when a model fails to load).
+
+`sleep` keeps what the running server had changed since start-up (its `Resume`: the live
+geometry, so n_ctx, n_parallel, batch sizes and KV types after any reconfigure, and the LoRA
+global scales) and the closed state (`resting`, what the read-only routes answer while asleep);
+`wake` builds the engine with that geometry and those scales, not the start-up flags, so every
+mind spilled at sleep (its files carry the live KV types) is served again.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model, ModelLoadError, ModelParams
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient
-from kvswap.engine.plan.geometry import resolve_geometry
+from kvswap.engine.plan.geometry import Geometry, resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
@@ -27,9 +34,21 @@ from kvswap.server.state import ServerState
 log = logging.getLogger("kvswap.server")
 
 
-def engine_config(config: ServerConfig, n_ctx_train: int) -> EngineConfig:
+@dataclass(frozen=True)
+class Resume:
+    """What a sleeping server wakes with instead of the start-up flags."""
+
+    geometry: Geometry  # the live geometry when it fell asleep
+    lora_scales: tuple[float, ...]  # the adapters' global scales (POST /lora-adapters)
+
+
+def engine_config(
+    config: ServerConfig, n_ctx_train: int, geometry: Geometry | None = None
+) -> EngineConfig:
+    """The engine's configuration: the start-up flags, with `geometry` (a waking server's live
+    one) in place of the geometry they resolve to."""
     ctx = config.context
-    geometry = resolve_geometry(
+    geometry = geometry or resolve_geometry(
         n_ctx=ctx.n_ctx,
         n_parallel=ctx.n_parallel,
         kv_unified=ctx.kv_unified_resolved,
@@ -95,9 +114,12 @@ class Loader:
         self.draft_model: Model | None = None
         # Where the bound sockets listen (serve.run), logged once the model is loaded.
         self.listening: tuple[str, ...] = ()
+        self.resume: Resume | None = None  # set while asleep: what the wake restores
+        self.resting: ServerState | None = None  # the closed state of a sleeping server
 
     def ready(self) -> bool:
-        return self.state is not None
+        """Loaded (awake, or asleep with the answers of its read-only routes)."""
+        return self.state is not None or self.resting is not None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Load in the background, reporting to `loop` (which may not run yet); once only."""
@@ -137,9 +159,14 @@ class Loader:
                 log.info(
                     "draft model loaded: %s (%s)", spec.model_draft, self.draft_model.info.desc
                 )
+            resume = self.resume
             client = EngineClient.start(
                 model,
-                engine_config(self.config, model.info.n_ctx_train),
+                engine_config(
+                    self.config,
+                    model.info.n_ctx_train,
+                    resume.geometry if resume is not None else None,
+                ),
                 loop,
                 adapters=self.adapters,
                 draft_model=self.draft_model,
@@ -149,6 +176,8 @@ class Loader:
             from kvswap.server.state import build_state
 
             state = build_state(self.config, model, client, self.adapters.infos)
+            if resume is not None:
+                state.lora.scales = list(resume.lora_scales)
             snap = client.snapshot
             state.demoter.start(snap.page_geometry)
             if state.shared is not None:
@@ -184,16 +213,27 @@ class Loader:
             state.demoter.close(engine_alive=state.snapshot.crashed is None)
 
     def sleep(self) -> None:
-        """`--sleep-idle-seconds`: spill every mind, free the engine, contexts and models."""
+        """`--sleep-idle-seconds`: spill every mind, free the engine, contexts and models; keep
+        the live geometry and LoRA scales for the wake, and the closed state for the read-only
+        routes."""
+        state = self.state
+        if state is not None:
+            self.resume = Resume(state.snapshot.geometry, tuple(state.lora.scales))
+            self.resting = state  # answers the read-only routes from the moment it closes
         self.close()
+        if state is not None:
+            state.sleeping = True
 
     def wake(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Load the model and contexts again (on the caller's thread); minds spilled under the
-        save path are served as after a restart."""
+        """Load the model and contexts again (on the caller's thread) with the geometry and
+        LoRA scales in force when the server fell asleep; minds spilled under the save path are
+        served as after a restart."""
         self._thread = None
         self._load(loop)
         if self.error is not None:
             raise RuntimeError(f"could not load the model again after sleeping: {self.error}")
+        self.resume = None
+        self.resting = None
 
     def close(self) -> None:
         if self._thread is not None:
@@ -209,6 +249,9 @@ class Loader:
                 state.shared.close()
             state.client.close()
             state.io.shutdown(wait=True)
+            for publisher in (state.publisher, state.minds_files):
+                if publisher is not None:
+                    publisher.close()
             if self.adapters is not None:
                 self.adapters.close()
             state.model.close()

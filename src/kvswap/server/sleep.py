@@ -5,12 +5,14 @@ The Sleeper counts HTTP requests in flight (the guard calls `enter`/`leave` arou
 notes when the last one ended. Once nothing has run for N seconds and the server holds nothing a
 sleep would lose, it sleeps: every mind is spilled to the save path (`Loader.sleep`, which runs
 the same shutdown as an exit), then the engine, its contexts and the model are freed. The next
-request (anything but /health, which answers as llama-server's does while asleep and does not
-count as activity) waits while the model and contexts load again, and the minds spilled in the
-save path are served as after a restart. /props, /models and /metrics neither wake it nor count
-as activity: asleep, they get the answers kept just before sleeping (/props saying it sleeps).
-A server never sleeps while it holds what a sleep would
-lose: named RAM pages that are not minds, or minds without a save path to spill them to.
+authenticated request (anything but /health, which answers as llama-server's does while asleep
+and does not count as activity) waits while the model and contexts load again with the geometry,
+KV types and LoRA global scales in force when the server fell asleep (`Loader.wake`), and the
+minds spilled in the save path are served as after a restart. /props, /models, /v1/models,
+/metrics and /slots neither wake it nor count as activity: asleep, they get the answers kept
+just before sleeping (/props saying it sleeps). A server never sleeps while it holds what a
+sleep would lose: named RAM pages that are not minds, or minds without a save path to spill
+them to.
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from kvswap.engine.minds.anoncache import KEY_PREFIX as ANON_PREFIX
-from kvswap.engine.minds.registry import KEY_PREFIX as MIND_PREFIX
+from kvswap.core.keys import PageKind
 
 if TYPE_CHECKING:
     from kvswap.server.loader import Loader
@@ -38,6 +39,10 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 _RATE_GAUGES = re.compile(
     rb"^(llamacpp:(?:prompt_tokens_seconds|predicted_tokens_seconds)) \S+$", re.M
 )
+
+
+class WakeFailed(Exception):
+    """The model and contexts could not be loaded again after sleeping."""
 
 
 class Sleeper:
@@ -68,13 +73,17 @@ class Sleeper:
             self._task = None
 
     async def enter(self) -> None:
-        """A request arrives: it counts as activity, and wakes a sleeping server first."""
+        """A request arrives: it counts as activity, and wakes a sleeping server first (the
+        caller calls `leave` whatever happens; WakeFailed when the model cannot load again)."""
         self._in_flight += 1
         if self.sleeping or self._lock.locked():  # asleep, falling asleep, or waking
             async with self._lock:
                 if self.sleeping:
                     t0 = time.perf_counter()
-                    await asyncio.to_thread(self.loader.wake, asyncio.get_running_loop())
+                    try:
+                        await asyncio.to_thread(self.loader.wake, asyncio.get_running_loop())
+                    except RuntimeError as err:
+                        raise WakeFailed(str(err)) from err
                     self.sleeping = False
                     log.info("awake in %.0f ms", (time.perf_counter() - t0) * 1e3)
 
@@ -90,11 +99,11 @@ class Sleeper:
         if snap.n_waiting or any(s.is_processing for s in snap.slots):
             return "work in progress"
         store = state.store
-        names = [p.name for p in store.infos()] if store is not None else []
-        named = [n for n in names if not n.startswith((MIND_PREFIX, ANON_PREFIX))]
+        kinds = [p.key.kind for p in store.infos()] if store is not None else []
+        named = kinds.count(PageKind.PAGE)
         if named:
-            return f"{len(named)} named page(s) would be lost (page_drop or spill them)"
-        has_minds = bool(snap.minds) or any(n.startswith(MIND_PREFIX) for n in names)
+            return f"{named} named page(s) would be lost (page_drop or spill them)"
+        has_minds = bool(snap.minds) or PageKind.MIND in kinds
         if has_minds and state.save_dir is None:
             return "minds are held and there is no --slot-save-path to spill them to"
         return ""
@@ -134,7 +143,7 @@ class Sleeper:
         self._n_metrics_reads = 0
         if self.fetch is None:
             return
-        for path in ("/props", "/models", "/v1/models", "/metrics"):
+        for path in ("/props", "/models", "/v1/models", "/metrics", "/slots"):
             status, headers, body = await self.fetch(path)
             if path == "/props" and status == 200:
                 props = json.loads(body)

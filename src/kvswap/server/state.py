@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from fastapi import Request
@@ -36,6 +36,7 @@ from kvswap.server.streaming import Runner
 from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 from kvswap.tiers.demoter import Demoter, MindPolicy
+from kvswap.tiers.mindfiles import open_minds
 from kvswap.tiers.shared.replica import SharedTier
 
 log = logging.getLogger("kvswap.server")
@@ -53,6 +54,7 @@ class ServerState:
     save_dir: Path | None
     io: ThreadPoolExecutor  # file I/O off the engine thread and off the event loop
     publisher: Publisher | None  # slot files under --slot-save-path; None: save/restore off
+    minds_files: Publisher | None  # the minds' folder of the save path (tiers.mindfiles)
     lora: LoraScales  # the loaded LoRA adapters and their global scales
     demoter: Demoter  # minds between RAM and disk
     minds: MindGate  # minds on the HTTP side
@@ -60,6 +62,7 @@ class ServerState:
     cluster: ClusterGate | None = None  # a mind's turn in the cluster, HTTP side
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     t_start: float = field(default_factory=time.time)
+    sleeping: bool = False  # closed by a sleep: only the read-only routes read it
 
     @property
     def vocab(self) -> Vocab:
@@ -67,8 +70,9 @@ class ServerState:
 
     @property
     def snapshot(self) -> EngineSnapshot:
-        """The engine's last published state."""
-        return self.client.snapshot
+        """The engine's last published state (while asleep, the last before the sleep)."""
+        snap = self.client.snapshot
+        return replace(snap, is_sleeping=True) if self.sleeping else snap
 
     @property
     def store(self) -> PageStore | None:
@@ -86,8 +90,10 @@ class ServerState:
 
 
 def get_state(request: Request) -> ServerState:
-    """The server state of a request's app (the guard has already answered 503 while loading)."""
-    state: ServerState | None = request.app.state.loader.state
+    """The server state of a request's app (the guard has already answered 503 while loading;
+    while asleep, it lets only the read-only routes through, which read the resting state)."""
+    loader = request.app.state.loader
+    state: ServerState | None = loader.state or loader.resting
     if state is None:
         raise KvswapError(ErrorKind.UNAVAILABLE, "Loading model")
     return state
@@ -144,17 +150,19 @@ def build_state(
         if seam is not None:
             log.warning("%s is set: this server dies at that file step", KILL_AT_STEP_ENV)
         publisher = Publisher(save_dir, seam)
+    minds_files = open_minds(save_dir, seam) if save_dir is not None else None
     io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io")
     demoter = Demoter(
         pages=client.pages,
         post=client.post,
-        publisher=publisher,
+        publisher=minds_files,
         save_dir=save_dir,
         policy=MindPolicy(
             config.paging.page_disk_bytes,
             config.paging.page_disk_drop_lru,
             config.paging.page_flush_seconds,
         ),
+        slot_files=publisher,
     )
     shared = cluster = None
     if config.cluster.shared_tier is not None:
@@ -162,7 +170,7 @@ def build_state(
             config.cluster,
             post=client.post,
             pages=client.pages,
-            publisher=publisher,
+            publisher=minds_files,
             geometry=lambda: client.snapshot.page_geometry,
             forget_files=demoter.forget,
         )
@@ -176,9 +184,10 @@ def build_state(
         save_dir=save_dir,
         io=io,
         publisher=publisher,
+        minds_files=minds_files,
         lora=LoraScales(adapters),
         demoter=demoter,
-        minds=MindGate(client, demoter, publisher, io, cluster),
+        minds=MindGate(client, demoter, minds_files, io, cluster),
         shared=shared,
         cluster=cluster,
     )

@@ -5,19 +5,24 @@ runs inside the mind's session, `pages.minds.MindGate.session`), waiting for the
 before answering (an early error becomes a proper 4xx/5xx, as llama-server), merging the events
 of several tasks (a batch of prompts, `n` > 1) into one stream, and cancelling every task when
 the client goes away (the async generators' `finally` posts `Cancel`).
+
+A stream's client can leave before its first event (while it queues for a slot, waits for its
+mind or prefills a long prompt): the wait for that event watches the connection itself
+(`until_gone`, the ASGI `http.disconnect` message, not a poll), so the request is cancelled
+and its slot freed at the engine's next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
-from kvswap.engine.client import Disconnected, EngineClient, next_or_disconnect
+from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
 from kvswap.server.pages.minds import MindGate
 from kvswap.server.sse import DONE, sse
 
@@ -112,11 +117,36 @@ def _error_event(event: EngineError) -> bytes:
     )
 
 
+async def until_gone(http: Request) -> None:
+    """Return once the client has disconnected (the body must have been read already: the
+    next ASGI message is then the disconnect)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first(events: AsyncIterator[Indexed], gone: Awaitable[None]) -> Indexed:
+    """The first event, or ClientGone when the client leaves first."""
+    task = asyncio.ensure_future(events.__anext__())
+    watch = asyncio.ensure_future(gone)
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone()
+    finally:
+        watch.cancel()
+        if not task.done():
+            # The generator must be suspended again before the caller closes it.
+            task.cancel()
+            await asyncio.wait({task})
+
+
 async def open_stream(
     runner: Runner,
     requests: Sequence[GenerationRequest],
     render: Render,
     *,
+    http: Request,
     done_marker: bool,
     encode: Callable[[dict[str, object]], bytes] = sse,
     encode_error: Callable[[EngineError], bytes] = _error_event,
@@ -126,11 +156,12 @@ async def open_stream(
     An error before any output is raised (typed HTTP error); after output began, it is sent as
     `encode_error` writes it (default `data: {"error": ...}`) and the stream ends. `encode`
     writes each rendered object (default `data: <json>`; the Anthropic and Responses routes
-    name their events).
+    name their events). A client of `http` that leaves before the first event cancels every
+    task then (ClientGone).
     """
     events = _merged(runner, requests)
     try:
-        first = await events.__anext__()
+        first = await _first(events, until_gone(http))
     except BaseException:
         await events.aclose()
         raise

@@ -9,20 +9,23 @@ restart finds, and the spill before exit.
 - `--page-disk-bytes` bounds the disk tier: when full, a spill is refused (a typed reason the
   waiting switch answers) unless `--page-disk-drop-lru` lets it drop the least recently used
   spilled minds (logged, counted).
-- Ownership: a server owns each mind it serves through an exclusive lock file
-  (`files.owners`), so two servers sharing a save path never serve one mind twice.
+- Ownership: a server owns each mind it serves live, in a slot or a RAM page, through a claim
+  (`files.owners`: no descriptor per mind), so two servers sharing a save path never serve one
+  mind twice. `settle` gives the claim up once the mind lives on disk only, and forgets a mind
+  that lives nowhere any more: a name costs nothing until it holds state.
 - Flushes (`--page-flush-seconds N`, 0: off): an idle mind changed N seconds ago is written to
   disk and stays where it is (RAM pages as they are, residents copied out by the engine), and
   once no mind has been used for `_QUIET_S` (none in use), every changed mind is written at
   once; so a SIGKILL loses at most N seconds of turns, and none once the minds went quiet. A
   flush never drops another mind's copy for room, and a copy of a mind ended since is never
   written.
-- `start()` lists the minds spilled under the save path and serves them (a mind survives a
-  restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and RAM page not
-  already current on disk.
+- `start()` moves the minds an earlier version kept among the slot files into the minds'
+  folder (`tiers.mindfiles`, once), then lists the minds spilled there and serves them (a mind
+  survives a restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and
+  RAM page not already current on disk.
 
-Owns the demoter thread and the ownership locks. File I/O happens here, on the demoter thread or
-the closing thread, never on the engine thread or the event loop.
+Owns the demoter thread and the ownership claims. File I/O happens here, on the demoter thread,
+the closing thread or the I/O executor, never on the engine thread or the event loop.
 """
 
 from __future__ import annotations
@@ -35,14 +38,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvswap.core.errors import KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey, PageKind
 from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.registry import DiskCopy, is_mind_key
+from kvswap.engine.minds.registry import DiskCopy
 from kvswap.files import FilesError, Publisher
 from kvswap.files.owners import OwnerLocks
+from kvswap.tiers.mindfiles import file_name, key_of, migrate
 from kvswap.tiers.slotfiles import publish_state
 
 log = logging.getLogger("kvswap.demoter")
@@ -72,11 +77,13 @@ class Demoter:
         publisher: Publisher | None,
         save_dir: Path | None,
         policy: MindPolicy,
+        slot_files: Publisher | None = None,
     ) -> None:
         self.store = pages.store
         self.registry = pages.registry
         self.post = post
-        self.publisher = publisher
+        self.publisher = publisher  # the minds' folder (tiers.mindfiles)
+        self.slot_files = slot_files  # the slot files, where earlier versions kept minds
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
@@ -94,49 +101,77 @@ class Demoter:
     def start(self, geometry: PageGeometry) -> None:
         """Serve the minds spilled under the save path, then start the demoter thread."""
         if self.publisher is not None:
+            if self.slot_files is not None:
+                migrate(self.slot_files, self.publisher)
             self._list_spilled(geometry)
         if self.store is not None:
             self._thread = threading.Thread(target=self._loop, name="kvswap-demoter", daemon=True)
             self._thread.start()
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: PageKey) -> None:
         """A slot verb ended mind `key` (erase, page_out): its spilled files go too, so no
         tier holds it. Under the spill lock: no copy taken before this is written after it."""
         with self._io:
             copy = self.registry.forget(key)
             if copy is not None and self.publisher is not None:
-                self.publisher.remove(key)
+                self.publisher.remove(file_name(key))
+        self.settle(key)  # its claim goes too: it lives nowhere now
 
-    def own(self, key: str) -> bool:
-        """This server owns mind `key` (now or already); False: another server does."""
-        return self.owners is None or self.owners.own(key)
+    def owns(self, key: PageKey) -> bool:
+        """This server owns mind `key` already (no file is touched)."""
+        return self.owners is None or self.owners.owns(file_name(key))
+
+    def own(self, key: PageKey) -> bool:
+        """This server owns mind `key` (now or already); False: another server does. Typed
+        503 when the OS refuses the claim (no descriptor left, say): never an EMFILE."""
+        if self.owners is None:
+            return True
+        try:
+            return self.owners.own(file_name(key))
+        except OSError as err:
+            raise KvswapError(
+                ErrorKind.UNAVAILABLE, f"cannot claim the mind in the save path now: {err}"
+            ) from err
+
+    def settle(self, key: PageKey) -> None:
+        """Mind `key` may have stopped living here: give its claim up once it lives on disk
+        only (any server may then take it), and forget it once it lives nowhere."""
+        store, reg = self.store, self.registry
+        in_ram = store.has if store is not None else (lambda _: False)
+        owners = self.owners
+        if owners is not None:
+            reg.when_not_live(key, in_ram, lambda: owners.release(file_name(key)))
+        reg.forget_if_gone(key, in_ram)
 
     def _list_spilled(self, geometry: PageGeometry) -> None:
-        assert self.publisher is not None and self.save_dir is not None
+        assert self.publisher is not None
         fingerprint = geometry.file_fingerprint()
         n_served = 0
         for info in self.publisher.list_generations():
-            if not is_mind_key(info.name):
+            key = key_of(info.name)
+            if key is None:
                 continue
             if info.fingerprint != fingerprint:
                 what = _made_with(info.fingerprint, fingerprint)
-                self.registry.record_foreign(info.name, what)
+                self.registry.record_foreign(key, what)
                 log.warning(
                     "spilled mind %s was made with %s: not served, its file is kept (requests "
                     "naming it are refused)",
-                    info.name,
+                    key,
                     what,
                 )
                 continue
-            if not self.own(info.name):
-                log.warning(
-                    "spilled mind %s is served by another server: not served here", info.name
-                )
+            if self.owners is not None and self.owners.owned_elsewhere(info.name):
+                log.warning("spilled mind %s is served by another server: not served here", key)
                 continue
             n_bytes = sum(f.n_bytes for f in info.files)
-            n_tokens = _n_tokens(self.save_dir / info.name)
-            self.registry.record_disk(info.name, DiskCopy(n_bytes, n_tokens, info.created_unix_s))
-            self.registry.touch(info.name, when_unix_s=info.created_unix_s)
+            try:
+                n_tokens = _n_tokens(self.publisher.read_head(info.name, 24))
+            except FilesError as err:
+                log.warning("spilled mind %s cannot be read: not served (%s)", key, err)
+                continue
+            self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, info.created_unix_s))
+            self.registry.touch(key, when_unix_s=info.created_unix_s)
             n_served += 1
         if n_served:
             log.info("serving %d spilled mind(s) from %s", n_served, self.save_dir)
@@ -163,11 +198,7 @@ class Demoter:
         store = self.store
         if store is None:
             return
-        minds_in_ram = [
-            i.name
-            for i in store.infos()
-            if i.in_store and is_mind_key(i.name) and not self._is_current(i.name)
-        ]
+        minds_in_ram = [k for k in _minds_in_ram(store) if not self._is_current(k)]
         answer = Answer()
         self.post(FlushMinds(answer))
         if not answer.wait(_ENGINE_TIMEOUT_S):
@@ -194,11 +225,11 @@ class Demoter:
         if n_spilled:
             log.info("spilled %d mind(s) before exit", n_spilled)
 
-    def _is_current(self, key: str) -> bool:
+    def _is_current(self, key: PageKey) -> bool:
         """Mind `key`'s disk copy holds its newest state (nothing changed since it was taken)."""
         return self.registry.is_clean(key)
 
-    def _spill_captured(self, key: str, cap: Captured, t_copied: float | None = None) -> int:
+    def _spill_captured(self, key: PageKey, cap: Captured, t_copied: float | None = None) -> int:
         """Write a copy of mind `key` (taken at `t_copied`, if known) and close its buffer; 1
         when written (or already current on disk). A copy of a mind a slot verb ended since is
         not written."""
@@ -210,7 +241,7 @@ class Demoter:
             with self._io:
                 if t_copied is not None and self.registry.forgotten_after(key, t_copied):
                     return 0
-                receipt = publish_state(self.publisher, key, cap.buffer, cap.layout)
+                receipt = publish_state(self.publisher, file_name(key), cap.buffer, cap.layout)
             self._record_disk(key, receipt.n_bytes, cap.layout.n_tokens)
             return 1
         except FilesError as err:
@@ -266,7 +297,7 @@ class Demoter:
                 reg.flushed(key, t_asked)
                 reg.count(flushes_total=1)
 
-    def _flush_page(self, store: PageStore, key: str) -> None:
+    def _flush_page(self, store: PageStore, key: PageKey) -> None:
         """Write mind `key`'s RAM page to disk, keeping it in RAM."""
         assert self.publisher is not None
         try:
@@ -280,7 +311,7 @@ class Demoter:
             with self._io:
                 if self.registry.forgotten_after(key, t_held):
                     return
-                receipt = publish_state(self.publisher, key, page.buffer, page.layout)
+                receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
             self.registry.flushed(key, t_held)
             self.registry.count(flushes_total=1)
@@ -315,8 +346,7 @@ class Demoter:
             if shed and self._shed(store.charged_bytes - target) > 0:
                 continue  # the anonymous prompt cache gives way first: dropped, never spilled
             shed = False
-            in_ram = [i.name for i in store.infos() if i.in_store and is_mind_key(i.name)]
-            candidates = reg.idle(in_ram)
+            candidates = reg.idle(_minds_in_ram(store))
             if not candidates:
                 self._refused = "no idle mind page can be spilled to disk now"
                 return
@@ -347,7 +377,7 @@ class Demoter:
             return 0
         return answer.value
 
-    def _spill(self, store: PageStore, key: str, *, drop: bool, bounded: bool) -> int:
+    def _spill(self, store: PageStore, key: PageKey, *, drop: bool, bounded: bool) -> int:
         """Write mind `key`'s RAM page to disk; `drop` then frees it from RAM (unless a request
         holds the mind meanwhile). 1 when written, 0 when refused or failed."""
         assert self.publisher is not None
@@ -361,11 +391,11 @@ class Demoter:
                 return 0
             t_held = time.time()
             with self._io:
-                receipt = publish_state(self.publisher, key, page.buffer, page.layout)
+                receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
             self.registry.flushed(key, t_held)
-            if drop:
-                reg.drop_if_idle(key, lambda: store.remove(key, page.generation))
+            if drop and reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
+                self.settle(key)  # on disk only now: another server may take it
             reg.count(spills_total=1)
             return 1
         except FilesError as err:
@@ -376,10 +406,10 @@ class Demoter:
         finally:
             store.release(page)
 
-    def _record_disk(self, key: str, n_bytes: int, n_tokens: int) -> None:
+    def _record_disk(self, key: PageKey, n_bytes: int, n_tokens: int) -> None:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
-    def _disk_room(self, key: str, n_bytes: int, may_drop: bool = True) -> bool:
+    def _disk_room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> bool:
         """Room for `n_bytes` more on disk (the mind's own old copy is replaced); `may_drop`:
         --page-disk-drop-lru may make it (a scheduled flush never drops another mind)."""
         bound = self.policy.page_disk_bytes
@@ -407,7 +437,8 @@ class Demoter:
             copy = reg.forget_disk(victim)
             if copy is None:
                 continue
-            self.publisher.remove(victim)
+            self.publisher.remove(file_name(victim))
+            self.settle(victim)  # it lives nowhere now, unless in RAM meanwhile
             used -= copy.n_bytes
             reg.count(disk_dropped_total=1)
             log.warning(
@@ -428,17 +459,17 @@ def _made_with(theirs: str, ours: str) -> str:
     return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
 
 
-def _n_tokens(path: Path) -> int:
-    """The token count in a sequence file's header, for /pages; 0 if unreadable.
+def _minds_in_ram(store: PageStore) -> list[PageKey]:
+    return [i.key for i in store.infos() if i.in_store and i.key.kind is PageKind.MIND]
+
+
+def _n_tokens(head: bytes) -> int:
+    """The token count in a sequence file's header (its first 24 bytes), for /pages; 0 if
+    unreadable.
 
     GGSQ, version, word count, then either the tokens or (packed, as kvswap writes) a -1
     marker, a packing version and the token count."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(24)
-    except OSError:
-        return 0
     if len(head) < 24:
         return 0
-    words = struct.unpack("<IIIiII", head)
+    words = struct.unpack("<IIIiII", head[:24])
     return int(words[5]) if words[3] == -1 else int(words[2])

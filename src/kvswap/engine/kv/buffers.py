@@ -2,18 +2,20 @@
 
 Fresh anonymous memory costs the kernel a fault and a zeroed page per 4 KiB: measured here at
 about 1 GB/s, eight times slower than copying a state into memory already mapped. So a page_out
-(or a save) asks this worker for a buffer, pre-faulted with MAP_POPULATE, and the engine only
-copies into it once it arrives: the engine's stall is the copy, nothing more. Closing a buffer
-(munmap) is also done here, so freeing a large page never stalls decoding either.
+(or a save) asks this worker for a buffer, pre-faulted, and the engine only copies into it once
+it arrives: the engine's stall is the copy, nothing more. Closing a buffer (munmap) is also done
+here, so freeing a large page never stalls decoding either.
 
-A mind switch frees one page (paged in) and then asks for another (the next switch's spare):
-the worker keeps the last freed buffer until the next allocation, its pages given back to the
-kernel lazily (MADV_FREE: reclaimed under memory pressure; the store no longer counts it), and
-hands it out again if it fits, zeroed with a memset: a fraction of the cost of faulting fresh
-memory in, CPU that came out of the decode threads' cores. The next allocation closes it if it
-does not fit, so at most one freed buffer outlives its page.
+The fault-in must not hold the GIL: CPython's `mmap.mmap` keeps it through the `mmap` call, so
+`MAP_POPULATE` would stall the engine thread and the event loop for the whole fault-in (measured:
+another Python thread blocked for 1.3-2.3 s while 400 MB were populated). `new_buffer` maps
+plainly and then faults the pages in through libc (`madvise(MADV_POPULATE_WRITE)`, or `memset`
+where the kernel lacks it) in 2 MiB chunks, with the GIL released and the address-space lock
+given back between chunks (the other thread's worst pause: tens of ms, the machine's noise).
 
-Owns one thread. `allocate` answers through `post` (the engine's inbox) with a `BufferReady`.
+Owns one thread. `allocate` answers through `post` (the engine's inbox) with a `BufferReady`
+that names its receiver, so each internal move (a page_out, a mind switch's spare, the
+anonymous cache's spare, a reconfigure's moves, the flush before exit) gets its own buffer.
 """
 
 from __future__ import annotations
@@ -26,23 +28,43 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvswap.engine.kv.pagestore import close_now
+
 log = logging.getLogger("kvswap.engine")
 
-_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
-_MADV_FREE = getattr(mmap, "MADV_FREE", None)
+_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+
+_CHUNK_BYTES = 2 << 20
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_LIBC.madvise.restype = ctypes.c_int
 
 
 def new_buffer(n_bytes: int) -> mmap.mmap:
-    """An anonymous mapping of `n_bytes`, its pages already faulted in where the OS can."""
-    return mmap.mmap(-1, max(1, n_bytes), flags=_MAP_FLAGS)
+    """An anonymous mapping of `n_bytes`, its pages faulted in with the GIL released."""
+    buffer = mmap.mmap(-1, max(1, n_bytes), flags=_MAP_FLAGS)
+    anchor = ctypes.c_char.from_buffer(buffer)  # an export: released before returning
+    try:
+        address, size = ctypes.addressof(anchor), len(buffer)
+        use_madvise = True
+        for offset in range(0, size, _CHUNK_BYTES):
+            n = min(_CHUNK_BYTES, size - offset)
+            if use_madvise and _LIBC.madvise(address + offset, n, _MADV_POPULATE_WRITE) == 0:
+                continue
+            use_madvise = False  # not supported here: write the zeros ourselves
+            ctypes.memset(address + offset, 0, n)
+    finally:
+        del anchor
+    return buffer
 
 
 @dataclass(frozen=True)
 class BufferReady:
-    """A buffer asked for by `allocate` (or the reason it could not be made)."""
+    """A buffer asked for by `allocate` (or the reason it could not be made), and who gets it:
+    the engine calls `then(self)` on its own thread."""
 
-    tag: int
     buffer: mmap.mmap | None
+    then: Callable[[BufferReady], None]
     error: str = ""
 
 
@@ -56,32 +78,23 @@ class BufferWorker:
         self._thread = threading.Thread(target=self._run, name="kvswap-buffers", daemon=True)
         self._thread.start()
 
-    def allocate(self, n_bytes: int, tag: int) -> None:
+    def allocate(self, n_bytes: int, then: Callable[[BufferReady], None]) -> None:
+        """Map `n_bytes`, then post the buffer to the engine, which hands it to `then`."""
+
         def job() -> None:
             try:
                 buffer = self._reuse(n_bytes) or new_buffer(n_bytes)
             except (OSError, ValueError) as err:
-                self._post(BufferReady(tag, None, f"could not map {n_bytes} bytes: {err}"))
+                self._post(BufferReady(None, then, f"could not map {n_bytes} bytes: {err}"))
                 return
-            self._post(BufferReady(tag, buffer))
+            self._post(BufferReady(buffer, then))
 
         self._jobs.put(job)
 
-    def dispose(self, buffer: mmap.mmap, done: Callable[[], None]) -> None:
-        """Free `buffer` on the worker (kept for reuse, or closed), then call `done` there."""
-
-        def job() -> None:
-            for old in self._free:
-                old.close()
-            self._free.clear()
-            if _MADV_FREE is not None and len(buffer) > mmap.PAGESIZE:
-                buffer.madvise(_MADV_FREE)
-                self._free.append(buffer)
-            else:
-                buffer.close()
-            done()
-
-        self._jobs.put(job)
+    def dispose(self, buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
+        """Close `buffer` on the worker, then call `done(closed)` there (the page store counts
+        a failed close as leaked bytes)."""
+        self._jobs.put(lambda: close_now(buffer, done))
 
     def _reuse(self, n_bytes: int) -> mmap.mmap | None:
         """The kept buffer if it holds `n_bytes` (and at most twice that), zeroed up to

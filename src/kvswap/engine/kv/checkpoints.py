@@ -120,12 +120,7 @@ class CheckpointBudget:
         left (their buffers are the caller's to free), the new one itself when it was skipped."""
         adm = self.plan(slots, slot_id, checkpoint.n_bytes, frozen)
         if adm.skip:
-            self.counters.skipped_budget_total += 1
-            log.info(
-                "checkpoint budget: skipped a %d-byte checkpoint of slot %d at %d tokens "
-                "(%d of %d bytes held, no slot has a checkpoint to spare)",
-                checkpoint.n_bytes, slot_id, checkpoint.n_tokens, self.total_bytes(slots), self.max_bytes,
-            )  # fmt: skip
+            self.skipped(slots, slot_id, checkpoint.n_bytes, checkpoint.n_tokens)
             return [checkpoint]
         gone = []
         for sid in adm.evict_oldest:
@@ -141,6 +136,17 @@ class CheckpointBudget:
             )  # fmt: skip
         slots.setdefault(slot_id, []).append(checkpoint)
         return gone
+
+    def skipped(
+        self, slots: Mapping[int, Sequence[Checkpoint]], slot_id: int, n_bytes: int, n_tokens: int
+    ) -> None:
+        """Count and log a checkpoint the budget did not take (`plan` said skip)."""
+        self.counters.skipped_budget_total += 1
+        log.info(
+            "checkpoint budget: skipped a %d-byte checkpoint of slot %d at %d tokens "
+            "(%d of %d bytes held, no slot has a checkpoint to spare)",
+            n_bytes, slot_id, n_tokens, self.total_bytes(slots), self.max_bytes,
+        )  # fmt: skip
 
     def admit_incoming(
         self,

@@ -64,6 +64,10 @@ class SlotMemory:
         buffer: its page layout already counts those checkpoints)."""
         seq = slot.seq_id
         size = self.ctx.state_size(seq, FLAGS_PARTIAL_ONLY)
+        if self.budget.plan(self.slots, slot.id, size, frozen).skip:
+            # Decided before the copy: a checkpoint the budget refuses is never allocated.
+            self.budget.skipped(self.slots, slot.id, size, len(slot.tokens))
+            return
         data = bytearray(size)
         if self.ctx.state_get_into(seq, data, FLAGS_PARTIAL_ONLY) != size:
             log.warning(

@@ -1,7 +1,10 @@
-"""The page store: named host-RAM pages under one byte ceiling (`--page-ram-bytes`).
+"""The page store: host-RAM pages under one byte ceiling (`--page-ram-bytes`), found by key.
 
 Owns every page's bytes (one anonymous `mmap` per page, closed when the last owner lets go) and
-the one byte count that the ceiling is enforced on. Pure Python: no libllama, no files.
+the one byte count that the ceiling is enforced on. Pages are keyed by `core.keys.PageKey`
+(kind, tenant namespace, name): a client's page, a mind's, the anonymous cache's and the
+engine's own live side by side and never collide, and a request can only ever build a key of its
+own tenant's client page or mind. Pure Python: no libllama, no files.
 
 Rules (SPEC §3):
 - One count. `reserve(name, n_bytes)` admits a page with the bytes measured before any copy and
@@ -9,6 +12,8 @@ Rules (SPEC §3):
   page past the ceiling.
 - Admission subtracts the page being replaced only when the store is its sole owner. A refusal
   (503 full now, 400 larger than the whole ceiling) never displaces the stored page.
+- Open reservations are visible (`reservations`): a prepared spare buffer is charged and shown,
+  so a 503 is explained by what /pages lists.
 - The charge is released when the last owner drops a page: a spill holding a page keeps it
   counted after page_in, page_drop or replacement (`held` pages).
 - At every moment the charge (pages + reservations + buffers being closed) is at most the
@@ -18,7 +23,10 @@ Rules (SPEC §3):
   one is in.
 
 Closing a buffer (munmap) costs milliseconds per hundred MB, so it goes through `dispose`, which
-the engine points at a worker thread; the charge is released when the close is done.
+the engine points at a worker thread; the charge is released when the close is done. A close
+that fails (a view of the buffer still exists: a bug) keeps its bytes charged, since they are
+still mapped, and counts them in `leaked_bytes`, a gauge that stays 0 (checked by
+`check_integrity`, so every engine and server test would fail on a leak).
 
 Thread-safe: the engine thread reserves, commits and takes; HTTP handlers drop and list; spill
 workers release their holds; the disposer releases charges.
@@ -27,29 +35,42 @@ workers release their holds; the disposer releases charges.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvswap.core.errors import PageNotFound, PageTooLarge, StoreFull
+from kvswap.core.keys import PageKey
 from kvswap.engine.kv.pagefmt import LoraRef, PageLayout
 
-# Closes a buffer, then calls `done` (possibly on another thread).
-Disposer = Callable[[mmap.mmap, Callable[[], None]], None]
+log = logging.getLogger("kvswap.engine")
+
+# Closes a buffer, then calls `done(closed)` (possibly on another thread); `closed` is False
+# when the close failed and the bytes are still mapped.
+Disposer = Callable[[mmap.mmap, Callable[[bool], None]], None]
 
 
-def close_now(buffer: mmap.mmap, done: Callable[[], None]) -> None:
-    buffer.close()  # raises if a view still exists: a bug, never silently ignored
-    done()
+def close_now(buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
+    """Close `buffer` here and report whether it really closed (a view still alive keeps it
+    mapped: a bug, logged and counted, never silently ignored)."""
+    try:
+        buffer.close()
+    except BufferError:
+        log.error("a page buffer could not be unmapped: a view of it is still alive")
+        done(False)
+        return
+    done(True)
 
 
 @dataclass
 class Page:
     """A page: one buffer, the layout of what it holds, and its owners."""
 
-    name: str
+    key: PageKey
     generation: int  # unique per page object: a spill's `drop` frees only its own generation
     buffer: mmap.mmap  # everything the page holds, laid out by `layout`
     n_bytes: int  # the charge (the buffer's size)
@@ -65,7 +86,7 @@ class Page:
 class Reservation:
     """Bytes admitted for a page being copied: commit it or cancel it, exactly once."""
 
-    name: str
+    key: PageKey
     n_bytes: int
 
 
@@ -73,7 +94,7 @@ class Reservation:
 class PageInfo:
     """One page as GET /pages shows it."""
 
-    name: str
+    key: PageKey
     generation: int
     n_bytes: int
     n_tokens: int
@@ -89,15 +110,16 @@ class StoreUsage:
 
     charged_bytes: int
     pages: list[PageInfo]  # listed pages, then generations held by running spills
-    reserved_bytes: dict[str, int]  # admitted, not yet committed, by page name ("": unnamed)
+    reserved_bytes: dict[PageKey, int]  # admitted, not yet committed (spare buffers included)
     closing_bytes: int  # buffers being unmapped
+    leaked_bytes: int  # buffers whose unmap failed (still charged)
 
 
 def _infos(listed: list[Page], held: list[Page]) -> list[PageInfo]:
     now = time.time()
     return [
         PageInfo(
-            name=p.name,
+            key=p.key,
             generation=p.generation,
             n_bytes=p.n_bytes,
             n_tokens=p.layout.n_tokens,
@@ -119,12 +141,13 @@ class PageStore:
         self._dispose = dispose
         # Re-entrant: a synchronous disposer gives the charge back from inside a release.
         self._lock = threading.RLock()
-        self._pages: dict[str, Page] = {}
+        self._pages: dict[PageKey, Page] = {}
         self._held: dict[int, Page] = {}  # generation -> page no longer listed, held by spills
-        self._charged = 0  # pages (listed and held) + open reservations + closing buffers
-        self._reserved = 0  # bytes of open reservations (admitted, not yet committed)
-        self._reserved_by_name: dict[str, int] = {}  # the same bytes, by the name reserved
+        # pages (listed and held) + open reservations + closing buffers + leaked buffers
+        self._charged = 0
+        self._reserved: Counter[PageKey] = Counter()  # bytes of open reservations, by key
         self._closing = 0  # bytes of buffers given to the disposer and not yet unmapped
+        self._leaked = 0  # bytes of buffers whose close failed (still mapped, still charged)
         self._ids = itertools.count(1)
 
     # -- reading ----------------------------------------------------------------------------
@@ -140,23 +163,34 @@ class PageStore:
             return len(self._pages)
 
     @property
+    def leaked_bytes(self) -> int:
+        """Bytes of buffers that could not be unmapped: a gauge that must stay 0."""
+        with self._lock:
+            return self._leaked
+
+    def reservations(self) -> list[tuple[PageKey, int]]:
+        """Open reservations (bytes admitted for copies in flight, prepared spare buffers)."""
+        with self._lock:
+            return sorted((k, n) for k, n in self._reserved.items() if n > 0)
+
+    @property
     def held_bytes(self) -> int:
         """Bytes of pages no longer listed but still held by running spills."""
         with self._lock:
             return sum(p.n_bytes for p in self._held.values())
 
-    def has(self, name: str) -> bool:
+    def has(self, key: PageKey) -> bool:
         with self._lock:
-            return name in self._pages
+            return key in self._pages
 
-    def get(self, name: str) -> Page:
+    def get(self, key: PageKey) -> Page:
         with self._lock:
-            return self._get(name)
+            return self._get(key)
 
-    def _get(self, name: str) -> Page:
-        page = self._pages.get(name)
+    def _get(self, key: PageKey) -> Page:
+        page = self._pages.get(key)
         if page is None:
-            raise PageNotFound(name)
+            raise PageNotFound(key.name)
         return page
 
     def infos(self) -> list[PageInfo]:
@@ -171,95 +205,111 @@ class PageStore:
             return StoreUsage(
                 self._charged,
                 _infos(list(self._pages.values()), list(self._held.values())),
-                dict(self._reserved_by_name),
+                {k: n for k, n in self._reserved.items() if n > 0},
                 self._closing,
+                self._leaked,
             )
 
     # -- admission --------------------------------------------------------------------------
 
-    def reserve(self, name: str, n_bytes: int) -> Reservation:
-        """Admit and charge `n_bytes` for a page named `name` (the caller then allocates a
-        buffer of that size, copies, and commits; or cancels).
+    def reserve(self, key: PageKey, n_bytes: int) -> Reservation:
+        """Admit and charge `n_bytes` for page `key` (the caller then allocates a buffer of
+        that size, copies, and commits; or cancels).
 
         Raises PageTooLarge when the page is larger than the whole ceiling, StoreFull when the
-        store cannot take it now; the page stored under `name` is untouched by a refusal.
+        store cannot take it now; the page stored under `key` is untouched by a refusal.
         """
         if n_bytes > self.ceiling_bytes:
             raise PageTooLarge(n_bytes, self.ceiling_bytes)
         with self._lock:
-            old = self._pages.get(name)
+            old = self._pages.get(key)
             replaceable = old.n_bytes if old is not None and old.owners == 1 else 0
             if self._charged - replaceable + n_bytes > self.ceiling_bytes:
                 raise StoreFull(self._charged, self.ceiling_bytes, n_bytes)
             if old is not None and self._charged + n_bytes > self.ceiling_bytes:
                 # It only fits without the old page: close it here and now (synchronously, so
                 # its bytes are really gone before they are counted for the new page).
-                del self._pages[name]
+                try:
+                    old.buffer.close()
+                except BufferError as err:  # a view is alive: a bug; refuse rather than crash
+                    raise StoreFull(self._charged, self.ceiling_bytes, n_bytes) from err
+                del self._pages[key]
                 old.owners -= 1
-                old.buffer.close()
                 self._charged -= old.n_bytes
             self._charged += n_bytes
-            self._reserve_locked(name, n_bytes)
-        return Reservation(name, n_bytes)
+            self._reserved[key] += n_bytes
+        return Reservation(key, n_bytes)
 
-    def trim(self, res: Reservation, name: str, n_bytes: int) -> Reservation:
-        """Turn `res` into a reservation of `n_bytes` (at most its own) for page `name`: the
+    def trim(self, res: Reservation, key: PageKey, n_bytes: int) -> Reservation:
+        """Turn `res` into a reservation of `n_bytes` (at most its own) for page `key`: the
         caller has given the rest of a larger buffer back to the OS (MADV_DONTNEED)."""
         assert n_bytes <= res.n_bytes
         with self._lock:
             self._charged -= res.n_bytes - n_bytes
-            self._reserve_locked(res.name, -res.n_bytes)
-            self._reserve_locked(name, n_bytes)
-        return Reservation(name, n_bytes)
+            self._unreserve(res)
+            self._reserved[key] += n_bytes
+        return Reservation(key, n_bytes)
 
-    def cancel(self, res: Reservation) -> None:
-        """The copy failed (or was abandoned): give the reserved bytes back."""
+    def cancel(self, res: Reservation, *, closed: bool = True) -> None:
+        """The copy failed (or was abandoned): give the reserved bytes back. `closed=False`:
+        the buffer mapped for it could not be unmapped, so its bytes stay charged as leaked."""
         with self._lock:
-            self._charged -= res.n_bytes
-            self._reserve_locked(res.name, -res.n_bytes)
+            self._unreserve(res)
+            if closed:
+                self._charged -= res.n_bytes
+            else:
+                self._leaked += res.n_bytes
+
+    def _unreserve(self, res: Reservation) -> None:
+        self._reserved[res.key] -= res.n_bytes
+        if self._reserved[res.key] == 0:
+            del self._reserved[res.key]
 
     def commit(self, res: Reservation, buffer: mmap.mmap, layout: PageLayout) -> Page:
-        """Store the copied page under its name; a page it replaces loses the store's hold."""
+        """Store the copied page under its key; a page it replaces loses the store's hold."""
         assert len(buffer) >= res.n_bytes
-        page = Page(res.name, next(self._ids), buffer, res.n_bytes, layout)
+        page = Page(res.key, next(self._ids), buffer, res.n_bytes, layout)
         with self._lock:
-            self._reserve_locked(res.name, -res.n_bytes)
-            old = self._pages.pop(res.name, None)
-            self._pages[res.name] = page
+            self._unreserve(res)
+            old = self._pages.pop(res.key, None)
+            self._pages[res.key] = page
             if old is not None:
                 self._release_locked(old)
         return page
 
-    def _reserve_locked(self, name: str, n_bytes: int) -> None:
-        """Add `n_bytes` (negative: give back) to the open reservations, under `name`."""
-        self._reserved += n_bytes
-        left = self._reserved_by_name.get(name, 0) + n_bytes
-        if left:
-            self._reserved_by_name[name] = left
-        else:
-            self._reserved_by_name.pop(name, None)
-
     # -- leaving the store ------------------------------------------------------------------
 
-    def remove(self, name: str, generation: int | None = None) -> bool:
-        """Drop the store's hold on `name` (only that generation, when given)."""
+    def remove(self, key: PageKey, generation: int | None = None) -> bool:
+        """Drop the store's hold on `key` (only that generation, when given)."""
         with self._lock:
-            page = self._pages.get(name)
+            page = self._pages.get(key)
             if page is None or (generation is not None and page.generation != generation):
                 return False
-            del self._pages[name]
+            del self._pages[key]
             self._release_locked(page)
             return True
 
-    def drop(self, name: str) -> None:
+    def drop(self, key: PageKey) -> None:
         """page_drop: a typed 404 when there is no such page."""
-        if not self.remove(name):
-            raise PageNotFound(name)
+        if not self.remove(key):
+            raise PageNotFound(key.name)
 
-    def hold(self, name: str) -> Page:
+    def reclaim(self, page: Page, key: PageKey) -> Reservation | None:
+        """Turn `page`, left the store and held only by the caller, into a reservation under
+        `key` of its bytes, its buffer the caller's (already faulted in: a recycled spare).
+        None, and nothing changes, when anyone else still holds or lists it."""
+        with self._lock:
+            if page.owners != 1 or self._pages.get(page.key) is page:
+                return None
+            page.owners = 0
+            self._held.pop(page.generation, None)
+            self._reserved[key] += page.n_bytes  # the charge stays: now a reservation
+            return Reservation(key, page.n_bytes)
+
+    def hold(self, key: PageKey) -> Page:
         """A spill (or a page_in) takes a hold: the page stays alive and counted until `release`."""
         with self._lock:
-            page = self._get(name)
+            page = self._get(key)
             page.owners += 1
             return page
 
@@ -269,7 +319,7 @@ class PageStore:
 
     def _release_locked(self, page: Page) -> None:
         page.owners -= 1
-        listed = self._pages.get(page.name) is page
+        listed = self._pages.get(page.key) is page
         if page.owners > 0:
             if not listed:
                 self._held[page.generation] = page
@@ -277,31 +327,36 @@ class PageStore:
         self._held.pop(page.generation, None)
         n_bytes = page.n_bytes
         self._closing += n_bytes
-        self._dispose(page.buffer, lambda: self._uncharge(n_bytes))
+        self._dispose(page.buffer, lambda closed: self._closed(n_bytes, closed))
 
-    def _uncharge(self, n_bytes: int) -> None:
+    def _closed(self, n_bytes: int, closed: bool) -> None:
         with self._lock:
-            self._charged -= n_bytes
             self._closing -= n_bytes
+            if closed:
+                self._charged -= n_bytes
+            else:
+                self._leaked += n_bytes  # still mapped: still charged, and shown
 
     def check_integrity(self) -> None:
-        """Assert the one count is whole: charged = listed + held + reserved + closing, within
-        the ceiling; every listed page is owned, held pages are not listed."""
+        """Assert the one count is whole: charged = listed + held + reserved + closing +
+        leaked, within the ceiling; nothing leaked; every listed page is owned, held pages are
+        not listed."""
         with self._lock:
             listed = sum(p.n_bytes for p in self._pages.values())
             held = sum(p.n_bytes for p in self._held.values())
-            parts = (listed, held, self._reserved, self._closing)
+            reserved = sum(self._reserved.values())
+            parts = (listed, held, reserved, self._closing, self._leaked)
             assert self._charged == sum(parts), f"charged {self._charged} != {parts}"
             assert 0 <= self._charged <= self.ceiling_bytes, f"charged {self._charged}"
-            assert self._reserved >= 0 and self._closing >= 0, parts
-            assert sum(self._reserved_by_name.values()) == self._reserved, self._reserved_by_name
-            assert all(n > 0 for n in self._reserved_by_name.values()), self._reserved_by_name
-            for name, page in self._pages.items():
-                assert page.name == name and page.owners >= 1, (name, page.owners)
-                assert len(page.buffer) >= page.n_bytes, name
+            assert all(n > 0 for n in self._reserved.values()), self._reserved
+            assert self._closing >= 0, parts
+            assert self._leaked == 0, f"{self._leaked} bytes of page buffers could not be unmapped"
+            for key, page in self._pages.items():
+                assert page.key == key and page.owners >= 1, (key, page.owners)
+                assert len(page.buffer) >= page.n_bytes, key
             for generation, page in self._held.items():
                 assert page.generation == generation and page.owners >= 1, generation
-                assert self._pages.get(page.name) is not page, generation
+                assert self._pages.get(page.key) is not page, generation
 
     def close(self) -> None:
         with self._lock:

@@ -210,11 +210,15 @@ class StateMover:
         slot.tokens.replace(state.tokens)
         slot.lora = lora
         incoming = [
-            Checkpoint(c.n_tokens, c.pos_min, c.pos_max, bytearray(c.data), c.data.nbytes)
+            Checkpoint(c.n_tokens, c.pos_min, c.pos_max, c.data, c.data.nbytes)
             for c in state.checkpoints
             if c.n_tokens <= len(state.tokens)
         ]
+        # The budget decides on the views; only the checkpoints it keeps are copied, so the
+        # bytes in RAM never pass what it allows.
         self.memory.replace(slot, incoming)
+        for ckpt in self.memory.of(slot):
+            ckpt.data = bytearray(ckpt.data)
         self._apply_draft(slot, state)
 
     def _apply_draft(self, slot: Slot, state: SlotState) -> None:

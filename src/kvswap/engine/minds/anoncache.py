@@ -2,7 +2,14 @@
 again by their longest common token prefix (as llama-server's `--cache-ram`).
 
 - When an anonymous request is about to overwrite most of an idle slot's cached prompt, or a
-  mind takes a slot that holds one, that state is saved as a page `anon~N` first (one memcpy).
+  mind takes a slot that holds one, that state is saved as a page first (one memcpy into a
+  buffer prepared ahead, `kv.spare`: when none is ready the save is skipped, never mapped on
+  the engine thread; an anonymous request's end asks for one sized to its slot's state). Its
+  key (`core.keys.anon_key`) is one no request can build, so no client page ever collides
+  with it and no request can name, replace or consume it.
+- A full KV pool moves an idle anonymous slot's state here (`keep`), and a reconfigure hands
+  over the idle anonymous states it could not seat (`adopt`): engine-made states are cache
+  entries, evicted like any other, never pages that live forever.
 - An anonymous request takes whichever is longer: the prefix its slot already holds or the
   best cached state's, which is then paged into its slot.
 - Cached states are indexed by chained hashes of `BLOCK_TOKENS`-token blocks, so a lookup walks
@@ -25,22 +32,34 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey, PageKind, anon_key
+from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.spare import Spare, ask_quietly
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
 
-KEY_PREFIX = "anon~"
 # Index granularity; also the least prefix worth saving or moving. 32, not 64: llama-server
 # caches prompts of any length, and a 64-token prompt (one block, less the token always
 # evaluated) would otherwise never be found again.
 BLOCK_TOKENS = 32
+
+
+class Kept(Enum):
+    """What `save` or `keep` did with a slot's state."""
+
+    SAVED = "saved"  # a new entry
+    CACHED = "cached"  # an equal state is already an entry
+    WAITING = "waiting"  # no prepared buffer yet (one is being mapped): not saved
+    REFUSED = "refused"  # off, too short, past the budget, or no room in the store
 
 
 def block_hashes(tokens: npt.NDArray[np.int32]) -> list[bytes]:
@@ -56,7 +75,7 @@ def block_hashes(tokens: npt.NDArray[np.int32]) -> list[bytes]:
 
 @dataclass
 class _Entry:
-    name: str
+    key: PageKey
     tokens: npt.NDArray[np.int32]
     hashes: list[bytes]
     n_bytes: int
@@ -73,6 +92,7 @@ class AnonCache:
         runtime: Runtime,
         slots: SlotTable,
         budget_bytes: int,
+        buffers: BufferWorker,
         cache_idle_slots: bool = True,
     ) -> None:
         self.store = store
@@ -80,11 +100,13 @@ class AnonCache:
         self.slots = slots
         self.budget_bytes = budget_bytes  # 0: off; -1: only the store's half
         self.idle_slots = cache_idle_slots  # --cache-idle-slots
-        self._entries: dict[str, _Entry] = {}
-        self._index: dict[bytes, set[str]] = {}
+        self._entries: dict[PageKey, _Entry] = {}
+        self._index: dict[bytes, set[PageKey]] = {}
         self._ids = itertools.count(1)
+        self.spare = Spare(store, buffers, "anon-cache") if store is not None else None
         self.n_saved = 0
         self.n_hits = 0
+        self.n_skipped = 0  # saves skipped: no prepared buffer was ready
         if self.idle_slots and self.enabled:
             cleared = " and cleared" if runtime.geometry.kv_unified else ""
             log.debug(
@@ -105,23 +127,23 @@ class AnonCache:
 
     # -- lookup -----------------------------------------------------------------------------
 
-    def best(self, prompt: npt.NDArray[np.int32]) -> tuple[str, int] | None:
+    def best(self, prompt: npt.NDArray[np.int32]) -> tuple[PageKey, int] | None:
         """The cached state sharing the longest prefix with `prompt`, and that length."""
         self._forget_gone()
-        found: set[str] = set()
+        found: set[PageKey] = set()
         for h in block_hashes(prompt[: len(prompt) - 1]):
             names = self._index.get(h)
             if not names:
                 break
             found = names
-        best: tuple[str, int] | None = None
-        for name in found:
-            tokens = self._entries[name].tokens
+        best: tuple[PageKey, int] | None = None
+        for key in sorted(found):
+            tokens = self._entries[key].tokens
             n = min(len(tokens), len(prompt))
             diff = np.flatnonzero(tokens[:n] != prompt[:n])
             common = int(diff[0]) if len(diff) else n
             if best is None or common > best[1]:
-                best = (name, common)
+                best = (key, common)
         return best
 
     # -- the two moves ----------------------------------------------------------------------
@@ -134,57 +156,82 @@ class AnonCache:
         n_slot = min(slot.tokens.common_prefix(prompt), len(prompt) - 1)
         best = self.best(prompt)
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
+            assert self.store is not None and self.spare is not None
             log.debug(
                 "updating prompt cache: slot %d takes %s (%d tokens)", slot.id, best[0], best[1]
             )
-            self.save(slot)
-            name = best[0]
+            self.save(slot, ask_next=False)
+            key = best[0]
+            page = self.store.hold(key)  # its buffer, once paged in, is the next save's spare
             try:
-                self.runtime.verbs.page_in(slot, name)
+                self.runtime.verbs.page_in(slot, key)
             except KvswapError as err:
-                log.warning("anonymous cache: %s could not be paged in: %s", name, err.message)
+                # Made under another geometry (a reconfigure): of no use to anyone now.
+                log.warning("anonymous cache: %s could not be paged in: %s", key, err.message)
+                self.store.release(page)
+                self.drop(key)
                 return
-            self._remove(name)
+            self.spare.adopt(page)  # no fault-in for the next save, no unmap for this page
+            ask_quietly(self.spare, page.n_bytes)  # (a no-op when the adopted one will do)
+            self._remove(key)
             self.n_hits += 1
             slot.t_last_used = time.monotonic()
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
             self.save(slot)
 
-    def save(self, slot: Slot) -> bool:
-        """Keep the slot's anonymous state as a cached page (the slot keeps it too); whether
-        the cache holds it now."""
+    def expect(self, slot: Slot) -> None:
+        """An anonymous request ended on `slot`: have a buffer prepared that can hold its state,
+        so that the request which displaces it later finds one ready."""
+        if self.enabled and slot.mind is None and len(slot.tokens) >= BLOCK_TOKENS:
+            assert self.spare is not None
+            n_bytes = self.runtime.verbs.mover.measure(slot).n_bytes
+            if n_bytes <= self._limit():  # (a state the cache would refuse needs no buffer)
+                ask_quietly(self.spare, n_bytes)
+
+    def save(self, slot: Slot, ask_next: bool = True) -> Kept:
+        """Keep the slot's anonymous state as a cached page (the slot keeps it too); then
+        have the next save's buffer mapped (`ask_next`)."""
         if not self.enabled or slot.mind is not None or len(slot.tokens) < BLOCK_TOKENS:
-            return False
+            return Kept.REFUSED
         tokens = slot.tokens.view().copy()
         hashes = block_hashes(tokens)
         if any(len(e.tokens) == len(tokens) and e.hashes == hashes for e in self._entries.values()):
-            return True  # already cached (an earlier save of the same prompt)
-        verbs = self.runtime.verbs
+            return Kept.CACHED  # an earlier save of the same prompt
+        verbs, spare = self.runtime.verbs, self.spare
+        assert spare is not None
         layout = verbs.mover.measure(slot)
+        if layout.n_bytes > self._limit():
+            return Kept.REFUSED
+        if not spare.ready_for(layout.n_bytes):
+            # Never map on the engine thread: skip this save, and have a buffer mapped for the
+            # next one (a full store means it is simply not kept: not a failed verb).
+            self.n_skipped += 1
+            if spare.error:  # the last mapping failed: do not wait for another now
+                spare.error = ""
+                return Kept.REFUSED
+            return Kept.WAITING if ask_quietly(spare, layout.n_bytes) else Kept.REFUSED
         if not self._make_room(layout.n_bytes):
-            return False
-        name = f"{KEY_PREFIX}{next(self._ids)}"
-        store = self.store
-        assert store is not None
-        try:
-            reservation = store.reserve(name, layout.n_bytes)
-        except KvswapError:
-            return False  # the store is full: an entry is simply not kept (not a failed verb)
-        verbs.capture_to_page(slot, name, layout=layout, reservation=reservation, keep_slot=True)
-        entry = _Entry(name, tokens, hashes, layout.n_bytes)
-        self._entries[name] = entry
-        for h in hashes:
-            self._index.setdefault(h, set()).add(name)
+            return Kept.REFUSED
+        key = anon_key(next(self._ids))
+        took = spare.take(key, layout.n_bytes)
+        assert took is not None
+        buffer, reservation = took
+        verbs.capture_to_page(
+            slot, layout=layout, reservation=reservation, buffer=buffer, keep_slot=True
+        )
+        self._add(_Entry(key, tokens, hashes, layout.n_bytes))
         self.n_saved += 1
-        return True
+        if ask_next:
+            ask_quietly(spare, layout.n_bytes)  # the next save's buffer, mapped meanwhile
+        return Kept.SAVED
 
     def cache_idle_slots(self, started: Slot) -> None:
         """`--cache-idle-slots` (llama-server's default): a task started on `started`, so every
         other idle anonymous slot is saved to the cache and, with unified KV, cleared: the
         shared pool then holds only active work, and a later request finds the state here.
 
-        Unlike llama-server, a slot whose state the cache did not take (under BLOCK_TOKENS, or
-        no room) keeps it: clearing would lose it, for almost no KV.
+        Unlike llama-server, a slot whose state the cache did not take (under BLOCK_TOKENS, no
+        room, or no prepared buffer yet) keeps it: clearing would lose it, for almost no KV.
         """
         if not (self.enabled and self.idle_slots):
             return
@@ -192,13 +239,53 @@ class AnonCache:
         for slot in self.slots:
             if slot is started or slot.running is not None or slot.locked or slot.mind is not None:
                 continue
-            if len(slot.tokens) and self.save(slot):
+            if len(slot.tokens) and self.save(slot) in (Kept.SAVED, Kept.CACHED):
                 log.debug(
                     "slot %d: idle slot saved to the prompt cache __TEST_TAG_CACHE_IDLE_SLOT__",
                     slot.id,
                 )
                 if unified:
                     self.runtime.memory.cut(slot, 0)
+
+    def keep(self, slot: Slot) -> Kept:
+        """A full KV pool needs the idle anonymous slot's cells: its state becomes an entry (or
+        is one already) and the slot is emptied; nothing changes unless SAVED or CACHED."""
+        kept = self.save(slot)
+        if kept in (Kept.SAVED, Kept.CACHED):
+            self.runtime.verbs.clear(slot)
+        return kept
+
+    def new_key(self) -> PageKey:
+        """The key of an entry-to-be (a reconfigure moves an idle anonymous slot under it)."""
+        return anon_key(next(self._ids))
+
+    def adopt(self, key: PageKey, tokens: npt.NDArray[np.int32]) -> bool:
+        """Make the stored page `key` (made by `new_key`) an entry holding `tokens`; under the
+        budget it is dropped instead (False)."""
+        store = self.store
+        assert store is not None
+        page = store.get(key)
+        if not self.enabled or len(tokens) < BLOCK_TOKENS or not self._make_room(page.n_bytes):
+            store.remove(key)
+            return False
+        self._add(_Entry(key, tokens, block_hashes(tokens), page.n_bytes))
+        return True
+
+    def drop_all(self) -> int:
+        """Forget every entry (a KV type change made them useless); how many there were."""
+        n = len(self._entries)
+        for key in list(self._entries):
+            self.drop(key)
+        return n
+
+    def _add(self, entry: _Entry) -> None:
+        self._entries[entry.key] = entry
+        for h in entry.hashes:
+            self._index.setdefault(h, set()).add(entry.key)
+
+    def close(self) -> None:
+        if self.spare is not None:
+            self.spare.close()
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -208,6 +295,7 @@ class AnonCache:
             "anon_cache_entries": float(len(self._entries)),
             "anon_cache_saved_total": float(self.n_saved),
             "anon_cache_hits_total": float(self.n_hits),
+            "anon_cache_skipped_total": float(self.n_skipped),
         }
 
     def n_bytes(self) -> int:
@@ -220,7 +308,7 @@ class AnonCache:
         for entry in sorted(self._entries.values(), key=lambda e: e.t_used):
             if self.n_bytes() + n_bytes <= limit:
                 break
-            self.drop(entry.name)
+            self.drop(entry.key)
         return self.n_bytes() + n_bytes <= limit
 
     def shed(self, n_bytes: int) -> int:
@@ -230,41 +318,42 @@ class AnonCache:
         for entry in sorted(self._entries.values(), key=lambda e: e.t_used):
             if freed >= n_bytes:
                 break
-            self.drop(entry.name)
+            self.drop(entry.key)
             freed += entry.n_bytes
         return freed
 
-    def drop(self, name: str) -> None:
+    def drop(self, key: PageKey) -> None:
         store = self.store
         if store is not None:
-            store.remove(name)
-        self._remove(name)
+            store.remove(key)
+        self._remove(key)
 
-    def _remove(self, name: str) -> None:
-        entry = self._entries.pop(name, None)
+    def _remove(self, key: PageKey) -> None:
+        entry = self._entries.pop(key, None)
         if entry is None:
             return
         for h in entry.hashes:
-            names = self._index.get(h)
-            if names is not None:
-                names.discard(name)
-                if not names:
+            keys = self._index.get(h)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
                     del self._index[h]
 
     def check_integrity(self) -> None:
         """Assert the index is exactly the entries' block hashes, and each entry is a page."""
-        expected: dict[bytes, set[str]] = {}
-        for name, entry in self._entries.items():
-            assert entry.name == name and entry.hashes == block_hashes(entry.tokens), name
+        expected: dict[bytes, set[PageKey]] = {}
+        for key, entry in self._entries.items():
+            assert entry.key == key and entry.hashes == block_hashes(entry.tokens), key
+            assert key.kind is PageKind.ANON, key
             for h in entry.hashes:
-                expected.setdefault(h, set()).add(name)
+                expected.setdefault(h, set()).add(key)
             if self.store is not None:
-                assert self.store.has(name), f"cache entry {name} has no page"
+                assert self.store.has(key), f"cache entry {key} has no page"
         assert self._index == expected, "the anonymous cache's index drifted from its entries"
         if self.store is not None:
             assert self.n_bytes() <= self._limit(), (self.n_bytes(), self._limit())
 
     def _forget_gone(self) -> None:
         store = self.store
-        for name in [n for n in self._entries if store is None or not store.has(n)]:
-            self._remove(name)
+        for key in [k for k in self._entries if store is None or not store.has(k)]:
+            self._remove(key)

@@ -10,17 +10,18 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   request re-prefills it), and the slot serves the waiting work;
 - `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
   save copies it (the mind stays), erase and page_out end it (the caller then forgets its
-  spilled copy). With API keys a verb of another tenant is refused, naming no mind;
+  spilled copy). A verb of another tenant is refused, naming no mind;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
-  state: the least recently used idle residents are paged out first (`_make_cells`), exactly
-  as a full pool does for a prefill; while running requests hold the cells the job waits.
+  state: the least recently used idle residents move out first (`_make_cells`), exactly as a
+  full pool moves them for a prefill; while running requests hold the cells the job waits.
 
-A switch copies into a spare buffer prepared ahead (reserved in the page store, mapped and
-faulted in by the buffer worker, a little larger than the largest mind page): faulting fresh
-memory in costs several times the copy, so it is done before the switch, not during it. The
-part of the spare a page does not use is given back to the OS and to the store's count.
+A switch copies into a spare buffer prepared ahead (`kv.spare`: reserved in the page store,
+mapped and faulted in by the buffer worker, a little larger than the largest mind page):
+faulting fresh memory in costs several times the copy, so it is done before the switch, never
+during it on the engine thread. A switch that finds no spare large enough waits for one (the
+job is retried when the buffer arrives), as it waits for room.
 
 When the page store cannot take the evicted mind now, the job waits: the demoter is woken to
 spill least recently used pages to disk, and answers each pass with a `RoomReport`; when a pass
@@ -28,7 +29,10 @@ that ran after the switch began waiting could not make room, the job fails with 
 reason instead of waiting forever.
 
 `page_out_idle_resident` is the engine's answer to a full KV pool: the least recently used idle
-resident moves to a page (a mind under its own name, an anonymous slot under `auto-slot...`).
+resident moves out (a mind to its own page; an anonymous slot's cached prompt into the
+anonymous cache, where it is found by its prefix and evicted like any entry, or, when the cache
+cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
+buffer, or that nothing can move. Nothing the engine makes here is a page that lives forever.
 
 Owns the spare and the wait for room; slots carry their mind, the registry the rest. Called only
 by the engine thread; does no file I/O.
@@ -37,38 +41,30 @@ by the engine thread; does no file I/O.
 from __future__ import annotations
 
 import logging
-import mmap
 import time
+from enum import Enum
 
 import numpy as np
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
-from kvswap.engine.commands import (
-    Captured,
-    PageOut,
-    RoomReport,
-    SlotCapture,
-    SlotErase,
-    Submit,
-)
-from kvswap.engine.kv.buffers import BufferReady, BufferWorker
-from kvswap.engine.kv.pagestore import PageStore, Reservation
-from kvswap.engine.minds.anoncache import AnonCache
-from kvswap.engine.minds.registry import MindRegistry, split_key
+from kvswap.core.keys import PageKey
+from kvswap.engine.commands import PageOut, RoomReport, SlotCapture, SlotErase, Submit
+from kvswap.engine.kv.buffers import BufferWorker
+from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.spare import Spare, ask_quietly
+from kvswap.engine.minds.anoncache import AnonCache, Kept
+from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
 
-SPARE_TAG = -1  # the buffer worker's tag for the spare (the engine's own tags are positive)
-_SPARE_SLACK = 1.25  # the spare's size over the largest mind page seen (pages grow each turn)
-_SPARE_ROUND = 2 << 20  # ... rounded up to whole huge pages
-
 
 class NoRoomYet(Exception):
-    """The job cannot be seated now: the page store cannot take an evicted mind (the demoter
-    makes room), or running requests hold the KV cells a returning mind needs (a step frees
-    them). The caller requeues the job."""
+    """The job cannot be seated now: an evicted mind cannot be copied out (the page store has
+    no room, or its spare buffer is still being mapped, or its file is being written), or
+    running requests hold the KV cells a returning mind needs. The job waits for the demoter,
+    the buffer worker or a step."""
 
 
 class NotYourMind(KvswapError):
@@ -79,6 +75,14 @@ class NotYourMind(KvswapError):
             ErrorKind.PERMISSION,
             f"slot {slot_id} holds a conversation of another API key: this key cannot act on it",
         )
+
+
+class PagedOut(Enum):
+    """What `page_out_idle_resident` did."""
+
+    MOVED = "moved"  # an idle resident left its slot: retry the step
+    WAITING = "waiting"  # a buffer is being mapped (or room made): retry once it arrives
+    NOTHING = "nothing"  # nothing can move
 
 
 class Seating:
@@ -104,8 +108,7 @@ class Seating:
         self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
         self._room_refused = ""  # why such a pass could not make room
         self._refusals_logged: set[str] = set()  # reasons a switch was refused, logged once
-        self._spare: tuple[mmap.mmap, Reservation] | None = None
-        self._spare_pending: Reservation | None = None  # asked of the buffer worker
+        self.spare = Spare(store, buffers, "mind-switch") if store is not None else None
 
     def seat(self, slot: Slot, cmd: object) -> None:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
@@ -114,10 +117,10 @@ class Seating:
         if slot.mind is not None and isinstance(cmd, SlotCapture | SlotErase | PageOut):
             # These verbs act on the state the slot holds: the mind's, where it is (the engine
             # calls `left` after erase and page_out).
-            if cmd.namespace is not None and split_key(slot.mind)[0] != cmd.namespace:
+            if cmd.namespace is not None and slot.mind.namespace != cmd.namespace:
                 raise NotYourMind(slot.id)
             return
-        mind = cmd.request.mind if isinstance(cmd, Submit) else ""
+        mind = cmd.request.mind if isinstance(cmd, Submit) else None
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
         if not mind:
@@ -141,7 +144,7 @@ class Seating:
         # The next switch's buffer is faulted in now, not while this one copied.
         self.ask_spare()
 
-    def _bring_in(self, slot: Slot, mind: str, cmd: Submit) -> None:
+    def _bring_in(self, slot: Slot, mind: PageKey, cmd: Submit) -> None:
         store, reg, verbs = self.store, self.registry, self.runtime.verbs
         if store is not None and store.has(mind) and store.get(mind).layout.token_only:
             # A KV-type reconfigure left it tokens only; the request carries its whole prompt,
@@ -168,9 +171,8 @@ class Seating:
     def _make_cells(self, slot: Slot, n_tokens: int) -> None:
         """Free KV cells for a state of `n_tokens` about to be loaded into `slot`: in a unified
         pool every slot draws on one set of cells, so the least recently used idle residents
-        are paged out (minds to their pages, anonymous slots as a full pool pages them) until
-        the state fits. Loading a state clears the slot's own cells first, so only the other
-        slots' count."""
+        move out (as a full pool moves them) until the state fits. Loading a state clears the
+        slot's own cells first, so only the other slots' count."""
         rt = self.runtime
         if not rt.geometry.kv_unified or rt.model.info.is_recurrent:
             # Each slot has a stream of its own, as large as its window; a recurrent model
@@ -178,9 +180,8 @@ class Seating:
             return
         while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > rt.ctx.n_ctx:
             idle = [s for s in self.slots.idle_residents() if s is not slot]
-            if not idle:
-                raise NoRoomYet()  # running requests hold the cells: retried after a step
-            self._page_out(idle[0])
+            if not idle or self._move_out(idle[0]) is not PagedOut.MOVED:
+                raise NoRoomYet()  # running requests hold the cells, or a buffer is mapped
 
     def evict(self, slot: Slot) -> None:
         """Page the slot's mind out under its key (the slot is then empty); a mind too large
@@ -197,30 +198,34 @@ class Seating:
         if layout.n_bytes > store.ceiling_bytes:
             self._too_large(slot, mind, layout.n_bytes)
             return
-        spare = self._take_spare(mind, layout.n_bytes)
-        try:
-            if spare is not None:
-                buffer, reservation = spare
-                moved = verbs.capture_to_page(
-                    slot, mind, layout=layout, reservation=reservation, buffer=buffer
-                )
-            else:
-                moved = verbs.capture_to_page(slot, mind, layout=layout)
-        except KvswapError as err:
-            if err.kind is not ErrorKind.UNAVAILABLE or spare is not None:
-                raise
-            self._no_room(err)
+        spare = self.spare
+        assert spare is not None
+        took = spare.take(mind, layout.n_bytes)
+        if took is None:
+            if spare.error:  # the last mapping failed: fail this switch rather than wait again
+                why, spare.error = spare.error, ""
+                raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for a mind switch: {why}")
+            try:
+                spare.ask(layout.n_bytes)
+            except KvswapError as err:
+                if err.kind is not ErrorKind.UNAVAILABLE:
+                    raise
+                self._no_room(err)
+            raise NoRoomYet()  # the buffer worker maps one; the job is retried on its arrival
+        buffer, reservation = took
+        moved = verbs.capture_to_page(slot, layout=layout, reservation=reservation, buffer=buffer)
         self._room_ticket, self._room_refused = None, ""
         self._left(slot, mind)
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
         self.registry.saw_page(layout.n_bytes)
+        self.ask_spare()  # the next switch's buffer, mapped meanwhile
         if store.charged_bytes > store.ceiling_bytes - self.registry.headroom_bytes(
             store.ceiling_bytes
         ):
             self.registry.need_room()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
-    def _too_large(self, slot: Slot, mind: str, n_bytes: int) -> None:
+    def _too_large(self, slot: Slot, mind: PageKey, n_bytes: int) -> None:
         """The mind's state is larger than the whole page store: it can never be a page. With
         a disk tier a copy goes to the demoter and the job waits until the mind's file holds
         the slot's state, then the slot is freed; without one the state is dropped."""
@@ -257,64 +262,74 @@ class Seating:
         self._left(slot, mind)
         reg.count(too_large_total=1)
 
-    def _log_too_large(self, mind: str, n_bytes: int, ceiling: int, how: str) -> None:
+    def _log_too_large(self, mind: PageKey, n_bytes: int, ceiling: int, how: str) -> None:
         if self.registry.first_too_large(mind):
             log.warning(
-                "mind %s holds %d bytes, more than the whole page store (--page-ram-bytes %d): "
-                "it leaves its slot %s; raise --page-ram-bytes to keep it in RAM",
+                "%s holds %d bytes, more than the whole page store (--page-ram-bytes %d): it "
+                "leaves its slot %s; raise --page-ram-bytes to keep it in RAM",
                 mind,
                 n_bytes,
                 ceiling,
                 how,
             )
 
-    def _left(self, slot: Slot, mind: str) -> None:
+    def _left(self, slot: Slot, mind: PageKey) -> None:
         slot.mind = None
         self.registry.unseated(mind)
 
-    def left(self, slot: Slot) -> str:
+    def left(self, slot: Slot) -> PageKey | None:
         """A slot verb ended the slot's mind (erase, page_out): the slot holds it no more.
-        Returns the mind's key ("" when the slot held none)."""
+        Returns the mind's key (None when the slot held none)."""
         mind = slot.mind
         if mind is None:
-            return ""
+            return None
         self._left(slot, mind)
         self.registry.end_handoff(mind)  # a copy on its way to disk is the ended mind's
         return mind
 
     # -- a full KV pool ---------------------------------------------------------------------
 
-    def page_out_idle_resident(self) -> bool:
-        """Page out the least recently used idle slot that holds tokens; True when one moved."""
+    def page_out_idle_resident(self) -> PagedOut:
+        """Move the least recently used idle slot that holds tokens out of the KV pool."""
         if self.store is None:
-            return False
+            return PagedOut.NOTHING
         idle = self.slots.idle_residents()
         if not idle:
-            return False
-        slot = idle[0]
-        try:
-            self._page_out(slot)
-        except (KvswapError, NoRoomYet) as err:
-            why = err.message if isinstance(err, KvswapError) else "the page store is full"
-            log.warning("KV pool full and idle slot %d could not be paged out: %s", slot.id, why)
-            return False
-        return True
+            return PagedOut.NOTHING
+        return self._move_out(idle[0])
 
-    def _page_out(self, slot: Slot) -> None:
-        """Free an idle resident's cells: a mind moves to its page (`evict`), an anonymous
-        slot to a page `auto-slot...`. Raises NoRoomYet or KvswapError when it cannot."""
+    def _move_out(self, slot: Slot) -> PagedOut:
+        """Free an idle resident's cells: a mind to its own page (`evict`), an anonymous
+        slot's prompt into the anonymous cache (or purged when the cache cannot take it)."""
+        n_tokens = len(slot.tokens)
         if slot.mind is not None:
-            self.evict(slot)  # the mind keeps its own page name
-            return
-        name = f"auto-slot{slot.id}-{time.time_ns() // 1_000_000}"
-        # An emergency: map the buffer here rather than wait a step for the worker.
-        moved = self.runtime.verbs.capture_to_page(slot, name)
+            try:
+                self.evict(slot)  # the mind keeps its own page
+            except NoRoomYet:
+                return PagedOut.WAITING
+            except KvswapError as err:
+                log.warning(
+                    "KV pool full and idle mind slot %d could not be paged out: %s",
+                    slot.id,
+                    err.message,
+                )
+                return PagedOut.NOTHING
+            return PagedOut.MOVED
+        kept = self.anon.keep(slot)
+        if kept is Kept.WAITING:
+            return PagedOut.WAITING
+        if kept is Kept.REFUSED:
+            # The cache is off or cannot take it: a cached prompt is purged, as llama-server's
+            # try_clear_idle_slots does (a mind is never purged).
+            self.runtime.verbs.clear(slot)
+            log.warning("KV pool full: purged idle slot %d (%d cached tokens)", slot.id, n_tokens)
+            return PagedOut.MOVED
         log.warning(
-            "KV pool full: paged out idle slot %d (%d tokens) as page %r",
+            "KV pool full: idle slot %d (%d tokens) moved into the anonymous cache",
             slot.id,
-            moved.n_tokens,
-            name,
+            n_tokens,
         )
+        return PagedOut.MOVED
 
     # -- waiting for room -------------------------------------------------------------------
 
@@ -348,62 +363,30 @@ class Seating:
 
     def ask_spare(self) -> None:
         """Have a spare buffer prepared for the next switch (when the store has room for it)."""
-        store = self.store
-        if self._spare is not None or self._spare_pending is not None or store is None:
-            return
         largest = self.registry.largest_page_bytes
-        if largest == 0:
-            return
-        n_bytes = -(-int(largest * _SPARE_SLACK) // _SPARE_ROUND) * _SPARE_ROUND
-        try:
-            self._spare_pending = store.reserve("", n_bytes)
-        except KvswapError:
-            return  # no room now: the next switch allocates its own buffer
-        self.buffers.allocate(n_bytes, SPARE_TAG)
-
-    def spare_ready(self, ready: BufferReady) -> None:
-        reservation, self._spare_pending = self._spare_pending, None
-        assert reservation is not None and self.store is not None
-        if ready.buffer is None:
-            self.store.cancel(reservation)
-            return
-        self._spare = (ready.buffer, reservation)
-
-    def _take_spare(self, name: str, n_bytes: int) -> tuple[mmap.mmap, Reservation] | None:
-        """The spare, trimmed to `n_bytes` and reserved for page `name`, if it is large enough."""
-        if self._spare is None or len(self._spare[0]) < n_bytes:
-            return None
-        store = self._store()
-        buffer, reservation = self._spare
-        self._spare = None
-        kept = -(-n_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        if kept < len(buffer):
-            buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
-        return buffer, store.trim(reservation, name, min(kept, reservation.n_bytes))
+        if self.spare is not None and largest > 0:
+            ask_quietly(self.spare, largest)
 
     def close(self) -> None:
         """Give the spare back (the engine is closing)."""
-        if self._spare is not None and self.store is not None:
-            buffer, reservation = self._spare
-            self._spare = None
-            buffer.close()
-            self.store.cancel(reservation)
+        if self.spare is not None:
+            self.spare.close()
 
     # -- the flush before exit --------------------------------------------------------------
 
-    def flush(self, keys: frozenset[str] | None = None) -> list[tuple[str, Captured]]:
-        """Copies of every idle resident mind's state, or of those in `keys` (the slots keep
-        theirs)."""
-        out = []
-        for slot in self.slots:
-            if slot.mind is None or not slot.is_idle or len(slot.tokens) == 0:
-                continue
-            if keys is not None and slot.mind not in keys:
-                continue
-            out.append((slot.mind, self.runtime.verbs.copy_out(slot)))
-        return out
+    def flush_slots(self, keys: frozenset[PageKey] | None = None) -> list[Slot]:
+        """The idle slots holding a mind with tokens (only those of `keys`, when given): what a
+        spill before exit or a scheduled flush copies out."""
+        return [
+            s
+            for s in self.slots
+            if s.mind is not None
+            and s.is_idle
+            and len(s.tokens) > 0
+            and (keys is None or s.mind in keys)
+        ]
 
-    def forget(self, key: str) -> bool:
+    def forget(self, key: PageKey) -> bool:
         """Free the mind's slot of it (cleared) and drop its RAM page: another replica owns it
         now. False, changing nothing, when its slot is busy."""
         slot = next((s for s in self.slots if s.mind == key), None)

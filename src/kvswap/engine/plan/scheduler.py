@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvswap.core.keys import PageKey
 from kvswap.core.types import LoraSet
 from kvswap.engine.slot import Slot
 
@@ -36,7 +37,7 @@ class Job:
     payload: object = None  # the command that created the job
     cancelled: bool = False
     lora: LoraSet = ()  # a request's LoRA set: only its slots' prefixes count
-    mind: str = ""  # the mind the request names ("": anonymous)
+    mind: PageKey | None = None  # the mind the request names (None: anonymous)
 
 
 def choose_slot(
@@ -45,7 +46,7 @@ def choose_slot(
     similarity: float,
     taken: set[int],
     lora: LoraSet = (),
-    mind: str = "",
+    mind: PageKey | None = None,
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's
     cached prefix counts only when it was computed under the request's LoRA set."""

@@ -18,12 +18,13 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
-from kvswap.core.types import Completion, Event, TokenEvent
+from kvswap.core.types import Completion, Event, GenerationRequest, TokenEvent
 from kvswap.server.anthropic import formats as fa
 from kvswap.server.anthropic.schemas import MessagesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.chat import ChatPlan, plan_chat
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.state import get_state
 from kvswap.server.streaming import complete_all, open_stream
@@ -40,11 +41,15 @@ def _chat_body(raw: bytes) -> ChatCompletionRequest:
 @router.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
 async def messages(request: Request) -> Response:
     state = get_state(request)
-    body = _chat_body(await request.body())
-    plan = plan_chat(state, body)
-    reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
-    )
+    raw = await request.body()
+
+    def prepare() -> tuple[ChatCompletionRequest, ChatPlan, list[GenerationRequest]]:
+        body = _chat_body(raw)
+        plan = plan_chat(state, body)
+        tokens = [prompt_tokens(state, plan.prompt)]
+        return body, plan, generation_requests(state, body, tokens, plan.constraint, http=request)
+
+    body, plan, reqs = await prepared(raw, prepare)
     runner = state.runner()
     msg_id = fa.new_message_id()
     model = state.model_name
@@ -76,13 +81,22 @@ async def messages(request: Request) -> Response:
             yield from fa.message_end(event, parser.msg)
 
     return await open_stream(
-        runner, reqs, render, done_marker=False, encode=fa.encode, encode_error=fa.encode_error
+        runner,
+        reqs,
+        render,
+        http=request,
+        done_marker=False,
+        encode=fa.encode,
+        encode_error=fa.encode_error,
     )
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=body_schema(MessagesRequest))
 async def count_tokens(request: Request) -> Response:
     state = get_state(request)
-    body = _chat_body(await request.body())
-    plan = plan_chat(state, body)
-    return JSONResponse({"input_tokens": len(prompt_tokens(state, plan.prompt))})
+    raw = await request.body()
+
+    def count() -> int:
+        return len(prompt_tokens(state, plan_chat(state, _chat_body(raw)).prompt))
+
+    return JSONResponse({"input_tokens": await prepared(raw, count)})

@@ -43,6 +43,11 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     "page_store_bytes": ("gauge", "Bytes held by the page store"),
     "page_store_pages": ("gauge", "Pages held by the page store"),
     "page_spill_held_bytes": ("gauge", "Bytes of pages held only by running spills"),
+    "page_store_leaked_bytes": (
+        "gauge",
+        "Bytes of page buffers that could not be unmapped (still charged; stays 0)",
+    ),
+    "page_store_spare_bytes": ("gauge", "Bytes reserved for buffers prepared ahead"),
     "ctx_checkpoint_bytes": ("gauge", "Bytes held by context checkpoints in slots"),
     "page_out_total": ("counter", "Successful page_out operations"),
     "page_in_total": ("counter", "Successful page_in operations"),
@@ -77,6 +82,7 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
         "counter",
         "Minds larger than the whole page store that left their slot (spilled, or dropped)",
     ),
+    "mind_entries": ("gauge", "Minds the registry keeps an entry for (those that hold state)"),
     "mind_switch_ms_total": (
         "counter",
         "Engine milliseconds spent moving minds in and out of slots",
@@ -85,6 +91,10 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     "anon_cache_entries": ("gauge", "Anonymous prompt states cached in RAM"),
     "anon_cache_saved_total": ("counter", "Anonymous prompt states saved to the cache"),
     "anon_cache_hits_total": ("counter", "Anonymous requests that took a cached prefix"),
+    "anon_cache_skipped_total": (
+        "counter",
+        "Anonymous cache saves skipped: no prepared buffer was ready",
+    ),
 }
 
 

@@ -24,14 +24,13 @@ from kvswap.server.formats import TaskExtras, apply_template_json
 from kvswap.server.llama.formats_native import native_chunk, native_final, native_progress_chunk
 from kvswap.server.openapi import body_schema
 from kvswap.server.requests.chat import plan_chat
-from kvswap.server.requests.constraints import (
-    completion_constraint,
-)
+from kvswap.server.requests.constraints import Constraint, completion_constraint
 from kvswap.server.requests.jobs import (
     checked_constraint,
     generation_requests,
     tokenizer,
 )
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import (
     parse_prompt,
     tokenize_prompt,
@@ -54,11 +53,24 @@ router = APIRouter()
 @router.post("/completions", openapi_extra=body_schema(CompletionRequest))
 async def completion(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(CompletionRequest, await request.body())
-    tokenize = tokenizer(state)
-    prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    constraint = checked_constraint(state, completion_constraint(body))
-    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
+    raw = await request.body()
+
+    def prepare() -> tuple[
+        CompletionRequest, Constraint | None, list[GenerationRequest], list[str]
+    ]:
+        body = parse_body(CompletionRequest, raw)
+        tokenize = tokenizer(state)
+        prompts = [
+            tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)
+        ]
+        constraint = checked_constraint(state, completion_constraint(body))
+        reqs = generation_requests(state, body, prompts, constraint, http=request)
+        # The final answer repeats each prompt's text (as llama-server's "prompt").
+        texts = [state.vocab.detokenize(list(p), special=True) for p in prompts]
+        return body, constraint, reqs, texts
+
+    body, constraint, reqs, prompt_texts = await prepared(raw, prepare)
+    n_per_prompt = max(1, len(reqs) // max(1, len(prompt_texts)))
     runner = state.runner()
     extras = TaskExtras(
         grammar=constraint.grammar if constraint else "",
@@ -71,7 +83,7 @@ async def completion(request: Request) -> Response:
             c,
             req,
             model=state.model_name,
-            prompt_text=state.vocab.detokenize(list(req.prompt_tokens), special=True),
+            prompt_text=prompt_texts[index // n_per_prompt],
             index=index,
             return_tokens=bool(body.return_tokens),
             response_fields=body.response_fields or (),
@@ -91,11 +103,15 @@ async def completion(request: Request) -> Response:
         elif isinstance(event, Completion):
             yield final(index, event, reqs[index])
 
-    return await open_stream(runner, reqs, render, done_marker=False)
+    return await open_stream(runner, reqs, render, http=request, done_marker=False)
 
 
 @router.post("/apply-template", openapi_extra=body_schema(ApplyTemplateRequest))
 async def apply_template(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(ApplyTemplateRequest, await request.body())
-    return JSONResponse(apply_template_json(plan_chat(state, body).prompt))
+    raw = await request.body()
+
+    def render() -> str:
+        return plan_chat(state, parse_body(ApplyTemplateRequest, raw)).prompt
+
+    return JSONResponse(apply_template_json(await prepared(raw, render)))

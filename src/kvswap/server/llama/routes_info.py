@@ -8,6 +8,7 @@ vocabulary, so they never wait behind a decode step.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import psutil
 from fastapi import APIRouter, Request
@@ -17,6 +18,7 @@ from kvswap import __version__
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
 from kvswap.server.formats import detokenize_json, health_json, tokenize_json
+from kvswap.server.guard import tenant_namespace
 from kvswap.server.llama.formats_info import (
     ContextGeometry,
     KvGeometry,
@@ -31,7 +33,8 @@ from kvswap.server.llama.formats_info import (
 from kvswap.server.llama.prometheus import render
 from kvswap.server.openapi import body_schema
 from kvswap.server.pages import formats_cluster
-from kvswap.server.pages.minds import caller_namespace, mind_name
+from kvswap.server.pages.minds import mind_name
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
 from kvswap.server.requests.schemas import (
     CompletionRequest,
@@ -164,7 +167,7 @@ async def slots(request: Request) -> JSONResponse:
     snap = state.snapshot
     if request.query_params.get("fail_on_no_slot") and snap.n_idle_slots == 0:
         raise KvswapError(ErrorKind.UNAVAILABLE, "no slot available")
-    namespace = caller_namespace(request.headers, keyed=bool(state.config.http.api_keys))
+    namespace = tenant_namespace(request.scope)
     views = [_slot_view(s, namespace) for s in snap.slots]
     return JSONResponse(slots_json(views, speculative_types=state.config.spec.spec_type))
 
@@ -188,31 +191,41 @@ async def metrics(request: Request) -> Response:
 @router.post("/tokenize", openapi_extra=body_schema(TokenizeRequest))
 async def tokenize(request: Request) -> JSONResponse:
     state = get_state(request)
-    body = parse_body(TokenizeRequest, await request.body())
-    if body.content is None:
-        return JSONResponse(tokenize_json([]))
+    raw = await request.body()
 
-    def tok(text: str, add_special: bool) -> list[int]:
-        return [int(t) for t in state.tokenize(text, add_special, body.parse_special)]
+    def run() -> dict[str, Any]:
+        body = parse_body(TokenizeRequest, raw)
+        if body.content is None:
+            return tokenize_json([])
 
-    tokens = tokenize_prompt(content_part(body.content), tok, add_special=body.add_special)
-    if any(not state.vocab.valid(t) for t in tokens):
-        raise KvswapError(ErrorKind.INVALID_REQUEST, "invalid token id in content")
-    pieces = [state.vocab.piece(t, special=True) for t in tokens] if body.with_pieces else None
-    return JSONResponse(tokenize_json(tokens, pieces))
+        def tok(text: str, add_special: bool) -> list[int]:
+            return [int(t) for t in state.tokenize(text, add_special, body.parse_special)]
+
+        tokens = tokenize_prompt(content_part(body.content), tok, add_special=body.add_special)
+        if any(not state.vocab.valid(t) for t in tokens):
+            raise KvswapError(ErrorKind.INVALID_REQUEST, "invalid token id in content")
+        pieces = [state.vocab.piece(t, special=True) for t in tokens] if body.with_pieces else None
+        return tokenize_json(tokens, pieces)
+
+    return JSONResponse(await prepared(raw, run))
 
 
 @router.post("/detokenize", openapi_extra=body_schema(DetokenizeRequest))
 async def detokenize(request: Request) -> JSONResponse:
     state = get_state(request)
-    body = parse_body(DetokenizeRequest, await request.body())
-    bad = [t for t in body.tokens if not state.vocab.valid(t)]
-    if bad:
-        raise KvswapError(
-            ErrorKind.INVALID_REQUEST,
-            f"invalid token id {bad[0]} (the vocabulary has {state.vocab.n_tokens} tokens)",
-        )
-    return JSONResponse(detokenize_json(state.vocab.detokenize(body.tokens, special=True)))
+    raw = await request.body()
+
+    def run() -> dict[str, Any]:
+        body = parse_body(DetokenizeRequest, raw)
+        bad = [t for t in body.tokens if not state.vocab.valid(t)]
+        if bad:
+            raise KvswapError(
+                ErrorKind.INVALID_REQUEST,
+                f"invalid token id {bad[0]} (the vocabulary has {state.vocab.n_tokens} tokens)",
+            )
+        return detokenize_json(state.vocab.detokenize(body.tokens, special=True))
+
+    return JSONResponse(await prepared(raw, run))
 
 
 _UNSUPPORTED = (

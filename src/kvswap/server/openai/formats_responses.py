@@ -57,12 +57,13 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 
 
-def usage_json(c: Completion) -> dict[str, Any]:
+def usage_json(c: Completion, n_reasoning: int = 0) -> dict[str, Any]:
+    """Token usage; `n_reasoning`: the output tokens of the reasoning items."""
     return {
         "input_tokens": c.n_prompt_tokens,
         "input_tokens_details": {"cached_tokens": c.timings.cache_n, "cache_write_tokens": 0},
         "output_tokens": c.n_decoded,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": min(n_reasoning, c.n_decoded)},
         "total_tokens": c.n_prompt_tokens + c.n_decoded,
     }
 
@@ -73,6 +74,7 @@ def response_json(
     status: str,
     output: list[dict[str, Any]],
     c: Completion | None = None,
+    n_reasoning: int = 0,
 ) -> dict[str, Any]:
     incomplete = None
     if c is not None and c.stop_type not in (StopType.EOS, StopType.WORD):
@@ -88,7 +90,7 @@ def response_json(
         "output": output,
         **DEFAULT_PARAMS,
         **meta.params,
-        "usage": usage_json(c) if c is not None else None,
+        "usage": usage_json(c, n_reasoning) if c is not None else None,
     }
     if c is not None:
         out["completed_at"] = (
@@ -280,8 +282,10 @@ class ResponseEvents:
         out.append(self._event("response.output_item.done", output_index=idx, item=item))
         return out
 
-    def complete(self, c: Completion) -> list[dict[str, Any]]:
-        resp = response_json(self.meta, status="completed", output=self.done_items, c=c)
+    def complete(self, c: Completion, n_reasoning: int = 0) -> list[dict[str, Any]]:
+        resp = response_json(
+            self.meta, status="completed", output=self.done_items, c=c, n_reasoning=n_reasoning
+        )
         kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
         return [self._event(kind, response=resp, timings=timings_json(c.timings))]
 

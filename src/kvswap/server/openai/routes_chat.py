@@ -34,7 +34,7 @@ from kvswap.server.openai.formats_oai import (
     merge_choices,
 )
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.chat import ChatPlan, plan_chat
 from kvswap.server.requests.constraints import (
     completion_constraint,
 )
@@ -45,6 +45,7 @@ from kvswap.server.requests.jobs import (
     prompt_tokens,
     tokenizer,
 )
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import (
     parse_prompt,
     tokenize_prompt,
@@ -85,11 +86,18 @@ def _with_verbose(
 @router.post("/v1/completions", openapi_extra=body_schema(OaiCompletionRequest))
 async def oai_completion(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(OaiCompletionRequest, await request.body())
-    tokenize = tokenizer(state)
-    prompts = [tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)]
-    constraint = checked_constraint(state, completion_constraint(body, body.response_format))
-    reqs = generation_requests(state, body, prompts, constraint, headers=request.headers)
+    raw = await request.body()
+
+    def prepare() -> tuple[OaiCompletionRequest, list[GenerationRequest]]:
+        body = parse_body(OaiCompletionRequest, raw)
+        tokenize = tokenizer(state)
+        prompts = [
+            tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)
+        ]
+        constraint = checked_constraint(state, completion_constraint(body, body.response_format))
+        return body, generation_requests(state, body, prompts, constraint, http=request)
+
+    body, reqs = await prepared(raw, prepare)
     runner = state.runner()
     meta = oai_meta(state)
     if not body.stream:
@@ -114,7 +122,7 @@ async def oai_completion(request: Request) -> Response:
                 final.pop("usage", None)
             yield final
 
-    return await open_stream(runner, reqs, render, done_marker=True)
+    return await open_stream(runner, reqs, render, http=request, done_marker=True)
 
 
 # ----------------------------------------------------------------------- /v1/chat/completions
@@ -124,11 +132,15 @@ async def oai_completion(request: Request) -> Response:
 @router.post("/chat/completions", openapi_extra=body_schema(ChatCompletionRequest))
 async def chat_completion(request: Request) -> Response:
     state = get_state(request)
-    body = parse_body(ChatCompletionRequest, await request.body())
-    plan = plan_chat(state, body)
-    reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
-    )
+    raw = await request.body()
+
+    def prepare() -> tuple[ChatCompletionRequest, ChatPlan, list[GenerationRequest]]:
+        body = parse_body(ChatCompletionRequest, raw)
+        plan = plan_chat(state, body)
+        tokens = [prompt_tokens(state, plan.prompt)]
+        return body, plan, generation_requests(state, body, tokens, plan.constraint, http=request)
+
+    body, plan, reqs = await prepared(raw, prepare)
     runner = state.runner()
     meta = oai_meta(state)
     if not body.stream:
@@ -183,7 +195,7 @@ async def chat_completion(request: Request) -> Response:
                 post_sampling=post_sampling,
             )
 
-    return await open_stream(runner, reqs, render, done_marker=True)
+    return await open_stream(runner, reqs, render, http=request, done_marker=True)
 
 
 @router.post("/v1/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
@@ -191,6 +203,11 @@ async def chat_completion(request: Request) -> Response:
 async def chat_input_tokens(request: Request) -> Response:
     """The prompt's token count for a chat body (llama-server's `handle_count_tokens`)."""
     state = get_state(request)
-    body = parse_body(ChatCompletionRequest, await request.body())
-    n = len(prompt_tokens(state, plan_chat(state, body).prompt))
+    raw = await request.body()
+
+    def count() -> int:
+        body = parse_body(ChatCompletionRequest, raw)
+        return len(prompt_tokens(state, plan_chat(state, body).prompt))
+
+    n = await prepared(raw, count)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

@@ -19,14 +19,22 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
-from kvswap.core.types import Completion, EngineError, Event, PromptProgress, TokenEvent
+from kvswap.core.types import (
+    Completion,
+    EngineError,
+    Event,
+    GenerationRequest,
+    PromptProgress,
+    TokenEvent,
+)
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import plan_chat
+from kvswap.server.requests.chat import ChatPlan, plan_chat
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
-from kvswap.server.state import get_state
+from kvswap.server.state import ServerState, get_state
 from kvswap.server.streaming import complete_all, open_stream
 
 router = APIRouter()
@@ -36,6 +44,12 @@ def _bodies(raw: bytes) -> tuple[ResponsesRequest, ChatCompletionRequest]:
     req = parse_body(ResponsesRequest, raw)
     data = json.loads(raw)  # valid: parse_body accepted it
     return req, parse_body(ChatCompletionRequest, to_chat_body(data, req))
+
+
+def _n_reasoning(state: ServerState, reasoning: str) -> int:
+    """The output tokens of the reasoning items: its text tokenized again (model-made text
+    tokenizes back into the tokens that made it, up to merges at its two ends)."""
+    return len(state.tokenize(reasoning, False, True)) if reasoning else 0
 
 
 def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
@@ -56,11 +70,18 @@ def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
 @router.post("/responses", openapi_extra=body_schema(ResponsesRequest))
 async def responses(request: Request) -> Response:
     state = get_state(request)
-    req, body = _bodies(await request.body())
-    plan = plan_chat(state, body)
-    reqs = generation_requests(
-        state, body, [prompt_tokens(state, plan.prompt)], plan.constraint, headers=request.headers
-    )
+    raw = await request.body()
+
+    def prepare() -> tuple[
+        ResponsesRequest, ChatCompletionRequest, ChatPlan, list[GenerationRequest]
+    ]:
+        req, body = _bodies(raw)
+        plan = plan_chat(state, body)
+        tokens = [prompt_tokens(state, plan.prompt)]
+        reqs = generation_requests(state, body, tokens, plan.constraint, http=request)
+        return req, body, plan, reqs
+
+    req, body, plan, reqs = await prepared(raw, prepare)
     runner = state.runner()
     meta = fr.ResponseMeta(
         id=fr.new_response_id(),
@@ -72,7 +93,13 @@ async def responses(request: Request) -> Response:
         [c] = await complete_all(runner, reqs, request)
         msg = ChatParser(plan.spec).parse_all(c.content)
         return JSONResponse(
-            fr.response_json(meta, status="completed", output=fr.output_items(msg), c=c)
+            fr.response_json(
+                meta,
+                status="completed",
+                output=fr.output_items(msg),
+                c=c,
+                n_reasoning=_n_reasoning(state, msg.reasoning_content),
+            )
         )
 
     parser = ChatParser(plan.spec)
@@ -94,13 +121,19 @@ async def responses(request: Request) -> Response:
             yield events.progress(event)
         elif isinstance(event, Completion):
             yield from events.blocks(blocks.feed(parser.finish()) + blocks.close())
-            yield from events.complete(event)
+            yield from events.complete(event, _n_reasoning(state, parser.msg.reasoning_content))
 
     def encode_error(err: EngineError) -> bytes:
         return fr.encode(events.error(err))
 
     return await open_stream(
-        runner, reqs, render, done_marker=False, encode=fr.encode, encode_error=encode_error
+        runner,
+        reqs,
+        render,
+        http=request,
+        done_marker=False,
+        encode=fr.encode,
+        encode_error=encode_error,
     )
 
 
@@ -108,7 +141,10 @@ async def responses(request: Request) -> Response:
 @router.post("/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))
 async def input_tokens(request: Request) -> Response:
     state = get_state(request)
-    _, body = _bodies(await request.body())
-    plan = plan_chat(state, body)
-    n = len(prompt_tokens(state, plan.prompt))
+    raw = await request.body()
+
+    def count() -> int:
+        return len(prompt_tokens(state, plan_chat(state, _bodies(raw)[1]).prompt))
+
+    n = await prepared(raw, count)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

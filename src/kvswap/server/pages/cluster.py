@@ -35,8 +35,9 @@ from typing import TypeVar
 import numpy as np
 
 from kvswap.core.errors import ErrorKind, MindUnavailable
+from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError, GenerationRequest
-from kvswap.engine.minds.registry import MindRegistry, split_key
+from kvswap.engine.minds.registry import MindRegistry
 from kvswap.server.pages import turn as turns
 from kvswap.server.pages.turn import ForwardTurn, Owner
 from kvswap.tiers.shared.errors import TierUnavailable
@@ -62,8 +63,8 @@ class ClusterGate:
         self.lease_s = tier.settings.lease_ms / 1000
         self.wait_bound_s = self.lease_s * 1.2 + 0.5
         self._pool = ThreadPoolExecutor(_N_THREADS, thread_name_prefix="kvswap-shared")
-        self._handoffs: dict[str, asyncio.Future[None]] = {}
-        self._takeovers: dict[str, tuple[Resumed, float]] = {}  # key -> (resume, lease wait s)
+        self._handoffs: dict[PageKey, asyncio.Future[None]] = {}
+        self._takeovers: dict[PageKey, tuple[Resumed, float]] = {}  # key -> (resume, lease wait s)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -73,7 +74,7 @@ class ClusterGate:
 
     # -- before a turn -----------------------------------------------------------------------
 
-    async def place(self, key: str) -> Resumed:
+    async def place(self, key: PageKey) -> Resumed:
         """Make the mind ours for this turn (see the module docstring)."""
         self._takeovers.pop(key, None)
         handoff = self._handoffs.get(key)
@@ -102,7 +103,7 @@ class ClusterGate:
             self._takeovers[key] = (resumed, time.monotonic() - t0 if waited else 0.0)
         return resumed
 
-    async def _take(self, key: str) -> Held | LeaseHolder:
+    async def _take(self, key: PageKey) -> Held | LeaseHolder:
         try:
             return await self._run(self.tier.take, key)
         except TierUnavailable as err:
@@ -115,7 +116,7 @@ class ClusterGate:
 
     def _refuse_or_forward(
         self,
-        key: str,
+        key: PageKey,
         holder: LeaseHolder,
         last: LeaseHolder | None,
         turn: turns.TurnContext | None,
@@ -157,7 +158,7 @@ class ClusterGate:
     def forwarded(self, owner: Owner, *, ok: bool) -> None:
         self.tier.stats.count(n_forwarded=int(ok), n_forward_failed=int(not ok))
 
-    def expect_handoff(self, key: str, asked: asyncio.Future[None]) -> None:
+    def expect_handoff(self, key: PageKey, asked: asyncio.Future[None]) -> None:
         """A hand-off of the mind was asked of its owner: the mind's next turn waits for it."""
         self.tier.stats.count(n_handoffs_asked=1)
         self._handoffs[key] = asked
@@ -169,14 +170,14 @@ class ClusterGate:
 
     # -- the owner's side --------------------------------------------------------------------
 
-    async def hand_off(self, key: str) -> bool:
+    async def hand_off(self, key: PageKey) -> bool:
         """Publish the mind, release its lease, forget it here (the caller holds the mind)."""
         done = await self._run(self.tier.hand_off, key)
         if done:
-            log.info("mind %s handed off", split_key(key)[1])
+            log.info("mind %s handed off", key.name)
         return done
 
-    async def ended(self, key: str) -> None:
+    async def ended(self, key: PageKey) -> None:
         """A slot verb ended the mind here (erase, page_out): the shared tier drops it too, so
         its next turn anywhere starts it fresh. Redis away: it stays there (logged)."""
         try:
@@ -185,7 +186,7 @@ class ClusterGate:
             log.error(
                 "mind %s: ended here, but the shared tier could not drop it (%s): a later "
                 "turn may resume it from there",
-                split_key(key)[1],
+                key.name,
                 err,
             )
 
@@ -196,6 +197,7 @@ class ClusterGate:
     ) -> Completion | EngineError:
         """Write the turn's end (see the module docstring); the event to answer with."""
         key = request.mind
+        assert key is not None
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         tokens = np.concatenate([prompt, np.asarray(completion.tokens, dtype=np.int32)])
         tokens = tokens[: completion.n_tokens_cached]
@@ -216,7 +218,7 @@ class ClusterGate:
 
     def _count_takeover(
         self,
-        key: str,
+        key: PageKey,
         prompt: np.ndarray,
         completion: Completion,
         turn_id: str,
@@ -247,7 +249,7 @@ class ClusterGate:
         log.info(
             "mind %s resumed from %s%s: lease wait %.0f ms, fetch %.0f ms (verify %.0f), "
             "restore %.1f ms, prefill %d tokens in %.0f ms (%d of them known before)",
-            split_key(key)[1],
+            key.name,
             {"tier": "the shared tier", "local": "its copy here", "none": "its prompt"}[
                 resumed.source
             ],

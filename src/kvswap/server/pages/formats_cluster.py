@@ -29,8 +29,9 @@ def _rate(n_bytes: float, seconds: float) -> float:
     return n_bytes / seconds if seconds > 0 else 0.0
 
 
-def pages_json(view: TierView) -> dict[str, Any]:
-    """/pages `shared_tier`: the tier's state as this replica sees it."""
+def pages_json(view: TierView, namespace: str) -> dict[str, Any]:
+    """/pages `shared_tier`: the tier's state as this replica sees it; `held` lists the minds
+    of tenant `namespace` only, by name (as /pages `minds` does)."""
     store, r = view.store, view.resumes
     return {
         **props_json(view),
@@ -65,7 +66,7 @@ def pages_json(view: TierView) -> dict[str, Any]:
         "handoffs": view.writer["n_handoffs"],
         "held": [
             {
-                "key": h.key,
+                "mind": h.key.name,
                 "fence": h.fence,
                 "n_tokens": h.n_tokens,
                 "n_published": h.n_published,
@@ -74,6 +75,7 @@ def pages_json(view: TierView) -> dict[str, Any]:
                 "dirty": h.dirty,
             }
             for h in view.held
+            if h.key.namespace == namespace
         ],
     }
 

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvswap.engine.commands import PageMoved
-from kvswap.engine.kv.pagestore import PageInfo, StoreUsage
-from kvswap.engine.minds.anoncache import KEY_PREFIX as ANON_PREFIX
+from kvswap.engine.kv.pagestore import PageInfo
 from kvswap.engine.minds.registry import MindView
 
 
@@ -18,7 +17,7 @@ def page_moved_json(m: PageMoved, *, page_in: bool) -> dict[str, Any]:
     """page_out / page_in: what moved and how long it took."""
     out: dict[str, Any] = {
         "id_slot": m.slot_id,
-        "page": m.name,
+        "page": m.key.name,
         "n_tokens": m.n_tokens,
         "n_bytes": m.n_bytes,
         "n_bytes_spec": m.n_bytes_spec,
@@ -47,7 +46,7 @@ def spill_json(
 
 def _page_json(p: PageInfo) -> dict[str, Any]:
     return {
-        "name": p.name,
+        "name": p.key.name,
         "generation": p.generation,
         "n_bytes": p.n_bytes,
         "n_tokens": p.n_tokens,
@@ -57,25 +56,14 @@ def _page_json(p: PageInfo) -> dict[str, Any]:
     }
 
 
-def pages_json(usage: StoreUsage, ceiling_bytes: int) -> dict[str, Any]:
-    """Every named page in the store, the generations only running spills still hold, the
-    anonymous prompt cache's pages as one summary (they are the server's, not a client's), and
-    the bytes admitted for no page yet: `n_bytes` is the sum of the lists and `closing_bytes`."""
-    infos = usage.pages
-    cached = [p for p in infos if p.in_store and p.name.startswith(ANON_PREFIX)]
+def pages_json(infos: Sequence[PageInfo], n_bytes: int, ceiling_bytes: int) -> dict[str, Any]:
+    """The caller's pages in the store, and their generations only running spills still hold;
+    the store's totals."""
     return {
-        "n_bytes": usage.charged_bytes,
+        "n_bytes": n_bytes,
         "ceiling_bytes": ceiling_bytes,
-        "pages": [_page_json(p) for p in infos if p.in_store and p not in cached],
+        "pages": [_page_json(p) for p in infos if p.in_store],
         "held_by_spills": [_page_json(p) for p in infos if not p.in_store],
-        "anonymous_cache": {"n_pages": len(cached), "n_bytes": sum(p.n_bytes for p in cached)},
-        "reserved": [
-            {"name": name, "what": "copy under way", "n_bytes": n}
-            if name
-            else {"name": "", "what": "spare switch buffer", "n_bytes": n}
-            for name, n in sorted(usage.reserved_bytes.items())
-        ],
-        "closing_bytes": usage.closing_bytes,
     }
 
 
@@ -83,8 +71,8 @@ def minds_json(views: Sequence[MindView], now_unix_s: float) -> list[dict[str, A
     """Every mind with its live tier (slot, ram, disk), tokens, bytes and last use."""
     return [
         {
-            "mind": v.name,
-            "namespace": v.namespace,
+            "mind": v.key.name,
+            "namespace": v.key.namespace,
             "tier": v.tier,
             "id_slot": v.slot_id,
             "n_tokens": v.n_tokens,

@@ -37,7 +37,6 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from kvswap.engine.minds.registry import split_key
 from kvswap.server.pages.turn import HOP_HEADER, ForwardTurn, Owner, TurnContext, entered
 
 if TYPE_CHECKING:
@@ -152,7 +151,7 @@ class Forwarder:
                 return
             log.warning(
                 "mind %s: its owner %s (%s) did not answer; taking the turn here",
-                split_key(owner.key)[1],
+                owner.key.name,
                 owner.replica_id,
                 owner.url,
             )
@@ -207,7 +206,7 @@ class Forwarder:
         headers = {k: v for k, v in _headers(scope).items() if k in _AUTH_HEADERS}
         headers[HOP_HEADER] = self.replica_id
         url = owner.url + scope.get("root_path", "") + "/cluster/handoff"
-        name = split_key(owner.key)[1]
+        name = owner.key.name
 
         async def ask() -> None:
             try:

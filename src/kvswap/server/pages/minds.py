@@ -1,21 +1,24 @@
 """Minds on the HTTP side: which mind a request names, one request per mind at a time, the disk
 read-back, and the minds view of GET /pages.
 
-- `request_mind(headers, body_mind, keyed)`: the mind key a request names, in its API key's
-  namespace.
+- `request_mind(headers, body_mind, namespace)`: the mind key a request names, in the namespace
+  of the tenant the guard authenticated (`guard.tenant_namespace`).
 - `session(request)`: the per-mind asyncio lock (two requests for one mind run in order); the
-  mind is marked busy so the demoter never drops its RAM page meanwhile; a mind found only on
-  disk is read back on an I/O worker and handed to the engine with the request
-  (`Submit.restore`); the engine seats it (`engine.minds.seating`). The server's `Runner`
-  (`server.streaming`) runs every mind's request inside its session.
-- `views()`: every mind with its live tier, for GET /pages.
+  mind is marked busy so the demoter never drops its RAM page meanwhile, and claimed in the save
+  path (`Demoter.own`, on the I/O executor: a claim is a file, never a descriptor per mind); a
+  mind found only on disk is read back on an I/O worker and handed to the engine with the
+  request (`Submit.restore`); the engine seats it (`engine.minds.seating`). At the end
+  `Demoter.settle` releases what a mind that holds no live state no longer needs. The server's
+  `Runner` (`server.streaming`) runs every mind's request inside its session.
+- `views(namespace)`: the minds of one tenant with their live tier, for GET /pages.
 - In a cluster (`--shared-tier`), the session first makes the mind this replica's for the turn
   (`pages.cluster.ClusterGate.place`: serve, forward to its owner, or take it over and resume
   it from the shared tier, the resumed state handed to the engine as a disk read-back is), and
   `turn_done` writes the turn's end to the shared tier before the answer goes out.
 
 RAM-to-disk movement (the demoter, the disk budget, ownership, the spill before exit) lives in
-`kvswap.tiers.demoter`. Owns the per-mind locks. File reads happen on the I/O executor.
+`kvswap.tiers.demoter`. Owns the per-mind locks, each kept only while a request holds or awaits
+it (so any number of names costs no lock). File I/O happens on the I/O executor.
 """
 
 from __future__ import annotations
@@ -27,33 +30,28 @@ from concurrent.futures import Executor
 from contextlib import asynccontextmanager
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
+from kvswap.core.keys import PageKey, PageKind, mind_key
 from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import Nudge
 from kvswap.engine.kv.slotstate import SlotState
-from kvswap.engine.minds.registry import MindView, is_mind_key, mind_key, namespace_of, split_key
-from kvswap.files import FilesError, Publisher
+from kvswap.engine.minds.registry import MindView
+from kvswap.files import FilesError, Publisher, WrongModelError
 from kvswap.server.pages.cluster import ClusterGate
 from kvswap.tiers.demoter import Demoter
+from kvswap.tiers.mindfiles import file_name
 from kvswap.tiers.slotfiles import ReadState, files_error, read_state
 
 log = logging.getLogger("kvswap.minds")
 
 
-def caller_namespace(headers: Mapping[str, str], keyed: bool) -> str:
-    """The mind namespace of a request: its API key's when the server has keys."""
-    api_key = ""
-    if keyed:
-        raw = headers.get("authorization") or headers.get("x-api-key") or ""
-        api_key = raw.removeprefix("Bearer ")
-    return namespace_of(api_key)
-
-
-def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool) -> str:
-    """The mind key a request names (`"mind"` in the body and/or `X-Mind-Id`), in the namespace
-    of its API key when the server has keys; "" when it names none. The header is read as
-    UTF-8 (HTTP hands its bytes over as Latin-1), so both ways name the same mind; a typed 400
-    when they disagree or the header is not UTF-8."""
+def request_mind(
+    headers: Mapping[str, str], body_mind: str | None, namespace: str
+) -> PageKey | None:
+    """The mind a request names (`"mind"` in the body and/or `X-Mind-Id`), in its tenant's
+    `namespace`; None when it names none. The header is read as UTF-8 (HTTP hands its bytes
+    over as Latin-1), so both ways name the same mind; a typed 400 when they disagree or the
+    header is not UTF-8."""
     header = _header_utf8(headers.get("x-mind-id"))
     if body_mind is not None and header is not None and body_mind != header:
         raise KvswapError(
@@ -63,8 +61,8 @@ def request_mind(headers: Mapping[str, str], body_mind: str | None, keyed: bool)
         )
     name = body_mind if body_mind is not None else header
     if name is None:
-        return ""
-    return mind_key(caller_namespace(headers, keyed), name)
+        return None
+    return mind_key(namespace, name)
 
 
 def _header_utf8(raw: str | None) -> str | None:
@@ -78,13 +76,12 @@ def _header_utf8(raw: str | None) -> str | None:
         ) from err
 
 
-def mind_name(key: str, namespace: str) -> str | None:
+def mind_name(key: PageKey | None, namespace: str) -> str | None:
     """The name of mind `key` as a caller of `namespace` may see it: None for another
     tenant's mind (or no mind)."""
-    if not key:
+    if key is None or key.namespace != namespace:
         return None
-    owner, name = split_key(key)
-    return name if owner == namespace else None
+    return key.name
 
 
 class MindGate:
@@ -105,34 +102,19 @@ class MindGate:
         self.publisher = publisher
         self.io = io
         self.cluster = cluster
-        self._locks: dict[str, asyncio.Lock] = {}
-
-    def exclusive(self, key: str) -> asyncio.Lock:
-        """The mind's lock: holding it, no request of the mind runs (a hand-off takes it)."""
-        return self._locks.setdefault(key, asyncio.Lock())
+        # A lock per mind, with how many requests hold or await it (dropped at 0).
+        self._locks: dict[PageKey, tuple[asyncio.Lock, int]] = {}
 
     @asynccontextmanager
     async def session(self, request: GenerationRequest) -> AsyncIterator[SlotState | None]:
         """Hold the mind for one request; yields the state read from disk, if it must be."""
         key = request.mind
+        assert key is not None
         store = self.store
         if store is None:
             raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
-        async with self.exclusive(key):
-            if not self.demoter.own(key):
-                raise KvswapError(
-                    ErrorKind.UNAVAILABLE,
-                    "this mind is served by another server sharing the save path",
-                )
-            made_with = self.registry.foreign(key)
-            if made_with is not None:
-                # Its state stays in its file for the server that made it: never written over.
-                raise KvswapError(
-                    ErrorKind.INVALID_REQUEST,
-                    f"this mind was spilled by a server running {made_with}, which this server "
-                    "cannot load: its file is kept; serve it from a server with that model and "
-                    "those KV types, or name another mind",
-                )
+        async with self.exclusive(key), self._held(key):
+            # in a cluster: serve here, forward to the owner (ForwardTurn), or take it over
             resumed = await self.cluster.place(key) if self.cluster is not None else None
             on_disk_only = self.registry.begin_use(key, store.has)
             read: ReadState | None = None
@@ -144,7 +126,6 @@ class MindGate:
                         read = await self._read(key)
                     yield read.state if read is not None else None
             finally:
-                self.registry.set_busy(key, False)
                 self.registry.pop_restore_ms(key)  # read by the turn's end, if at all
                 if read is not None or (resumed is not None and resumed.state is not None):
                     await self._after_engine()  # the engine is done with the restored state
@@ -162,6 +143,50 @@ class MindGate:
             return completion
         return await self.cluster.turn_done(request, completion)
 
+    @asynccontextmanager
+    async def exclusive(self, key: PageKey) -> AsyncIterator[None]:
+        """Hold the mind's lock: no other request of the mind runs meanwhile (a session holds
+        it; so does a cluster hand-off). The lock lives while someone holds or awaits it."""
+        lock, n_users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, n_users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, n_users = self._locks[key]
+            if n_users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, n_users - 1)
+
+    @asynccontextmanager
+    async def _held(self, key: PageKey) -> AsyncIterator[None]:
+        """The mind is busy (the demoter keeps its RAM page) and claimed for this server; at
+        the end, what it no longer needs is released (`Demoter.settle`)."""
+        loop = asyncio.get_running_loop()
+        self.registry.set_busy(key, True)  # before the claim: a settle never races it
+        try:
+            if not self.demoter.owns(key) and not await loop.run_in_executor(
+                self.io, self.demoter.own, key
+            ):
+                raise KvswapError(
+                    ErrorKind.UNAVAILABLE,
+                    "this mind is served by another server sharing the save path",
+                )
+            made_with = self.registry.foreign(key)
+            if made_with is not None:
+                # Its state stays in its file for the server that made it: never written over.
+                raise KvswapError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"this mind was spilled by a server running {made_with}, which this server "
+                    "cannot load: its file is kept; serve it from a server with that model and "
+                    "those KV types, or name another mind",
+                )
+            yield
+        finally:
+            self.registry.set_busy(key, False)
+            await asyncio.shield(loop.run_in_executor(self.io, self.demoter.settle, key))
+
     async def _after_engine(self) -> None:
         """Wait until the engine has handled every command posted so far (a seat that applies a
         restored state runs before the next command is read, so its buffers are then free)."""
@@ -178,20 +203,27 @@ class MindGate:
         self.client.post(Nudge(reply))
         await asyncio.shield(done)
 
-    async def _read(self, key: str) -> ReadState:
+    async def _read(self, key: PageKey) -> ReadState | None:
+        """The mind's state read back from disk; None when it was made under KV types (or a
+        model) the server no longer runs: the mind then starts from its prompt (logged)."""
         assert self.publisher is not None
         loop = asyncio.get_running_loop()
         geometry = self.client.snapshot.page_geometry
+        name = file_name(key)
         try:
-            return await loop.run_in_executor(self.io, read_state, self.publisher, key, geometry)
+            return await loop.run_in_executor(self.io, read_state, self.publisher, name, geometry)
+        except WrongModelError as err:
+            log.warning("mind %s: its disk copy cannot be loaded here (%s): re-prefilled", key, err)
+            return None
         except FilesError as err:
             raise files_error(err, "read the mind back") from err
 
-    def disk_bytes(self) -> int:
-        """The bytes of every mind's spilled copy: what `--page-disk-bytes` bounds."""
-        return sum(copy.n_bytes for copy in self.registry.disk_copies().values())
+    def disk_bytes(self, namespace: str) -> int:
+        """The bytes of tenant `namespace`'s spilled minds."""
+        copies = self.registry.disk_copies()
+        return sum(c.n_bytes for k, c in copies.items() if k.namespace == namespace)
 
-    async def forget(self, key: str) -> None:
+    async def forget(self, key: PageKey) -> None:
         """A slot verb ended mind `key` (erase, page_out): its spilled copy goes too, so no
         tier holds it any more (the files are removed on an I/O worker; in a cluster the shared
         tier drops it too)."""
@@ -203,20 +235,23 @@ class MindGate:
         except FilesError as err:
             raise files_error(err, "remove the mind's spilled copy") from err
 
-    def views(self) -> list[MindView]:
-        """Every mind this server serves, with its live tier."""
+    def views(self, namespace: str) -> list[MindView]:
+        """The minds of tenant `namespace`, with their live tier."""
         store = self.store
-        resident = {key: (slot_id, n) for key, slot_id, n in self.client.snapshot.minds}
-        ram = {
-            i.name: (i.n_tokens, i.n_bytes)
-            for i in (store.infos() if store is not None else [])
-            if i.in_store and is_mind_key(i.name)
+        resident = {
+            key: (slot_id, n)
+            for key, slot_id, n in self.client.snapshot.minds
+            if key.namespace == namespace
         }
-        disk = self.registry.disk_copies()
+        ram = {
+            i.key: (i.n_tokens, i.n_bytes)
+            for i in (store.infos() if store is not None else [])
+            if i.in_store and i.key.kind is PageKind.MIND and i.key.namespace == namespace
+        }
+        disk = {k: c for k, c in self.registry.disk_copies().items() if k.namespace == namespace}
         last = self.registry.last_used()
         out = []
         for key in sorted(set(resident) | set(ram) | set(disk)):
-            namespace, name = split_key(key)
             copy = disk.get(key)
             if key in resident:
                 slot_id, n_tokens = resident[key]
@@ -227,8 +262,7 @@ class MindGate:
                 assert copy is not None
                 slot_id, n_tokens, n_bytes, tier = -1, copy.n_tokens, copy.n_bytes, "disk"
             out.append(
-                MindView(key, namespace, name, tier, slot_id, n_tokens, n_bytes,
-                         last.get(key, 0.0), copy is not None,
-                         copy.n_tokens if copy is not None else 0)
+                MindView(key, tier, slot_id, n_tokens, n_bytes, last.get(key, 0.0),
+                         copy is not None, copy.n_tokens if copy is not None else 0)
             )  # fmt: skip
         return out

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
 from kvswap.server.pages.minds import request_mind
 from kvswap.server.requests.schemas import Body, parse_body
@@ -37,7 +38,8 @@ async def handoff(request: Request) -> JSONResponse:
             ErrorKind.NOT_SUPPORTED, "this server is not in a cluster (--shared-tier)"
         )
     body = parse_body(HandoffRequest, await request.body())
-    key = request_mind(request.headers, body.mind, keyed=bool(state.config.http.api_keys))
+    key = request_mind(request.headers, body.mind, tenant_namespace(request.scope))
+    assert key is not None  # the body names it
     async with state.minds.exclusive(key):
         done = await state.cluster.hand_off(key)
     replica = state.cluster.tier.replica_id

@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec
+from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
 from kvswap.engine.plan.geometry import Geometry
+from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
 from kvswap.server.requests.schemas import Body, parse_body
 from kvswap.server.state import get_state
@@ -67,13 +68,21 @@ def geometry_json(g: Geometry, n_ctx_slot: int) -> dict[str, Any]:
     }
 
 
-def receipt_json(r: ReconfigureReceipt) -> dict[str, Any]:
+def fate_json(f: SlotFate, namespace: str) -> dict[str, Any]:
+    """One slot's fate; the page that keeps a mind is named only to that mind's tenant."""
+    out = asdict(f)
+    own = f.page is not None and f.page.namespace == namespace
+    out["page"] = f.page.name if own and f.page is not None else None
+    return out
+
+
+def receipt_json(r: ReconfigureReceipt, namespace: str) -> dict[str, Any]:
     return {
         "old": geometry_json(r.old, 0) | {"n_ctx_slot": None},
         "new": geometry_json(r.new, r.n_ctx_slot),
         "timings": {k: round(v, 3) for k, v in r.timings_ms.items()},
         "n_bytes_moved": r.n_bytes_moved,
-        "slots": [asdict(f) for f in r.slots],
+        "slots": [fate_json(f, namespace) for f in r.slots],
         "rolled_back": r.rolled_back,
         "reason": r.reason,
     }
@@ -82,6 +91,7 @@ def receipt_json(r: ReconfigureReceipt) -> dict[str, Any]:
 @router.post("/reconfigure", openapi_extra=body_schema(ReconfigureBody))
 async def reconfigure(request: Request) -> JSONResponse:
     state = get_state(request)
+    namespace = tenant_namespace(request.scope)
     body = parse_body(ReconfigureBody, await request.body())
     if body.cache_type_k_draft is not None or body.cache_type_v_draft is not None:
         raise KvswapError(
@@ -107,6 +117,6 @@ async def reconfigure(request: Request) -> JSONResponse:
     except KvswapError as err:
         rolled = err.extra.pop("receipt", None)
         if isinstance(rolled, ReconfigureReceipt):
-            err.extra["receipt"] = receipt_json(rolled)
+            err.extra["receipt"] = receipt_json(rolled, namespace)
         raise
-    return JSONResponse(receipt_json(receipt))
+    return JSONResponse(receipt_json(receipt, namespace))

@@ -9,8 +9,15 @@ ignored), so they never wait behind a slot.
 
 `save`, `erase` and `page_out` on a slot holding a mind act on the mind (the answer names it):
 save writes its state, erase and page_out end it (its spilled copy is removed, so no tier holds
-it; after page_out the page is its state). With API keys they are refused, typed and naming no
-mind, when the mind is another key's.
+it; after page_out the page is its state). They are refused, typed and naming no mind, when the
+mind is another key's.
+
+Tenants: a page name is always a client page of the caller's own namespace
+(`core.keys.page_key` with `guard.tenant_namespace`), so no verb can reach another key's pages
+or any page the server made (minds, the anonymous cache), and GET /pages lists only the
+caller's own pages and minds. Minds' files live in a folder no `filename` can name
+(`tiers.mindfiles`), so save, restore and spill cannot reach them either. Slot files themselves
+are one folder for every key, as llama-server's.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
+from kvswap.core.keys import PageKey, PageKind, page_key
 from kvswap.engine.commands import (
     Applied,
     Captured,
@@ -38,13 +46,13 @@ from kvswap.engine.commands import (
     SlotVerb,
 )
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.registry import KEY_PREFIX, is_mind_key
 from kvswap.files import FilesError, Publisher, validate_filename, validate_page_name
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
+from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
 from kvswap.server.pages import formats_cluster
 from kvswap.server.pages.formats_pages import minds_json, page_moved_json, pages_json, spill_json
-from kvswap.server.pages.minds import caller_namespace, mind_name
+from kvswap.server.pages.minds import mind_name
 from kvswap.server.requests.schemas import SlotFileRequest, SpillRequest, parse_body
 from kvswap.server.state import ServerState, get_state
 from kvswap.tiers.slotfiles import files_error, publish_state, read_state
@@ -106,7 +114,7 @@ async def slot_action(
             ErrorKind.INVALID_REQUEST,
             f"Invalid action: {action!r} (one of {', '.join(SLOT_ACTIONS)})",
         )
-    namespace = caller_namespace(request.headers, keyed=bool(state.config.http.api_keys))
+    namespace = tenant_namespace(request.scope)
     if action == "erase":
         erased: Erased = await _verb(
             state, request, lambda rid, reply: SlotErase(rid, id_slot, reply, namespace)
@@ -123,32 +131,27 @@ async def slot_action(
             return await _save(state, publisher, request, id_slot, filename, namespace)
         return await _restore(state, publisher, request, id_slot, filename)
     store = _store(state)
-    name = _name(validate_page_name, page, action)
-    if is_mind_key(name):
-        raise KvswapError(
-            ErrorKind.INVALID_REQUEST,
-            f"page names starting with {KEY_PREFIX!r} belong to minds; name the mind in a request",
-        )
+    key = page_key(namespace, _name(validate_page_name, page, action))
     if action == "page_out":
         moved: PageMoved = await _verb(
-            state, request, lambda rid, reply: PageOut(rid, id_slot, name, reply, namespace)
+            state, request, lambda rid, reply: PageOut(rid, id_slot, key, reply, namespace)
         )
         if moved.mind:
             await state.minds.forget(moved.mind)
         answer = page_moved_json(moved, page_in=False)
         return JSONResponse(_with_mind(answer, moved.mind, namespace))
     if action == "page_in":
-        moved = await _verb(state, request, lambda rid, reply: PageIn(rid, id_slot, name, reply))
+        moved = await _verb(state, request, lambda rid, reply: PageIn(rid, id_slot, key, reply))
         return JSONResponse(page_moved_json(moved, page_in=True))
     if not 0 <= id_slot < len(state.snapshot.slots):
         raise KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID")
     if action == "page_drop":
-        store.drop(name)
-        return JSONResponse({"page": name, "dropped": True})
-    return await _spill(state, store, request, name)
+        store.drop(key)
+        return JSONResponse({"page": key.name, "dropped": True})
+    return await _spill(state, store, request, key)
 
 
-def _with_mind(body: dict[str, Any], key: str, namespace: str) -> dict[str, Any]:
+def _with_mind(body: dict[str, Any], key: PageKey | None, namespace: str) -> dict[str, Any]:
     """A verb's answer, naming the mind it acted on (the caller's own: others are refused)."""
     name = mind_name(key, namespace)
     return {**body, "mind": name} if name is not None else body
@@ -205,34 +208,58 @@ async def _restore(
     )
 
 
-async def _spill(state: ServerState, store: PageStore, request: Request, name: str) -> JSONResponse:
+async def _spill(
+    state: ServerState, store: PageStore, request: Request, key: PageKey
+) -> JSONResponse:
     publisher = _publisher(state)
     body = parse_body(SpillRequest, await request.body())
     filename = _name(validate_filename, body.filename, "spill")
     t0 = time.perf_counter()
-    page = store.hold(name)  # a running spill is an owner: the page stays counted until it ends
+    page = store.hold(key)  # a running spill is an owner: the page stays counted until it ends
 
     def spill() -> tuple[int, bool]:
         receipt = publish_state(publisher, filename, page.buffer, page.layout)
         # `drop` frees this generation only: a page stored under the name meanwhile stays.
-        return receipt.n_bytes, body.drop and store.remove(name, page.generation)
+        return receipt.n_bytes, body.drop and store.remove(key, page.generation)
 
     try:
         n_written, dropped = await _in_worker(state, spill, then=lambda: store.release(page))
     except FilesError as err:
         raise files_error(err, "spill") from err
     ms = (time.perf_counter() - t0) * 1e3
-    return JSONResponse(spill_json(name, filename, page.layout.n_tokens, n_written, dropped, ms))
+    return JSONResponse(
+        spill_json(key.name, filename, page.layout.n_tokens, n_written, dropped, ms)
+    )
 
 
 @router.get("/pages")
 async def pages(request: Request) -> JSONResponse:
+    """The caller's own pages and minds; the store's totals, its prepared spare buffers and
+    the anonymous cache's bytes (so a 503 is explained), nothing of other tenants but a sum."""
     state = get_state(request)
     store = _store(state)
-    body = pages_json(store.usage(), store.ceiling_bytes)
-    body["minds"] = minds_json(state.minds.views(), time.time())
-    body["disk_n_bytes"] = state.minds.disk_bytes()
+    namespace = tenant_namespace(request.scope)
+    usage = store.usage()
+    infos = usage.pages
+    own = [i for i in infos if i.key.kind is PageKind.PAGE and i.key.namespace == namespace]
+    body = pages_json(own, usage.charged_bytes, store.ceiling_bytes)
+    minds = state.minds.views(namespace)
+    body["minds"] = minds_json(minds, time.time())
+    reserved = usage.reserved_bytes
+    spares = [(k, n) for k, n in reserved.items() if k.kind is PageKind.SPARE]
+    body["spares"] = [{"purpose": k.name, "n_bytes": n} for k, n in sorted(spares)]
+    copies = [(k, n) for k, n in reserved.items() if k.kind is not PageKind.SPARE]
+    body["copies_under_way"] = [
+        {"name": k.name, "n_bytes": n} for k, n in sorted(copies) if k.namespace == namespace
+    ]
+    body["closing_bytes"] = usage.closing_bytes + usage.leaked_bytes
+    body["anon_cache_bytes"] = sum(i.n_bytes for i in infos if i.key.kind is PageKind.ANON)
+    shown = sum(i.n_bytes for i in own) + sum(m.n_bytes for m in minds if m.tier == "ram")
+    shown += sum(n for _, n in spares) + body["anon_cache_bytes"] + body["closing_bytes"]
+    shown += sum(c["n_bytes"] for c in body["copies_under_way"])
+    body["other_bytes"] = max(0, usage.charged_bytes - shown)  # other tenants' pages and copies
+    body["disk_n_bytes"] = state.minds.disk_bytes(namespace)
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
     if state.cluster is not None:
-        body["shared_tier"] = formats_cluster.pages_json(await state.cluster.view())
+        body["shared_tier"] = formats_cluster.pages_json(await state.cluster.view(), namespace)
     return JSONResponse(body)

@@ -25,6 +25,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Final
 
+from kvswap.core.keys import PageKey, PageKind
+
 HOP_HEADER: Final = "x-kvswap-hop"
 REQUEST_ID_HEADER: Final = "x-request-id"
 _TURN_ID_MAX = 128
@@ -73,18 +75,21 @@ def entered(turn: TurnContext) -> Iterator[TurnContext]:
 class Owner:
     """The replica a turn is forwarded to: its lease as read when the turn arrived."""
 
-    key: str  # the mind
+    key: PageKey  # the mind
     replica_id: str
     url: str
     token: str  # its lease token: a change means it lost the lease
 
     def encode(self) -> str:
-        return json.dumps([self.key, self.replica_id, self.url, self.token])
+        """As the marker header's value (JSON, ASCII: a name's other characters escaped)."""
+        key = self.key
+        return json.dumps([key.namespace, key.name, self.replica_id, self.url, self.token])
 
     @classmethod
     def decode(cls, text: bytes) -> Owner:
-        key, replica_id, url, token = json.loads(text)
-        return cls(str(key), str(replica_id), str(url), str(token))
+        namespace, name, replica_id, url, token = json.loads(text)
+        key = PageKey(PageKind.MIND, str(namespace), str(name))
+        return cls(key, str(replica_id), str(url), str(token))
 
 
 class ForwardTurn(Exception):

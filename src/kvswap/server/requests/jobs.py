@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import replace
+
+from fastapi import Request
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.types import GenerationRequest
+from kvswap.server.guard import tenant_namespace
 from kvswap.server.openai.formats_oai import OaiMeta, new_completion_id
 from kvswap.server.pages.minds import request_mind
 from kvswap.server.requests.constraints import Constraint, check_constraint, with_constraint
@@ -40,13 +42,14 @@ def generation_requests(
     prompts: list[list[int]],
     constraint: Constraint | None = None,
     *,
-    headers: Mapping[str, str],
+    http: Request,
 ) -> list[GenerationRequest]:
     """The engine requests of a body: one per prompt and completion (`n`), constrained, under
-    the mind it names (`"mind"` or `X-Mind-Id`), if any."""
+    the mind it names (`"mind"` or `X-Mind-Id`, in the caller's tenant namespace), if any.
+    Reads `http`'s headers and scope only (callable off the event loop)."""
     snap = state.snapshot
     n_cmpl = resolve_n_cmpl(body, n_parallel=len(snap.slots))
-    mind = request_mind(headers, body.mind, keyed=bool(state.config.http.api_keys))
+    mind = request_mind(http.headers, body.mind, tenant_namespace(http.scope))
     if mind and n_cmpl * len(prompts) > 1:
         raise KvswapError(
             ErrorKind.INVALID_REQUEST, "a request naming a mind runs one prompt and one completion"

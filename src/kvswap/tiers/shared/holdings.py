@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from kvswap.engine.minds.registry import is_mind_key, split_key
+from kvswap.core.keys import PageKey
 from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import TierUnavailable, translating
 from kvswap.tiers.shared.health import TierHealth
@@ -53,7 +53,7 @@ FENCE_LOG_ENV = "KVSWAP_FENCE_LOG"
 class Held:
     """One mind this replica holds."""
 
-    key: str
+    key: PageKey
     lease: Lease
     tokens: npt.NDArray[np.int32]  # what its KV holds after its last turn here (the token log)
     log_behind: bool = False  # the token log in Redis lags `tokens` (an append failed)
@@ -110,7 +110,7 @@ class Holdings:
         *,
         prefix: str,
         health: TierHealth,
-        busy: Callable[[str], bool],
+        busy: Callable[[PageKey], bool],
         on_lost: Callable[[Held], None],
     ) -> None:
         """`busy(key)`: a turn of the mind runs now; `on_lost(held)` runs for a mind whose
@@ -124,13 +124,13 @@ class Holdings:
         self._on_lost = on_lost
         self._fence_log = FenceLog.from_env(leases.incarnation.replica_id, leases.incarnation.token)
         self._lock = threading.Lock()
-        self._held: dict[str, Held] = {}
+        self._held: dict[PageKey, Held] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- the records -------------------------------------------------------------------------
 
-    def get(self, key: str) -> Held | None:
+    def get(self, key: PageKey) -> Held | None:
         with self._lock:
             return self._held.get(key)
 
@@ -144,12 +144,12 @@ class Holdings:
             for name, value in changes.items():
                 setattr(held, name, value)
 
-    def keys_of(self, key: str) -> MindKeys:
+    def keys_of(self, key: PageKey) -> MindKeys:
         return MindKeys.of(key, self.prefix)
 
     # -- acquiring and giving up -------------------------------------------------------------
 
-    def take(self, key: str) -> Held | LeaseHolder:
+    def take(self, key: PageKey) -> Held | LeaseHolder:
         """Acquire the mind's lease: a new record (or the one held already), or its holder.
         Raises TierUnavailable."""
         held = self.get(key)
@@ -162,7 +162,7 @@ class Holdings:
         with self._lock:
             held = self._held.setdefault(key, held)
         self._log_event("acquire", got, got.t_ms)
-        log.info("mind %s: lease taken (fence %d)", _name(key), got.fence)
+        log.info("mind %s: lease taken (fence %d)", key.name, got.fence)
         return held
 
     def renew(self, held: Held) -> bool:
@@ -186,7 +186,7 @@ class Holdings:
                 if self._held.get(held.key) is held:
                     del self._held[held.key]
         self._log_event("release", held.lease, t_ms)
-        log.info("mind %s: lease released (fence %d)", _name(held.key), held.lease.fence)
+        log.info("mind %s: lease released (fence %d)", held.key.name, held.lease.fence)
 
     def drop(self, held: Held, *, unless_busy: bool = False) -> None:
         """Forget a record whose lease is not ours anymore. With `unless_busy` (the renewal
@@ -200,7 +200,7 @@ class Holdings:
                 return
             del self._held[held.key]
         self._log_event("lost", held.lease)
-        log.warning("mind %s: lease lost (fence %d)", _name(held.key), held.lease.fence)
+        log.warning("mind %s: lease lost (fence %d)", held.key.name, held.lease.fence)
         self._on_lost(held)
 
     def _regain(self, held: Held) -> bool:
@@ -214,7 +214,7 @@ class Holdings:
                 self.update(held, lease=got)
                 log.warning(
                     "mind %s: lease expired while Redis was away; taken again (fence %d)",
-                    _name(held.key),
+                    held.key.name,
                     got.fence,
                 )
                 return True
@@ -281,8 +281,3 @@ class Holdings:
             # a pass over many minds takes its time: the next starts a third of a TTL after
             # this one started, or at once
             interval_s = max(0.0, self.ttl_ms / 3000 - (time.monotonic() - t0))
-
-
-def _name(key: str) -> str:
-    """A mind's name, for log lines."""
-    return split_key(key)[1] if is_mind_key(key) else key

@@ -23,12 +23,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, ForgetMind
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
 from kvswap.engine.kv.restream import RestreamError, find_stream, stream_count
 from kvswap.engine.kv.slotstate import SlotState
 from kvswap.files import FilesError, Publisher
+from kvswap.tiers.mindfiles import file_name
 from kvswap.tiers.slotfiles import read_state
 
 log = logging.getLogger("kvswap.shared")
@@ -60,7 +62,7 @@ class LocalMinds:
         pages: PagesHandle,
         publisher: Publisher | None,
         geometry: Callable[[], PageGeometry],
-        forget_files: Callable[[str], None],
+        forget_files: Callable[[PageKey], None],
     ) -> None:
         self.post = post
         self.forget_files = forget_files
@@ -79,7 +81,7 @@ class LocalMinds:
             raise answer.value
         return answer.value
 
-    def copy(self, key: str) -> PageCopy | None:
+    def copy(self, key: PageKey) -> PageCopy | None:
         """The mind's latest state here, or None (busy in a slot, or held nowhere)."""
         captured = self._ask(lambda a: FlushMinds(a, keys=frozenset({key})), "a copy")
         assert isinstance(captured, list)
@@ -104,12 +106,12 @@ class LocalMinds:
             return self._from_disk(key)
         return None
 
-    def _from_disk(self, key: str) -> PageCopy | None:
+    def _from_disk(self, key: PageKey) -> PageCopy | None:
         assert self.publisher is not None
         try:
-            read = read_state(self.publisher, key, self.geometry())
+            read = read_state(self.publisher, file_name(key), self.geometry())
         except (FilesError, KvswapError) as err:
-            log.warning("mind %s: its disk copy cannot be read to publish it: %s", key, err)
+            log.warning("%s: its disk copy cannot be read to publish it: %s", key, err)
             return None
         try:
             buffer, layout = pack(read.state, self.geometry())
@@ -117,17 +119,17 @@ class LocalMinds:
             read.close()
         return PageCopy(memoryview(buffer), layout, "disk", lambda: None)
 
-    def forget(self, key: str) -> bool:
+    def forget(self, key: PageKey) -> bool:
         """Drop every copy of the mind here; False when its slot is busy (nothing dropped)."""
         if not self._ask(lambda a: ForgetMind(key, a), "a forget"):
             return False
         try:
             self.forget_files(key)
         except FilesError as err:
-            log.error("mind %s: its disk copy could not be removed: %s", key, err)
+            log.error("%s: its disk copy could not be removed: %s", key, err)
         return True
 
-    def has(self, key: str) -> bool:
+    def has(self, key: PageKey) -> bool:
         """Some copy of the mind lives here."""
         store = self.store
         return (

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.config.settings import ClusterSettings
+from kvswap.core.keys import PageKey
 from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Command
 from kvswap.engine.kv.pagefmt import PageGeometry
@@ -47,7 +48,7 @@ log = logging.getLogger("kvswap.shared")
 class HeldView:
     """One mind this replica holds, as /pages shows it."""
 
-    key: str
+    key: PageKey
     fence: int
     n_tokens: int
     n_published: int
@@ -99,7 +100,7 @@ class SharedTier:
         pages: PagesHandle,
         publisher: Publisher | None,
         geometry: Callable[[], PageGeometry],
-        forget_files: Callable[[str], None],
+        forget_files: Callable[[PageKey], None],
     ) -> None:
         """`forget_files`: the demoter's `forget` (a mind's spilled files removed, under its
         spill lock)."""
@@ -167,7 +168,7 @@ class SharedTier:
 
     # -- a turn ------------------------------------------------------------------------------
 
-    def take(self, key: str) -> Held | LeaseHolder:
+    def take(self, key: PageKey) -> Held | LeaseHolder:
         """The mind's lease for a turn: the record when it is ours (renewed, or taken now),
         else who holds it. Raises TierUnavailable when Redis is away and the mind is not held
         here (a held mind keeps serving)."""
@@ -196,21 +197,21 @@ class SharedTier:
     def resume(self, held: Held) -> Resumed:
         return self.resumer.resume(held, self.geometry())
 
-    def end_turn(self, key: str, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
+    def end_turn(self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
         return self.writer.end_turn(key, turn_id, tokens)
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: PageKey) -> None:
         """Drop the local copies of a mind lost during its turn (the turn has ended)."""
         self.local.forget(key)
 
-    def hand_off(self, key: str) -> bool:
+    def hand_off(self, key: PageKey) -> bool:
         return self.writer.hand_off(key)
 
-    def end_mind(self, key: str) -> None:
+    def end_mind(self, key: PageKey) -> None:
         """A slot verb ended the mind here: out of the tier too (TierUnavailable: it stays)."""
         self.writer.end_mind(key)
 
-    def holder(self, key: str) -> LeaseHolder | None:
+    def holder(self, key: PageKey) -> LeaseHolder | None:
         """Who holds the mind's lease now (None: free). Raises TierUnavailable."""
         return self.holdings.leases.holder(self.holdings.keys_of(key))
 

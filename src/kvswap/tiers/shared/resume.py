@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from kvswap.core.keys import PageKey
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.slotstate import SlotState, state_of_page
-from kvswap.engine.minds.registry import split_key
 from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
@@ -137,7 +137,7 @@ class Resumer:
         source = self._fallback(held.key)
         log.warning(
             "mind %s: the shared tier's page is not usable (%s: %s); resuming from %s",
-            split_key(held.key)[1],
+            held.key.name,
             fetched.reason.value,
             fetched.detail,
             "its copy here" if source == "local" else "its prompt (a re-prefill)",
@@ -147,6 +147,6 @@ class Resumer:
         )
         return Resumed(source, tokens_known=tokens, last_turn=last_turn, miss=fetched.reason.value)
 
-    def _fallback(self, key: str) -> str:
+    def _fallback(self, key: PageKey) -> str:
         """Where the turn starts without the tier's page: this replica's copies, or nothing."""
         return "local" if self.local.has(key) else "none"

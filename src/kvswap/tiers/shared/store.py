@@ -34,6 +34,7 @@ from typing import Final
 
 import redis
 
+from kvswap.core.keys import PageKey
 from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.tiers.shared import manifest as mf
 from kvswap.tiers.shared import store_scripts as lua
@@ -47,7 +48,7 @@ from kvswap.tiers.shared.errors import (
     TierUnavailable,
     translating,
 )
-from kvswap.tiers.shared.keys import MindKeys, TierKeys
+from kvswap.tiers.shared.keys import MindKeys, TierKeys, mind_id
 from kvswap.tiers.shared.lease import Lease
 from kvswap.tiers.shared.segments import (
     BlobScatter,
@@ -188,7 +189,7 @@ class SharedStore:
     def publish(
         self,
         lease: Lease,
-        mind_key: str,
+        mind_key: PageKey,
         page: memoryview,
         layout: PageLayout,
         *,
@@ -216,7 +217,7 @@ class SharedStore:
     def _publish_once(
         self,
         lease: Lease,
-        mind_key: str,
+        mind_key: PageKey,
         page: memoryview,
         layout: PageLayout,
         t0: float,
@@ -235,7 +236,7 @@ class SharedStore:
         if self._after_chunks is not None:
             self._after_chunks(gen)
         record = mf.Manifest(
-            mind_key=mind_key,
+            mind_key=mind_id(mind_key),
             gen=gen,
             fence=lease.fence,
             replica_id=lease.holder.replica_id,

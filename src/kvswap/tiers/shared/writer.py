@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.tiers.shared.errors import StaleOwner, TierUnavailable, TokenLogGap
 from kvswap.tiers.shared.health import TierHealth
@@ -117,7 +118,7 @@ class MindWriter:
 
     # -- a turn's end ------------------------------------------------------------------------
 
-    def end_turn(self, key: str, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
+    def end_turn(self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
         """Write the turn's tokens through (and its page, past the RPO bound); a message when
         the turn must fail: its mind was lost to another replica meanwhile."""
         held = self.holdings.get(key)
@@ -245,7 +246,7 @@ class MindWriter:
 
     # -- a mind ended here ---------------------------------------------------------------------
 
-    def end_mind(self, key: str) -> None:
+    def end_mind(self, key: PageKey) -> None:
         """A slot verb ended the mind here (erase, page_out): the tier drops it too (its page
         and token log, fenced) and its lease is released, so no tier holds it and its next
         turn, on any replica, starts it fresh. Raises TierUnavailable (the tier keeps it)."""
@@ -266,7 +267,7 @@ class MindWriter:
 
     # -- handing off and draining ------------------------------------------------------------
 
-    def hand_off(self, key: str) -> bool:
+    def hand_off(self, key: PageKey) -> bool:
         """Publish the mind, release its lease and forget it here (the caller holds the mind:
         no turn runs). False when it is not held here or could not be published."""
         held = self.holdings.get(key)

@@ -1,0 +1,159 @@
+"""Captures waiting for their buffer: a client's page_out and save, and the copy of every idle
+resident mind before exit (`FlushMinds`).
+
+A capture measures its slot and admits the bytes at once (`SlotVerbs.begin_page` or
+`begin_copy`), locks the slot (the step leaves it out and nothing else touches it) and asks the
+buffer worker for a pre-faulted buffer; when the buffer arrives, the copy is the engine thread's
+only work (`finish_page`, `finish_copy`). A flush is a group of copies answered together, once
+the last one is in its buffer.
+
+Owns the captures in flight, and counts the client's page verbs where they end
+(`page_out_total`, `page_failed_total`; the engine's own moves are not page verbs). Engine
+thread only; no file I/O.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey
+from kvswap.engine.commands import Captured, FlushMinds, PageOut, SlotCapture
+from kvswap.engine.kv.buffers import BufferReady, BufferWorker
+from kvswap.engine.kv.verbs import PendingCapture
+from kvswap.engine.runtime import Runtime
+from kvswap.engine.slot import Slot
+
+log = logging.getLogger("kvswap.engine")
+
+Finish = Callable[[PendingCapture, BufferReady], None]
+Fail = Callable[[KvswapError], None]
+
+
+class Captures:
+    """See the module docstring."""
+
+    def __init__(
+        self, runtime: Runtime, buffers: BufferWorker, *, left: Callable[[Slot], PageKey | None]
+    ) -> None:
+        self.runtime = runtime
+        self.buffers = buffers
+        self.left = left  # a page_out ended the slot's mind: the slot holds it no more
+        self._pending: dict[int, tuple[PendingCapture, Fail]] = {}
+        self._ids = itertools.count(1)
+
+    def __bool__(self) -> bool:
+        return bool(self._pending)
+
+    def frozen(self) -> set[int]:
+        """Slots whose capture waits for its buffer (their page layout is fixed)."""
+        return {pending.slot.id for pending, _ in self._pending.values()}
+
+    # -- a client's page_out and save ---------------------------------------------------------
+
+    def start(self, cmd: PageOut | SlotCapture, slot: Slot) -> None:
+        """Admit the capture and ask for its buffer (a refusal is answered at once)."""
+        verbs, counters = self.runtime.verbs, self.runtime.counters
+        try:
+            pending = (
+                verbs.begin_page(slot, cmd.key)
+                if isinstance(cmd, PageOut)
+                else verbs.begin_copy(slot)
+            )
+        except KvswapError as err:
+            counters.page_failed_total += isinstance(cmd, PageOut)
+            cmd.reply(err)
+            return
+
+        def finish(pending: PendingCapture, ready: BufferReady) -> None:
+            buffer = ready.buffer
+            if buffer is None:
+                fail(KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the copy: {ready.error}"))
+                return
+            try:
+                slot = pending.slot
+                if isinstance(cmd, PageOut):
+                    moved = verbs.finish_page(pending, buffer)
+                    cmd.reply(replace(moved, mind=self.left(slot)))  # the mind is the page
+                    counters.page_out_total += 1
+                else:
+                    cmd.reply(replace(verbs.finish_copy(pending, buffer), mind=slot.mind))
+            except KvswapError as err:
+                counters.page_failed_total += isinstance(cmd, PageOut)
+                cmd.reply(err)
+                return
+            pending.slot.t_last_used = time.monotonic()
+
+        def fail(err: KvswapError) -> None:
+            verbs.abandon(pending)
+            counters.page_failed_total += isinstance(cmd, PageOut)
+            cmd.reply(err)
+
+        self._ask(pending, finish, fail)
+
+    # -- the copy of every resident mind before exit ------------------------------------------
+
+    def flush(self, cmd: FlushMinds, slots: list[Slot]) -> None:
+        """Copy each slot's mind out (the slots keep their state); reply with every copy made
+        once the last buffer has arrived (a copy that fails is logged and left out)."""
+        out: list[tuple[PageKey, Captured]] = []
+        left = len(slots)
+        if not left:
+            cmd.reply(out)
+            return
+        verbs = self.runtime.verbs
+
+        def one_done() -> None:
+            nonlocal left
+            left -= 1
+            if left == 0:
+                cmd.reply(out)
+
+        for slot in slots:
+            mind = slot.mind
+            assert mind is not None
+
+            def finish(pending: PendingCapture, ready: BufferReady, mind: PageKey = mind) -> None:
+                try:
+                    if ready.buffer is None:
+                        raise KvswapError(ErrorKind.UNAVAILABLE, ready.error)
+                    out.append((mind, verbs.finish_copy(pending, ready.buffer)))
+                except KvswapError as err:
+                    log.error("mind %s could not be copied out: %s", mind, err.message)
+                one_done()
+
+            def fail(err: KvswapError, mind: PageKey = mind) -> None:
+                log.error("mind %s could not be copied out: %s", mind, err.message)
+                one_done()
+
+            self._ask(verbs.begin_copy(slot), finish, fail)
+
+    # -- the buffer -----------------------------------------------------------------------------
+
+    def _ask(self, pending: PendingCapture, finish: Finish, fail: Fail) -> None:
+        cid = next(self._ids)
+        self._pending[cid] = (pending, fail)
+        pending.slot.locked = True
+
+        def arrived(ready: BufferReady) -> None:
+            entry = self._pending.pop(cid, None)
+            if entry is None:  # failed meanwhile (the engine is stopping)
+                if ready.buffer is not None:
+                    ready.buffer.close()
+                return
+            pending.slot.locked = False
+            finish(pending, ready)
+
+        self.buffers.allocate(pending.layout.n_bytes, arrived)
+
+    def fail_all(self, kind: ErrorKind, message: str) -> None:
+        """The engine stops: every capture in flight fails (its bytes given back)."""
+        pending_all = list(self._pending.values())
+        self._pending.clear()
+        for pending, fail in pending_all:
+            pending.slot.locked = False
+            fail(KvswapError(kind, message))

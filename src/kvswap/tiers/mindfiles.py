@@ -1,0 +1,95 @@
+"""Minds on disk: their own folder of the save path, their file names, and the one-time move of
+the minds an earlier version kept among the slot files.
+
+Every mind's generations live in `<save>/.kvswap-minds/` (published crash-safely by a
+`Publisher` of their own), named `<namespace>~<the mind's name in hex>`. A request's `filename`
+(save, restore, spill) can never name that folder or anything in it: slot file names have no
+`/` and may not start with `.kvswap` (`files.names`), so no request reaches a mind's files, by
+construction; and a restart lists exactly the minds, nothing a client saved.
+
+Earlier versions kept a mind among the slot files as `mind~<namespace>~<hex>`, where a client's
+`save` could overwrite it. `migrate` moves each such generation once into the minds' folder
+(read and verified, published there, then removed), and logs what it moved.
+
+Worker threads only (the loader's, at start): never the engine thread or the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Final
+
+from kvswap.core.keys import PageKey, PageKind
+from kvswap.files import FilesError, OsAdapter, Publisher, sidecar
+from kvswap.files.seqfile import file_parts
+
+log = logging.getLogger("kvswap.minds")
+
+MINDS_DIR: Final = ".kvswap-minds"
+_OLD_PREFIX: Final = "mind~"
+
+
+def file_name(key: PageKey) -> str:
+    """The file of mind `key` in the minds' folder."""
+    assert key.kind is PageKind.MIND
+    return f"{key.namespace}~{key.name.encode('utf-8').hex()}"
+
+
+def key_of(name: str) -> PageKey | None:
+    """The mind a file of the minds' folder holds; None for any other name."""
+    namespace, sep, hex_name = name.partition("~")
+    if not sep or not namespace:
+        return None
+    try:
+        return PageKey(PageKind.MIND, namespace, bytes.fromhex(hex_name).decode("utf-8"))
+    except ValueError:
+        return None
+
+
+def open_minds(save_dir: Path, seam: OsAdapter | None = None) -> Publisher:
+    """The publisher of the minds' folder (created on first use); `seam`: the crash tests'."""
+    folder = save_dir / MINDS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return Publisher(folder, seam)
+
+
+def migrate(slot_files: Publisher, minds: Publisher) -> int:
+    """Move every mind an earlier version left among the slot files into the minds' folder;
+    the number moved. A generation that cannot be read stays where it is (logged)."""
+    n_moved = 0
+    for info in slot_files.list_generations():
+        if not info.name.startswith(_OLD_PREFIX):
+            continue
+        new_name = info.name[len(_OLD_PREFIX) :]
+        if key_of(new_name) is None:
+            continue
+        try:
+            _copy(slot_files, minds, info.name, new_name, info.fingerprint)
+            slot_files.remove(info.name)
+        except FilesError as err:
+            log.error("mind file %s could not be moved into %s: %s", info.name, MINDS_DIR, err)
+            continue
+        n_moved += 1
+    if n_moved:
+        log.warning(
+            "moved %d mind(s) from their old names among the slot files into %s (once: slot "
+            "files no longer share a folder with minds)",
+            n_moved,
+            MINDS_DIR,
+        )
+    return n_moved
+
+
+def _copy(src: Publisher, dst: Publisher, name: str, new_name: str, fingerprint: str) -> None:
+    """Publish generation `name` of `src` as `new_name` of `dst`, byte for byte (a sidecar
+    that does not verify is left out: that part restores cold, as it would have)."""
+    with src.read_generation(name, fingerprint) as gen:
+        files: dict[str, Any] = {"": file_parts(gen.tokens, gen.state)}
+        for suffix, read in gen.sidecars.items():
+            if read.status == "ok" and read.sidecar is not None:
+                files[suffix] = sidecar.encode(suffix, read.sidecar.header, read.sidecar.sections)
+        try:
+            dst.publish(new_name, files, fingerprint)
+        finally:
+            del files
