@@ -68,6 +68,8 @@ def setup_logging(config: ServerConfig) -> None:
         force=True,
     )
     route_libllama_logs(logging.DEBUG if config.log.verbose else logging.WARNING)
+    # the cluster's HTTP client (turns forwarded to other replicas) logs every request at INFO
+    logging.getLogger("httpx").setLevel(logging.DEBUG if config.log.verbose else logging.WARNING)
 
 
 def main(argv: Sequence[str]) -> int:

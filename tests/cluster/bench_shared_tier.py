@@ -22,10 +22,11 @@ from pathlib import Path
 
 import redis
 
-from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES as CHUNK
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import Fetched, SharedStore
+from kvswap.core.keys import mind_key
+from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES as CHUNK
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.store import Fetched, SharedStore
 from tests.cluster.util import RedisServer, incarnation, synthetic_page
 
 
@@ -59,7 +60,7 @@ def throughput(server: RedisServer, n_mib: int) -> None:
             raw_w, raw_r = raw(client, page)
             raw_writes.append(raw_w)
             raw_reads.append(raw_r)
-            name = f"mind~bench~{n_conn:02x}{rep:02x}"
+            name = mind_key("bench", f"{n_conn:02x}{rep:02x}")
             got = Leases(client, incarnation("bench")).acquire(MindKeys.of(name))
             assert isinstance(got, Lease)
             t0 = time.perf_counter()
@@ -100,7 +101,7 @@ def delta(server: RedisServer) -> None:
     print(f"SmolLM2-135M: 4096-token prefill {time.perf_counter() - t0:.0f} s")
     client = server.client()
     store = SharedStore(client, replica_id="bench")
-    name = "mind~bench~64656c7461"
+    name = mind_key("bench", "delta")
     lease = Leases(client, incarnation("bench"), ttl_ms=600_000).acquire(MindKeys.of(name))
     assert isinstance(lease, Lease)
     receipt = store.publish(lease, name, *capture(ctx, tokens[:4096], geometry))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from kvswap.cluster.shared_store import SharedStore
+from kvswap.tiers.shared.store import SharedStore
 from tests.cluster.util import RedisServer
 
 

@@ -11,12 +11,13 @@ import sys
 
 import redis
 
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import SharedStore
+from kvswap.core.keys import mind_key
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.store import SharedStore
 from tests.cluster.util import incarnation, synthetic_page
 
-MIND_KEY = "mind~public~746f726e"
+MIND_KEY = mind_key("public", "torn")
 N_TOKENS, TARGET_BYTES, CHUNK_BYTES = 1000, 600_000, 65536
 
 

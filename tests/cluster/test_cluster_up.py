@@ -1,7 +1,8 @@
 """`kvswap cluster up`: redis-server, HAProxy and two real `kvswap serve` replicas on a tiny
-model come up healthy; a chat turn through HAProxy (the OpenAI client sending X-Mind-Id)
-names its replica, and the mind's next turn lands on the same replica and reuses its cache;
-SIGTERM stops every process."""
+model come up healthy, each joined to the shared tier (`--shared-tier`, `--replica-id`,
+`--advertise-url`: /props says so); a chat turn through HAProxy (the OpenAI client sending
+X-Mind-Id) names its replica, and the mind's next turn lands on the same replica and reuses its
+cache; SIGTERM stops every process."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import openai
 import psutil
 import pytest
 
 from kvswap.cluster.haproxy import REPLICA_HEADER
 from kvswap.cluster.procs import free_port
-from kvswap.cluster.up import shared_tier_supported
 from kvswap.tiny import tiny_model_path
 from tests.cluster.util import wait_until
 
@@ -57,7 +58,12 @@ def test_cluster_up_serves_through_haproxy_and_stops_on_sigterm(tmp_path: Path) 
         for r in info["replicas"]:
             cmdline = psutil.Process(r["pid"]).cmdline()
             assert cmdline[cmdline.index("--slot-save-path") + 1] == r["slots"]
-            assert ("--shared-tier" in cmdline) == shared_tier_supported()
+            assert cmdline[cmdline.index("--shared-tier") + 1] == info["redis"]["url"]
+            assert cmdline[cmdline.index("--replica-id") + 1] == r["id"]
+            assert cmdline[cmdline.index("--advertise-url") + 1] == r["url"]
+            cluster = httpx.get(f"{r['url']}/props", timeout=30).json()["cluster"]
+            assert (cluster["replica_id"], cluster["advertise_url"]) == (r["id"], r["url"])
+            assert cluster["shared_tier"] == info["redis"]["url"]
 
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1",

@@ -70,6 +70,10 @@ def test_compose_keeps_the_cluster_rules() -> None:
         s = services[r]
         assert "/health" in " ".join(s["healthcheck"]["test"])
         assert s["stop_grace_period"] and s["hostname"] == r
+        env = s["environment"]  # each replica joins the tier under its HAProxy server name
+        assert env["KVSWAP_ARG_SHARED_TIER"] == "redis://redis:6379/0"
+        assert env["KVSWAP_ARG_REPLICA_ID"] == r
+        assert env["KVSWAP_ARG_ADVERTISE_URL"] == f"http://{r}:8080"
     redis = " ".join(services["redis"]["command"])
     assert "--maxmemory-policy noeviction" in redis and "--appendonly yes" in redis
     assert (
@@ -90,6 +94,12 @@ def test_kubernetes_keeps_the_cluster_rules() -> None:
     assert pod["terminationGracePeriodSeconds"] >= 60
     container = pod["containers"][0]
     assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["KVSWAP_ARG_SHARED_TIER"] == "redis://redis:6379/0"
+    assert env["KVSWAP_ARG_REPLICA_ID"] == "$(POD_NAME)"  # the server names of haproxy.yaml
+    assert env["KVSWAP_ARG_ADVERTISE_URL"] == (
+        "http://$(POD_NAME).kvswap.$(POD_NAMESPACE).svc.cluster.local:8080"
+    )
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     assert kvswap["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
     redis = next(d for d in _k8s("redis.yaml") if d["kind"] == "StatefulSet")

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import redis
 
-from kvswap.cluster.errors import StaleOwner
-from kvswap.cluster.lease import Lease, LeaseHolder, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.token_log import TokenLog
+from kvswap.core.keys import mind_key
+from kvswap.tiers.shared.errors import StaleOwner
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, LeaseHolder, Leases
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.util import incarnation, wait_lease_free
 
 pytestmark = pytest.mark.timeout(120)
-MIND = MindKeys.of("mind~public~616c696365")
+MIND = MindKeys.of(mind_key("public", "alice"))
 
 
 def test_one_holder_and_a_new_fence_per_acquisition(rclient: redis.Redis) -> None:

@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 import redis
 
-from kvswap.cluster.kvstate import split_kv_state
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import Fetched, SharedStore
+from kvswap.core.keys import mind_key
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.kvstate import split_kv_state
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.store import Fetched, SharedStore
 from kvswap.tiny import tiny_model_path
 from kvswap.tiny.presets import realistic_kv_params
 from tests.cluster.states import capture, context, decode, next_logits, prompt
 from tests.cluster.util import incarnation
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
-MIND_KEY = "mind~public~67726f77"
+MIND_KEY = mind_key("public", "grow")
 MIND = MindKeys.of(MIND_KEY)
 GEOMETRY = PageGeometry("sha256:smollm2", "f16", "f16", 1, 1024)
 

@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 import redis
 
-from kvswap.cluster.errors import Miss, MissReason, StaleOwner, TierUnavailable
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.shared_store import Fetched, SharedStore
-from kvswap.cluster.token_log import TokenLog
+from kvswap.core.keys import mind_key
+from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.store import Fetched, SharedStore
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster import publish_child
 from tests.cluster.util import RedisServer, incarnation, synthetic_page, wait_lease_free
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
-MIND_KEY = "mind~public~616c696365"
+MIND_KEY = mind_key("public", "alice")
 MIND = MindKeys.of(MIND_KEY)
 Store = Callable[..., SharedStore]
 
@@ -193,7 +194,7 @@ def test_budget_degrades_the_least_recently_used_to_tokens_only(
 ) -> None:
     page_bytes = synthetic_page(100, 200_000)[1].n_bytes
     store = make_store(budget_bytes=int(2.5 * page_bytes), chunk_bytes=65536)
-    names = ["mind~public~01", "mind~public~02", "mind~public~03"]
+    names = [mind_key("public", f"m{n}") for n in (1, 2, 3)]
     keys = [MindKeys.of(n) for n in names]
     leases = [_lease(rclient, k) for k in keys]
     log = TokenLog(rclient)

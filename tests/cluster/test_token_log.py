@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import redis
 
-from kvswap.cluster.errors import TokenLogGap
-from kvswap.cluster.lease import Lease, Leases
-from kvswap.cluster.shared_keys import MindKeys
-from kvswap.cluster.token_log import TokenLog
+from kvswap.core.keys import mind_key
+from kvswap.tiers.shared.errors import TokenLogGap
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease, Leases
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.util import incarnation
 
 pytestmark = pytest.mark.timeout(60)
-MIND = MindKeys.of("mind~public~6c6f67")
+MIND = MindKeys.of(mind_key("public", "log"))
 
 
 def test_token_log_applies_a_replayed_turn_once(rclient: redis.Redis) -> None:

@@ -10,28 +10,35 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from kvswap.cluster.connection import connect
-from kvswap.cluster.lease import Incarnation, Leases
 from kvswap.cluster.procs import ManagedProcess, free_port, start_redis
-from kvswap.cluster.shared_keys import MindKeys
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+from kvswap.tiers.shared.connection import connect
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Incarnation, Leases
 
 GEOMETRY = PageGeometry("sha256:test-model", "f16", "f16", 1, 4096)
 
 
 @dataclass
 class RedisServer:
-    """A redis-server process on a free loopback port, as the shared tier runs it."""
+    """A redis-server process on a free loopback port, as the shared tier runs it (with an
+    append-only file when `persistent`: a restart keeps its data)."""
 
     port: int
     data_dir: Path
     proc: ManagedProcess
+    persistent: bool = False
 
     @classmethod
-    def start(cls, data_dir: Path) -> RedisServer:
+    def start(cls, data_dir: Path, persistent: bool = False) -> RedisServer:
         port = free_port()
-        proc = start_redis(port, data_dir, data_dir / "redis.log", persistent=False)
-        return cls(port, data_dir, proc)
+        proc = start_redis(port, data_dir, data_dir / "redis.log", persistent=persistent)
+        return cls(port, data_dir, proc, persistent)
+
+    def restart(self) -> None:
+        """Start it again on its port and data (after `stop`)."""
+        log = self.data_dir / "redis.log"
+        self.proc = start_redis(self.port, self.data_dir, log, persistent=self.persistent)
 
     @property
     def url(self) -> str:

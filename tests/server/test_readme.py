@@ -3,9 +3,9 @@
 The README's `sh` blocks are read in order and each line is run with bash in a new folder that
 holds only `.venv` (a fresh clone's, as `scripts/setup.sh` made it): a `kvswap serve` line starts
 a server (on a free port instead of 8080, which the `curl` lines after it are pointed at) and
-waits for /health; every other line must exit 0, and an answer must not be an error. The two
-lines CI runs itself are not run here: `scripts/setup.sh` (CI ran it first) and
-`scripts/test.sh` (the suite this test belongs to).
+waits for /health, as a `kvswap cluster up` line does on its HAProxy port; every other line must
+exit 0, and an answer must not be an error. The two lines CI runs itself are not run here:
+`scripts/setup.sh` (CI ran it first) and `scripts/test.sh` (the suite this test belongs to).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Shell:
             line = line.removeprefix(SETUP)
         if line == SUITE:
             return
-        if re.search(r"kvswap serve(?!.*--help)", line):
+        if re.search(r"kvswap (serve|cluster up)(?!.*--help)", line):
             self.serve(line)
             return
         line = line.replace("localhost:8080", f"localhost:{self.port}")
@@ -69,8 +69,13 @@ class Shell:
     def serve(self, line: str) -> None:
         self.stop()
         self.port = free_port()
+        # `kvswap cluster up --port 8080`: HAProxy's port moves (its replicas take the next ones)
+        if "--port 8080" in line:
+            line = line.replace("--port 8080", f"--port {self.port}")
+        else:
+            line = f"{line} --port {self.port}"
         self.server = subprocess.Popen(
-            ["bash", "-c", f"{line} --port {self.port}"],
+            ["bash", "-c", line],
             cwd=self.cwd,
             stdout=open(self.cwd / f"server-{self.port}.log", "wb"),  # noqa: SIM115
             stderr=subprocess.STDOUT,

@@ -10,8 +10,10 @@ import struct
 import numpy as np
 import pytest
 
-from kvswap.cluster.kvstate import split_kv_state
-from kvswap.cluster.segments import (
+from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+from kvswap.files.seqfile import STATE_MAGIC
+from kvswap.tiers.shared.kvstate import split_kv_state
+from kvswap.tiers.shared.segments import (
     BlobScatter,
     GenerationWrite,
     PagePlan,
@@ -19,8 +21,6 @@ from kvswap.cluster.segments import (
     split_page,
     write_literals,
 )
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
-from kvswap.files.seqfile import STATE_MAGIC
 
 N_LAYER, K_ROW, V_EMBD, EL = 3, 24, 6, 2
 MAX_CELLS = 600

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvswap.config import MachineInfo, parse_serve_args
+from kvswap.config import MachineInfo, parse_serve_args, table_cluster
 from kvswap.config.argspec import Group, Kind
 from kvswap.config.flags import all_flags
 
@@ -49,8 +49,18 @@ SAMPLES = {
     "--page-disk-bytes": "1M",
     "--max-body-bytes": "1M",
     "-sps": "0.5",
+    "--shared-tier": "redis://127.0.0.1:6379/0",
+    "--replica-id": "r1",
+    "--advertise-url": "http://127.0.0.1:8081",
+    "--shared-tier-bytes": "1G",
+    "--shared-tier-lease-ms": "2000",
     "--chat-template-kwargs": '{"enable_thinking": false}',
 }
+# A cluster flag means something only in a cluster: the flags it is given with.
+IN_CLUSTER = [
+    "--shared-tier", "redis://127.0.0.1:6379/0", "--replica-id", "r1",
+    "--advertise-url", "http://127.0.0.1:8081",
+]  # fmt: skip
 NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file", "--path"}
 NEEDS_DIR = {"--slot-save-path", "--path"}
 # --spec-default asks for ngram-mod, which kvswap refuses; a TLS file alone needs its pair.
@@ -94,16 +104,18 @@ def _sample(primary: str, tmp_path: Path) -> str:
 
 
 def test_every_spelling_of_every_implemented_flag_applies(tmp_path: Path) -> None:
+    cluster = {f.primary for f in table_cluster.FLAGS}
     for f in all_flags():
         if f.apply is None or f.primary in FAILS_BY_DESIGN:
             continue
+        context = IN_CLUSTER if f.primary in cluster else []
         for name in (*f.names, *f.neg):
             value = [_sample(f.primary, tmp_path)] if f.kind is Kind.VALUE else []
-            cfg = parse_serve_args([name, *value], {}, machine=HOST)
+            cfg = parse_serve_args([*context, name, *value], {}, machine=HOST)
             assert cfg.ignored_flags == (), name
             if f.env:
                 env_value = "1" if f.kind is not Kind.VALUE else value[0]
-                parse_serve_args([], {f.env: env_value}, machine=HOST)
+                parse_serve_args(context, {f.env: env_value}, machine=HOST)
 
 
 def test_every_ignored_flag_is_consumed_and_listed() -> None:

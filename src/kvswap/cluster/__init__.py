@@ -1,8 +1,6 @@
-"""kvswap cluster: replicas behind HAProxy and a shared Redis tier (CLUSTER-RESEARCH.md).
+"""kvswap cluster: the tooling above the server for replicas behind HAProxy.
 
-Building blocks, each its own module: the HAProxy config (`haproxy`), the Redis key layout
-(`shared_keys`), per-mind leases with fences (`lease`), the shared page store with delta
-segments and its byte budget (`shared_store`, `segments`, `kvstate`, `manifest`, `chunks`,
-`budget`), the local processes (`procs`) and `kvswap cluster up` (`up`). No module here imports
-libllama or the engine; the server wires them into its request path.
+The HAProxy config and its runtime API (`haproxy`), the local processes (`procs`),
+`kvswap cluster up` (`up`) and the `kvswap cluster` command line (`cli`). The shared Redis tier
+the replicas use lives below the server, in `kvswap.tiers.shared`.
 """

@@ -10,7 +10,8 @@ its replica id (not from its position in the list), so reordering the list, or r
 HAProxies on the same list, gives the same ring. Health: `GET /health` (kvswap answers 503
 while loading). Retries only when the connection failed (a request that reached a replica is
 never replayed). Generation streams get 15-minute timeouts. Each answer carries
-`X-Kvswap-Replica: <replica id>`. The runtime API socket (admin level) drains a replica:
+`X-Kvswap-Replica: <replica id>`: the replica's own header when it sets one (kvswap does, naming
+the owner of a forwarded turn), else the server's name. The runtime API socket (admin level) drains a replica:
 `set server replicas/<id> state drain`.
 
 `--dns` mode (compose, Kubernetes) names replicas by host name, resolved at run time from
@@ -159,7 +160,8 @@ backend {BACKEND}
     hash-type consistent sdbm avalanche
     option httpchk GET /health
     http-check expect status 200
-    http-response set-header {REPLICA_HEADER} %[srv_name]
+    # a replica names itself (the owner, on a turn it was forwarded); else its server name
+    http-response set-header {REPLICA_HEADER} %[srv_name] unless {{ res.hdr({REPLICA_HEADER.lower()}) -m found }}
     default-server check inter {cfg.check_inter_ms}ms fall 2 rise 2 weight 100 on-marked-down shutdown-sessions{dns}
 {servers}
 """

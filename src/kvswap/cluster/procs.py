@@ -2,7 +2,10 @@
 
 `ManagedProcess` starts a program in its own session (a Ctrl-C in the terminal reaches only
 `kvswap cluster up`, which then stops its children in order), with its output in a log file, and
-stops it with SIGTERM, then SIGKILL after a grace period. `wait_for` polls a condition with a
+stops it with SIGTERM, then SIGKILL after a grace period. A child gets SIGTERM when the process
+that started it dies (`PR_SET_PDEATHSIG`): a `cluster up` killed with SIGKILL leaves no
+replica, Redis or HAProxy behind. (The signal follows the *thread* that started the child:
+start children from a thread that lives as long as they should.) `wait_for` polls a condition with a
 deadline and fails early, with the log's tail, when the process exits. Used by `cluster up` and
 by the tests' fixtures.
 
@@ -12,6 +15,7 @@ client logic beyond readiness probes.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -25,6 +29,7 @@ from typing import Final
 import redis
 
 POLL_S: Final = 0.05
+_PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 
 
 class ProcessError(RuntimeError):
@@ -73,6 +78,11 @@ class ManagedProcess:
         self.argv = list(argv)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
+
+        def die_with_parent() -> None:  # in the child, before exec
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.argv,
@@ -82,6 +92,7 @@ class ManagedProcess:
                 env={**os.environ, **(env or {})},
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     @property

@@ -8,8 +8,12 @@ then runs until SIGTERM or Ctrl-C, or until a child dies, and stops the children
 HAProxy first (no new requests), the replicas (each finishes its own SIGTERM shutdown), Redis
 last (replicas may still write to it while they stop). Logs: DIR/logs/<name>.log.
 
-Owns the plan (`ClusterPlan`), the replicas' command lines (`replica_argv`: the one place
-that adds the shared-tier flags once `kvswap serve` accepts them) and the supervision loop.
+Every replica joins the cluster through its shared tier: `--shared-tier` (the Redis started
+here), `--replica-id` (r1..rN, its HAProxy server name) and `--advertise-url` (its loopback
+URL), so a mind survives its replica.
+
+Owns the plan (`ClusterPlan`), the replicas' command lines (`replica_argv`: the one place that
+adds the cluster's flags) and the supervision loop.
 """
 
 from __future__ import annotations
@@ -87,12 +91,6 @@ def _names_of(flag_names: Sequence[str]) -> set[str]:
     return out
 
 
-def shared_tier_supported() -> bool:
-    """Whether this kvswap's `serve` implements the shared-tier flags."""
-    implemented = {n for f in all_flags() if f.apply is not None for n in f.names}
-    return all(flag in implemented for flag in SHARED_TIER_FLAGS)
-
-
 def make_plan(
     n_replicas: int,
     port: int,
@@ -134,17 +132,13 @@ def make_plan(
 
 def replica_argv(plan: ClusterPlan, replica: ReplicaPlan) -> list[str]:
     """`kvswap serve` for one replica: the user's flags, then what the cluster sets."""
-    argv = [
+    return [
         sys.executable, "-m", "kvswap", "serve", *plan.serve_flags,
         "--host", HOST, "--port", str(replica.port), "--slot-save-path", str(replica.slots_dir),
+        "--shared-tier", plan.redis_url,
+        "--replica-id", replica.replica_id,
+        "--advertise-url", replica.url,
     ]  # fmt: skip
-    if shared_tier_supported():
-        argv += [
-            "--shared-tier", plan.redis_url,
-            "--replica-id", replica.replica_id,
-            "--advertise-url", replica.url,
-        ]  # fmt: skip
-    return argv
 
 
 def haproxy_config(plan: ClusterPlan) -> haproxy.HaproxyConfig:
@@ -157,7 +151,8 @@ def haproxy_config(plan: ClusterPlan) -> haproxy.HaproxyConfig:
     )
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """The kvswap server at `url` answers /health with 200."""
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
             return bool(r.status == 200)
@@ -198,7 +193,7 @@ class Cluster:
         self.haproxy = start_haproxy(config_path, logs / "haproxy.log")
         t0 = time.monotonic()
         for r, proc in zip(plan.replicas, self.replicas, strict=True):
-            proc.wait_for(functools.partial(_healthy, r.url), ready_timeout_s, "healthy")
+            proc.wait_for(functools.partial(healthy, r.url), ready_timeout_s, "healthy")
             print(
                 f"cluster: {r.replica_id} {r.url} healthy after {time.monotonic() - t0:.1f} s",
                 flush=True,
@@ -290,8 +285,4 @@ def _print_ready(cluster: Cluster) -> None:
         f"  state     {plan.state_dir} (cluster.json, logs/)",
         "  stop      Ctrl-C, or kill -TERM this process",
     ]
-    if not shared_tier_supported():
-        lines.append(
-            "  note      this kvswap has no shared tier yet: each replica keeps its own minds"
-        )
     print("\n".join(lines), flush=True)

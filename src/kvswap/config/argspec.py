@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvswap.config.settings import (
+    ClusterSettings,
     ContextSettings,
     HttpSettings,
     LogSettings,
@@ -58,6 +59,7 @@ class Builder:
     paging: PagingSettings
     spec: SpecSettings
     log: LogSettings
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     # Raw thread flags by primary name (-t, -tb, -td, -tbd), resolved in flags.py.
     threads: dict[str, int] = field(default_factory=dict)
     # (speculative type, the flag or env var that asked for it), in order.

@@ -27,6 +27,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 
 from kvswap.config import (
+    table_cluster,
     table_cors,
     table_ignored,
     table_model,
@@ -84,6 +85,7 @@ def all_flags() -> tuple[Flag, ...]:
         table_model.PARALLEL,
         *table_sampling.FLAGS,
         *table_serving.FLAGS,
+        *table_cluster.FLAGS,
         *table_cors.FLAGS,
         *table_router.FLAGS,
         *table_spec.FLAGS,
@@ -274,6 +276,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
             f"{given} needs its pair: HTTPS takes both --ssl-key-file and --ssl-cert-file "
             "(kvswap never serves plain HTTP where TLS was asked for)"
         )
+    table_cluster.check(b)
     return ServerConfig(
         model=b.model,
         context=b.context,
@@ -282,6 +285,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
         paging=b.paging,
         spec=b.spec,
         log=b.log,
+        cluster=b.cluster,
         ignored_flags=tuple(ignored),
     )
 

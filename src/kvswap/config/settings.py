@@ -326,6 +326,31 @@ class SpecSettings:
 
 
 @dataclass(frozen=True)
+class ClusterSettings:
+    """The shared Redis tier and this replica's name in a cluster (kvswap-only; the shared
+    tier's slice). `shared_tier` None: no cluster, every other field unused."""
+
+    # --shared-tier (KVSWAP_ARG_SHARED_TIER): redis://[user:password@]host:port/db.
+    shared_tier: str | None = None
+    # --replica-id (KVSWAP_ARG_REPLICA_ID): this replica's name (its HAProxy server name).
+    replica_id: str | None = None
+    # --advertise-url (KVSWAP_ARG_ADVERTISE_URL): where the other replicas reach this one.
+    advertise_url: str | None = None
+    # --shared-tier-bytes (KVSWAP_ARG_SHARED_TIER_BYTES): the tier's byte budget (least
+    # recently used minds degrade to tokens only past it); None: no budget.
+    shared_tier_bytes: int | None = None
+    # --shared-tier-rpo-tokens (KVSWAP_ARG_SHARED_TIER_RPO_TOKENS): a turn that leaves more
+    # unpublished tokens than this publishes the page before answering; 0: every turn.
+    rpo_tokens: int = 2048
+    # --shared-tier-rpo-seconds (KVSWAP_ARG_SHARED_TIER_RPO_SECONDS): a dirty page is
+    # published in the background once it is this old.
+    rpo_seconds: float = 30.0
+    # --shared-tier-lease-ms (KVSWAP_ARG_SHARED_TIER_LEASE_MS): a mind's owner lease; a dead
+    # owner's minds move after at most this long.
+    lease_ms: int = 5000
+
+
+@dataclass(frozen=True)
 class LogSettings:
     """Logging (the process's slice)."""
 
@@ -348,6 +373,7 @@ class ServerConfig:
     paging: PagingSettings = field(default_factory=PagingSettings)
     spec: SpecSettings = field(default_factory=SpecSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
     # llama-server flags accepted but not implemented by kvswap, as spelled on the command line
     # (or the environment variable's name), in order, once each; the server logs them.
     ignored_flags: tuple[str, ...] = ()

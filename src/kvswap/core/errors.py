@@ -88,3 +88,12 @@ class StoreOff(KvswapError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorKind.NOT_SUPPORTED, message)
+
+
+class MindUnavailable(KvswapError):
+    """A mind cannot be served here now (its owner is unreachable, the shared tier is away);
+    the client may retry after `retry_after_s` (the answer's Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(ErrorKind.UNAVAILABLE, message)
+        self.retry_after_s = retry_after_s

@@ -2,13 +2,15 @@
 
 Each command carries a `reply` (or a `sink` for streams) that the engine calls from its own
 thread, once, with the command's result type or a `KvswapError`; `EngineClient` turns those calls
-into asyncio results. Commands hold plain data and buffers, never libllama objects. HTTP handlers
-post them through the client; the demoter posts `RoomReport`.
+into asyncio results (`Answer` waits for one on a plain thread). Commands hold plain data and
+buffers, never libllama objects. HTTP handlers post them through the client; the demoter posts
+`RoomReport`.
 """
 
 from __future__ import annotations
 
 import mmap
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -131,6 +133,15 @@ class FlushMinds:
 
 
 @dataclass(frozen=True)
+class ForgetMind:
+    """Mind `key` is owned elsewhere now: free its idle slot of it and drop its RAM page.
+    Replies False (nothing changed) when its slot is busy."""
+
+    key: PageKey
+    reply: Reply[bool]
+
+
+@dataclass(frozen=True)
 class Nudge:
     """Wake the engine to retry waiting work (the demoter made room). `reply`, when given, is
     called once every command posted before this one has been handled (a barrier)."""
@@ -188,6 +199,7 @@ Command = (
     | MindVerb
     | Reconfigure
     | FlushMinds
+    | ForgetMind
     | Nudge
     | ShedCache
     | RoomReport
@@ -263,6 +275,22 @@ class ReconfigureReceipt:
     reason: str = ""
 
 
+class Answer:
+    """One reply from the engine thread, awaited by a plain thread (the demoter, the shared
+    tier's workers): pass it as a command's `reply`, then `wait`."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.value: object = None
+
+    def __call__(self, value: object) -> None:
+        self.value = value
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s)
+
+
 def refuse(cmd: object, error: KvswapError) -> None:
     """Answer a command that will not run with `error`: a stream gets it as an EngineError
     event, a command with a reply gets it as its result; a barrier is released, a shed frees
@@ -277,5 +305,5 @@ def refuse(cmd: object, error: KvswapError) -> None:
             cmd.buffer.close()
     elif isinstance(cmd, ShedCache):
         cmd.reply(0)
-    elif isinstance(cmd, (*SLOT_VERBS, MindVerb, Reconfigure, FlushMinds)):
+    elif isinstance(cmd, (*SLOT_VERBS, MindVerb, Reconfigure, FlushMinds, ForgetMind)):
         cmd.reply(error)

@@ -34,6 +34,7 @@ from kvswap.engine.commands import (
     Cancel,
     Command,
     FlushMinds,
+    ForgetMind,
     MindVerb,
     Nudge,
     PageOut,
@@ -275,6 +276,8 @@ class Engine:
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
             self.captures.flush(cmd, self.seating.flush_slots(cmd.keys))
+        elif isinstance(cmd, ForgetMind):
+            cmd.reply(self.seating.forget(cmd.key))
         elif isinstance(cmd, SLOT_VERBS):
             if not self.slots.valid(cmd.slot_id):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
@@ -314,10 +317,7 @@ class Engine:
                 self._admit(cmd, job.prompt, slot)
             elif isinstance(cmd, SLOT_VERBS):
                 self._run_verb(cmd, slot)
-            elif isinstance(cmd, MindVerb):
-                if cmd.action == "erase" and slot.mind == cmd.key:
-                    self.runtime.verbs.clear(slot)
-                    self.seating.left(slot)
+            elif isinstance(cmd, MindVerb):  # (seated, paged out or erased by `seat`)
                 cmd.reply(slot.id if slot.mind == cmd.key else -1)
 
     def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:

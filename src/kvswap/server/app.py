@@ -22,12 +22,19 @@ from kvswap.server.cors import CorsMiddleware, cors_policy
 from kvswap.server.errors import install_error_handlers
 from kvswap.server.gcp import GcpCompat
 from kvswap.server.gcp import install as install_gcp
-from kvswap.server.guard import Guard
+from kvswap.server.guard import ASGIApp, Guard
 from kvswap.server.llama import routes_completion, routes_info, routes_lora, routes_proxy
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs, resolve_bodies
-from kvswap.server.pages import routes_minds, routes_reconfigure, routes_slots
+from kvswap.server.pages import (
+    forward,
+    routes_cluster,
+    routes_minds,
+    routes_reconfigure,
+    routes_slots,
+)
+from kvswap.server.pages.forward import Forwarder
 from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
@@ -35,6 +42,7 @@ from kvswap.web import page_paths
 
 def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
     sleeper = Sleeper(loader, config.paging.sleep_idle_seconds)
+    forwarder: Forwarder | None = None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -44,6 +52,8 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
         sleeper.start()
         yield
         await sleeper.stop()
+        if forwarder is not None:
+            await forwarder.aclose()
 
         # uvicorn re-raises SIGTERM once serving ends: spill the minds now, engine still running.
         await asyncio.to_thread(loader.before_exit)
@@ -72,6 +82,17 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
     gcp = GcpCompat.from_environ(os.environ)
     if gcp is not None:
         install_gcp(app, gcp, routers)
+    inner: ASGIApp = app
+    if config.cluster.replica_id is not None:
+        app.include_router(routes_cluster.router)
+        routers.append(routes_cluster.router)  # after install_gcp: /predict runs no cluster verb
+        forward.install(app)
+        forwarder = Forwarder(
+            app,
+            replica_id=config.cluster.replica_id,
+            gate=lambda: loader.state.cluster if loader.state is not None else None,
+        )
+        inner = forwarder
     app.include_router(routes_web.router(config.http))  # last: a --path folder takes the rest
 
     def openapi() -> dict[str, Any]:
@@ -83,7 +104,7 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
 
     app.openapi = openapi  # type: ignore[method-assign]
     guard = Guard(
-        app,
+        inner,
         api_keys=config.http.api_keys,
         api_prefix=config.http.api_prefix,
         max_body_bytes=config.http.max_body_bytes,

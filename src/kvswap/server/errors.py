@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, MindUnavailable
 from kvswap.engine.client import ClientGone
 from kvswap.server.guard import BodyTooLarge
 
@@ -65,6 +66,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _kvswap(_: Request, exc: KvswapError) -> JSONResponse:
         return JSONResponse(
             error_body(exc.kind, exc.message, None, **exc.extra), status_code=exc.kind.code
+        )
+
+    @app.exception_handler(MindUnavailable)
+    async def _retry_later(_: Request, exc: MindUnavailable) -> JSONResponse:
+        retry_s = max(1, math.ceil(exc.retry_after_s))
+        return JSONResponse(
+            error_body(exc.kind, exc.message, None, retry_after_s=retry_s),
+            status_code=exc.kind.code,
+            headers={"Retry-After": str(retry_s)},
         )
 
     @app.exception_handler(RequestValidationError)

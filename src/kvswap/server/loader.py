@@ -180,6 +180,8 @@ class Loader:
                 state.lora.scales = list(resume.lora_scales)
             snap = client.snapshot
             state.demoter.start(snap.page_geometry)
+            if state.shared is not None:
+                state.shared.start()
             self.state = state
             log.info(
                 "model loaded in %.0f ms: %s (%s); n_ctx = %d, n_parallel = %d, n_ctx_slot = %d, kv_unified = %s",
@@ -207,6 +209,7 @@ class Loader:
             self._thread.join()
         state = self.state
         if state is not None:
+            _drain_shared(state)
             state.demoter.close(engine_alive=state.snapshot.crashed is None)
 
     def sleep(self) -> None:
@@ -238,8 +241,12 @@ class Loader:
 
         state = self.state
         if state is not None:
-            # Spills every mind while the engine still runs.
+            # Publishes and spills every mind while the engine still runs.
+            _drain_shared(state)
             state.demoter.close(engine_alive=state.snapshot.crashed is None)
+            if state.cluster is not None and state.shared is not None:
+                state.cluster.close()
+                state.shared.close()
             state.client.close()
             state.io.shutdown(wait=True)
             for publisher in (state.publisher, state.minds_files):
@@ -252,3 +259,10 @@ class Loader:
         if self.draft_model is not None:
             self.draft_model.close()
             self.draft_model = None
+
+
+def _drain_shared(state: ServerState) -> None:
+    """A cluster's replica leaving (SIGTERM, sleep): every dirty mind published to the shared
+    tier and every lease released, so the minds resume elsewhere with no wait."""
+    if state.shared is not None:
+        state.shared.drain()

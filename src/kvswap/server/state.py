@@ -29,6 +29,7 @@ from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
 from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
 from kvswap.server.llama.prometheus import MetricsRenderer
+from kvswap.server.pages.cluster import ClusterGate
 from kvswap.server.pages.minds import MindGate
 from kvswap.server.requests.lora import LoraScales
 from kvswap.server.streaming import Runner
@@ -36,6 +37,7 @@ from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 from kvswap.tiers.demoter import Demoter, MindPolicy
 from kvswap.tiers.mindfiles import open_minds
+from kvswap.tiers.shared.replica import SharedTier
 
 log = logging.getLogger("kvswap.server")
 
@@ -56,6 +58,8 @@ class ServerState:
     lora: LoraScales  # the loaded LoRA adapters and their global scales
     demoter: Demoter  # minds between RAM and disk
     minds: MindGate  # minds on the HTTP side
+    shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
+    cluster: ClusterGate | None = None  # a mind's turn in the cluster, HTTP side
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it
@@ -160,6 +164,17 @@ def build_state(
         ),
         slot_files=publisher,
     )
+    shared = cluster = None
+    if config.cluster.shared_tier is not None:
+        shared = SharedTier(
+            config.cluster,
+            post=client.post,
+            pages=client.pages,
+            publisher=minds_files,
+            geometry=lambda: client.snapshot.page_geometry,
+            forget_files=demoter.forget,
+        )
+        cluster = ClusterGate(shared, client.pages.registry)
     return ServerState(
         config=config,
         model=model,
@@ -172,5 +187,7 @@ def build_state(
         minds_files=minds_files,
         lora=LoraScales(adapters),
         demoter=demoter,
-        minds=MindGate(client, demoter, minds_files, io),
+        minds=MindGate(client, demoter, minds_files, io, cluster),
+        shared=shared,
+        cluster=cluster,
     )

@@ -47,6 +47,8 @@ class Runner:
         if request.mind:
             async with self.minds.session(request) as restore:
                 async for event in self.client.stream(request, restore):
+                    if isinstance(event, Completion):
+                        event = await self.minds.turn_done(request, event)
                     yield event
             return
         async for event in self.client.stream(request):

@@ -41,7 +41,7 @@ from pathlib import Path
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.engine.client import PagesHandle
-from kvswap.engine.commands import Captured, Command, FlushMinds, RoomReport, ShedCache
+from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.registry import DiskCopy
@@ -64,21 +64,6 @@ class MindPolicy:
     page_disk_bytes: int | None = None  # --page-disk-bytes; None: no bound
     disk_drop_lru: bool = False  # --page-disk-drop-lru
     flush_seconds: float = 0.0  # --page-flush-seconds; 0: no scheduled writes
-
-
-class _Answer:
-    """One reply from the engine thread, awaited by a plain thread."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self.value: object = None
-
-    def __call__(self, value: object) -> None:
-        self.value = value
-        self._done.set()
-
-    def wait(self, timeout_s: float) -> bool:
-        return self._done.wait(timeout_s)
 
 
 class Demoter:
@@ -222,7 +207,7 @@ class Demoter:
         if store is None:
             return
         minds_in_ram = [k for k in _minds_in_ram(store) if not self._is_current(k)]
-        answer = _Answer()
+        answer = Answer()
         self.post(FlushMinds(answer))
         if not answer.wait(_ENGINE_TIMEOUT_S):
             log.error("the engine did not hand over its resident minds: they are not spilled")
@@ -309,7 +294,7 @@ class Demoter:
         if not resident:
             return
         t_asked = time.time()
-        answer = _Answer()
+        answer = Answer()
         self.post(FlushMinds(answer, resident))
         if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, list):
             return
@@ -394,7 +379,7 @@ class Demoter:
 
     def _shed(self, n_bytes: int) -> int:
         """Ask the anonymous cache (on the engine thread) to drop `n_bytes`; bytes it freed."""
-        answer = _Answer()
+        answer = Answer()
         self.post(ShedCache(n_bytes, answer))
         if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, int):
             return 0

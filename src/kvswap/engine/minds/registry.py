@@ -63,7 +63,7 @@ class MindCounters:
 
     hits_slot_total: int = 0  # a request found its mind resident
     hits_ram_total: int = 0  # ... as a RAM page (paged in)
-    hits_disk_total: int = 0  # ... on disk only (read back)
+    hits_disk_total: int = 0  # ... read back (from disk, or from the shared tier)
     new_total: int = 0  # a mind never seen starts fresh
     demotions_total: int = 0  # slot -> RAM page
     spills_total: int = 0  # RAM page -> disk
@@ -106,6 +106,7 @@ class MindRegistry:
         self._counters = MindCounters()
         self._largest_page_bytes = 0
         self._wake = threading.Event()  # the demoter's bell
+        self._restore_ms: dict[PageKey, float] = {}  # key -> its last read-back's apply, ms
         self._disk_tier = False  # the demoter has a save path to spill to
         # Minds too large for the store on their way to disk: key -> the copy to write (None:
         # being written), then True (written) or False (the write failed).
@@ -237,6 +238,16 @@ class MindRegistry:
         """The mind's state left its slot (to its RAM page, or dropped)."""
         with self._lock:
             self._resident.pop(key, None)
+
+    def restored(self, key: PageKey, ms: float) -> None:
+        """The engine applied a state read back for the mind (disk or shared tier) in `ms`."""
+        with self._lock:
+            self._restore_ms[key] = ms
+
+    def pop_restore_ms(self, key: PageKey) -> float | None:
+        """The last read-back's apply time of the mind, once (None: none since)."""
+        with self._lock:
+            return self._restore_ms.pop(key, None)
 
     def resident_slot(self, key: PageKey) -> int | None:
         with self._lock:

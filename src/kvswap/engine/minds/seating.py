@@ -128,8 +128,13 @@ class Seating:
                 raise NotYourMind(slot.id)
             return
         if isinstance(cmd, MindVerb) and cmd.action != "to_slot":
-            if cmd.action == "to_ram" and slot.mind == cmd.key:
-                self.evict(slot)  # (a mind that left the slot since: nothing to do)
+            if slot.mind != cmd.key:
+                return  # the mind is in no slot: nothing to do
+            if cmd.action == "to_ram":
+                self.evict(slot)
+            else:  # erase: the mind ends here (the caller forgets its other copies)
+                self.runtime.verbs.clear(slot)
+                self.left(slot)
             return
         mind = cmd.key if isinstance(cmd, MindVerb) else None
         if isinstance(cmd, Submit):
@@ -171,8 +176,10 @@ class Seating:
             verbs.page_in(slot, mind)
             reg.count(hits_ram_total=1)
         elif cmd.restore is not None:
+            t0 = time.perf_counter()
             self._make_cells(slot, len(cmd.restore.tokens))
             verbs.mover.apply(slot, cmd.restore)
+            reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
         else:
             verbs.clear(slot)
@@ -396,6 +403,19 @@ class Seating:
             and len(s.tokens) > 0
             and (keys is None or s.mind in keys)
         ]
+
+    def forget(self, key: PageKey) -> bool:
+        """Free the mind's slot of it (cleared) and drop its RAM page: another replica owns it
+        now. False, changing nothing, when its slot is busy."""
+        slot = next((s for s in self.slots if s.mind == key), None)
+        if slot is not None:
+            if not slot.is_idle:
+                return False
+            self.runtime.verbs.clear(slot)
+            self.left(slot)  # a copy on its way to disk goes too
+        if self.store is not None and self.store.has(key):
+            self.store.remove(key)
+        return True
 
     def check_integrity(self) -> None:
         """Assert the registry's residents are exactly the slots' minds, and a mind on its way

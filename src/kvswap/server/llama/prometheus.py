@@ -64,7 +64,10 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
     "reconfigure_failed_total": ("counter", "Live reconfigures refused or rolled back"),
     "mind_hits_slot_total": ("counter", "Mind requests that found their mind in a slot"),
     "mind_hits_ram_total": ("counter", "Mind requests that paged their mind in from RAM"),
-    "mind_hits_disk_total": ("counter", "Mind requests that read their mind back from disk"),
+    "mind_hits_disk_total": (
+        "counter",
+        "Mind requests that read their mind back from disk or the shared tier",
+    ),
     "mind_new_total": ("counter", "Mind requests that started a new mind"),
     "mind_demotions_total": ("counter", "Minds paged out of a slot into RAM"),
     "mind_spills_total": ("counter", "Mind pages spilled from RAM to disk"),

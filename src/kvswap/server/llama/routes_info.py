@@ -30,7 +30,9 @@ from kvswap.server.llama.formats_info import (
     props_json,
     slots_json,
 )
+from kvswap.server.llama.prometheus import render
 from kvswap.server.openapi import body_schema
+from kvswap.server.pages import formats_cluster
 from kvswap.server.pages.minds import mind_name
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
@@ -101,7 +103,10 @@ async def props(request: Request) -> JSONResponse:
         speculative_types=state.config.spec.spec_type,
     )
 
-    return JSONResponse(props_json(view))
+    body = props_json(view)
+    if state.shared is not None:
+        body["cluster"] = formats_cluster.props_json(state.shared.view(read_redis=False))
+    return JSONResponse(body)
 
 
 @router.get("/models")
@@ -173,6 +178,8 @@ async def metrics(request: Request) -> Response:
     if not state.config.http.metrics:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "This server does not support metrics endpoint.")
     text = state.metrics.render(state.snapshot.metrics)
+    if state.cluster is not None:
+        text += render(formats_cluster.metrics(await state.cluster.view()))
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
     # llama-server's header, in its case (Starlette lowercases names given to a Response);
     # kvswap sends the process's real start time in unix seconds.

@@ -11,6 +11,10 @@ read-back, and the minds view of GET /pages.
   `Demoter.settle` releases what a mind that holds no live state no longer needs. The server's
   `Runner` (`server.streaming`) runs every mind's request inside its session.
 - `views(namespace)`: the minds of one tenant with their live tier, for GET /pages.
+- In a cluster (`--shared-tier`), the session first makes the mind this replica's for the turn
+  (`pages.cluster.ClusterGate.place`: serve, forward to its owner, or take it over and resume
+  it from the shared tier, the resumed state handed to the engine as a disk read-back is), and
+  `turn_done` writes the turn's end to the shared tier before the answer goes out.
 
 RAM-to-disk movement (the demoter, the disk budget, ownership, the spill before exit) lives in
 `kvswap.tiers.demoter`. Owns the per-mind locks, each kept only while a request holds or awaits
@@ -27,12 +31,13 @@ from contextlib import asynccontextmanager
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind, mind_key
-from kvswap.core.types import GenerationRequest
+from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import Nudge
 from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.minds.registry import MindView
 from kvswap.files import FilesError, Publisher, WrongModelError
+from kvswap.server.pages.cluster import ClusterGate
 from kvswap.tiers.demoter import Demoter
 from kvswap.tiers.mindfiles import file_name
 from kvswap.tiers.slotfiles import ReadState, files_error, read_state
@@ -88,6 +93,7 @@ class MindGate:
         demoter: Demoter,
         publisher: Publisher | None,
         io: Executor,
+        cluster: ClusterGate | None = None,
     ) -> None:
         self.client = client
         self.store = client.pages.store
@@ -95,6 +101,7 @@ class MindGate:
         self.demoter = demoter
         self.publisher = publisher
         self.io = io
+        self.cluster = cluster
         # A lock per mind, with how many requests hold or await it (dropped at 0).
         self._locks: dict[PageKey, tuple[asyncio.Lock, int]] = {}
 
@@ -102,30 +109,60 @@ class MindGate:
     async def session(self, request: GenerationRequest) -> AsyncIterator[SlotState | None]:
         """Hold the mind for one request; yields the state read from disk, if it must be."""
         assert request.mind is not None
-        async with self.hold(request.mind) as restore:
+        async with self.hold(request.mind, turn=True) as restore:
             yield restore
 
     @asynccontextmanager
-    async def hold(self, key: PageKey, read: bool = True) -> AsyncIterator[SlotState | None]:
-        """Hold mind `key` (a request's, or a mind verb's): its lock, busy and claimed; yields
-        its state read back from disk when it lives there only (and `read`)."""
+    async def hold(
+        self, key: PageKey, read: bool = True, turn: bool = False
+    ) -> AsyncIterator[SlotState | None]:
+        """Hold mind `key` (for a request's `turn`, or a mind verb): its lock, busy and
+        claimed; yields its state read back (from disk, or the shared tier in a cluster) when
+        it lives there only (and `read`)."""
         store = self.store
         if store is None:
             raise StoreOff("minds need the page store (--page-ram-bytes > 0)")
+        async with self.exclusive(key), self._held(key):
+            # A turn in a cluster: serve here, forward to the owner (ForwardTurn), or take the
+            # mind over; a mind verb acts on this replica's copy.
+            resumed = await self.cluster.place(key) if turn and self.cluster is not None else None
+            on_disk_only = self.registry.begin_use(key, store.has)
+            read_back: ReadState | None = None
+            try:
+                if resumed is not None and resumed.state is not None:
+                    yield resumed.state
+                else:
+                    if on_disk_only and read:
+                        read_back = await self._read(key)
+                    yield read_back.state if read_back is not None else None
+            finally:
+                self.registry.pop_restore_ms(key)  # read by the turn's end, if at all
+                if read_back is not None or (resumed is not None and resumed.state is not None):
+                    await self._after_engine()  # the engine is done with the restored state
+                if read_back is not None:
+                    read_back.close()
+                if resumed is not None:
+                    resumed.close()
+
+    async def turn_done(
+        self, request: GenerationRequest, completion: Completion
+    ) -> Completion | EngineError:
+        """The mind's turn has completed (its session still held): in a cluster its end is
+        written to the shared tier first; the event to answer with."""
+        if self.cluster is None:
+            return completion
+        return await self.cluster.turn_done(request, completion)
+
+    @asynccontextmanager
+    async def exclusive(self, key: PageKey) -> AsyncIterator[None]:
+        """Hold the mind's lock: no other request of the mind runs meanwhile (a session holds
+        it; so does a cluster hand-off and a mind verb). The lock lives while someone holds or
+        awaits it."""
         lock, n_users = self._locks.get(key, (asyncio.Lock(), 0))
         self._locks[key] = (lock, n_users + 1)
         try:
-            async with lock, self._held(key):
-                on_disk_only = self.registry.begin_use(key, store.has)
-                state: ReadState | None = None
-                try:
-                    if on_disk_only and read:
-                        state = await self._read(key)
-                    yield state.state if state is not None else None
-                finally:
-                    if state is not None:
-                        await self._after_engine()  # the engine is done with the state
-                        state.close()
+            async with lock:
+                yield
         finally:
             lock, n_users = self._locks[key]
             if n_users == 1:
@@ -207,7 +244,10 @@ class MindGate:
 
     async def forget(self, key: PageKey) -> None:
         """A slot verb ended mind `key` (erase, page_out): its spilled copy goes too, so no
-        tier holds it any more (the files are removed on an I/O worker)."""
+        tier holds it any more (the files are removed on an I/O worker; in a cluster the shared
+        tier drops it too)."""
+        if self.cluster is not None:
+            await self.cluster.ended(key)
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self.io, self.demoter.forget, key)

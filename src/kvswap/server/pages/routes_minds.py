@@ -8,7 +8,8 @@ the tiers without a request (the web page's mind actions; kvswap's own).
 - `drop`: out of every tier: its slot is cleared, its RAM page and its files removed.
 
 Each holds the mind as a request does (`MindGate.hold`: its lock, so a move never races a turn
-of the same mind). The name is the caller's own, in its tenant namespace: another tenant's mind
+of the same mind; in a cluster it acts on this replica's copy, and a drop reaches the shared
+tier too). The name is the caller's own, in its tenant namespace: another tenant's mind
 cannot be named, and a mind that lives nowhere is a 404. The answer is `{"mind", "action",
 "tier"}`, the tier after the move ("slot", "ram", "disk", or "none" after a drop).
 """
@@ -24,10 +25,8 @@ from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key
 from kvswap.engine.commands import MindVerb
 from kvswap.engine.kv.slotstate import SlotState
-from kvswap.files import FilesError
 from kvswap.server.guard import tenant_namespace
 from kvswap.server.state import ServerState, get_state
-from kvswap.tiers.slotfiles import files_error
 
 router = APIRouter()
 
@@ -70,10 +69,7 @@ async def mind_action(name: str, request: Request, action: str = "") -> JSONResp
                 "--page-disk-bytes, or a write failed: see the server log); it stays in RAM",
             )
     if action == "drop":
-        try:
-            await loop.run_in_executor(state.io, state.demoter.forget, key)
-        except FilesError as err:
-            raise files_error(err, "remove the mind's spilled copy") from err
+        await minds.forget(key)  # its files, and in a cluster the shared tier's copy
     return JSONResponse({"mind": name, "action": action, "tier": minds.tier(key) or "none"})
 
 

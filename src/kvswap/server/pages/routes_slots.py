@@ -50,6 +50,7 @@ from kvswap.files import FilesError, Publisher, validate_filename, validate_page
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
 from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
+from kvswap.server.pages import formats_cluster
 from kvswap.server.pages.formats_pages import minds_json, page_moved_json, pages_json, spill_json
 from kvswap.server.pages.minds import mind_name
 from kvswap.server.requests.schemas import SlotFileRequest, SpillRequest, parse_body
@@ -259,4 +260,6 @@ async def pages(request: Request) -> JSONResponse:
     body["other_bytes"] = max(0, usage.charged_bytes - shown)  # other tenants' pages and copies
     body["disk_n_bytes"] = state.minds.disk_bytes(namespace)
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
+    if state.cluster is not None:
+        body["shared_tier"] = formats_cluster.pages_json(await state.cluster.view(), namespace)
     return JSONResponse(body)

@@ -9,7 +9,9 @@ holder value and the fence, and every mutation of shared state (the store's publ
 appends) runs `OWNS_LUA` inside its own script: an owner that froze past its TTL and wakes up
 is refused by Redis itself, whatever it believes.
 
-Times are Redis's (PX, PTTL): no clock of ours is compared with another machine's.
+Times are Redis's (PX, PTTL, TIME): no clock of ours is compared with another machine's. Every
+lease script answers with Redis's clock (`t_ms`), so the moments a replica logs for its leases
+(acquired, renewed, released) are on one clock across the cluster.
 
 Owns the lease scripts and `Leases`, the client side for one incarnation. Thread-safe (redis-py
 pools its connections). Raises `TierUnavailable` when Redis cannot be reached; a lease that is
@@ -25,8 +27,8 @@ from typing import Final
 
 import redis
 
-from kvswap.cluster.errors import translating
-from kvswap.cluster.shared_keys import MindKeys
+from kvswap.tiers.shared.errors import translating
+from kvswap.tiers.shared.keys import MindKeys
 
 DEFAULT_TTL_MS: Final = 5000
 _REPLICA_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -39,40 +41,53 @@ local function owns(lease_key, fence_key, holder, fence)
 end
 """
 
-# ARGV[1] holder value, ARGV[2] ttl ms. {1, fence} when acquired (or already ours: TTL
+# Redis's clock in ms, for the lease scripts' answers.
+_NOW_LUA: Final = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+# ARGV[1] holder value, ARGV[2] ttl ms. {1, fence, now} when acquired (or already ours: TTL
 # extended, fence unchanged); {0, holder value, pttl, fence} when another holds it.
-_ACQUIRE_LUA: Final = """
+_ACQUIRE_LUA: Final = (
+    _NOW_LUA
+    + """
 local cur = redis.call('GET', KEYS[1])
 if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  return {1, tonumber(redis.call('GET', KEYS[2]) or '0'), now_ms()}
 end
 if cur then
   return {0, cur, redis.call('PTTL', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, redis.call('INCR', KEYS[2])}
+return {1, redis.call('INCR', KEYS[2]), now_ms()}
 """
+)
 
-# ARGV[1] holder, ARGV[2] fence, ARGV[3] ttl ms -> 1 renewed, 0 not ours
+# ARGV[1] holder, ARGV[2] fence, ARGV[3] ttl ms -> Redis's time when renewed, 0 not ours
 _RENEW_LUA: Final = (
     OWNS_LUA
+    + _NOW_LUA
     + """
 if owns(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
+  return now_ms()
 end
 return 0
 """
 )
 
-# ARGV[1] holder, ARGV[2] fence -> 1 released, 0 not ours
+# ARGV[1] holder, ARGV[2] fence -> Redis's time when released, 0 not ours
 _RELEASE_LUA: Final = (
     OWNS_LUA
+    + _NOW_LUA
     + """
 if owns(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then
   redis.call('DEL', KEYS[1])
-  return 1
+  return now_ms()
 end
 return 0
 """
@@ -112,6 +127,7 @@ class Lease:
     holder: Incarnation
     fence: int
     ttl_ms: int
+    t_ms: int = 0  # Redis's time when it was acquired (or found ours)
 
 
 @dataclass(frozen=True)
@@ -154,25 +170,27 @@ class Leases:
                 keys=[keys.lease, keys.fence], args=[self.incarnation.value, self.ttl_ms]
             )
         if int(reply[0]) == 1:
-            return Lease(keys, self.incarnation, int(reply[1]), self.ttl_ms)
+            return Lease(keys, self.incarnation, int(reply[1]), self.ttl_ms, int(reply[2]))
         return LeaseHolder.parse(reply[1], int(reply[2]), int(reply[3]))
 
-    def renew(self, lease: Lease) -> bool:
-        """Extend the TTL; False when the lease is no longer ours (stop serving the mind)."""
+    def renew(self, lease: Lease) -> int:
+        """Extend the TTL: Redis's time in ms of the renewal; 0 when the lease is no longer
+        ours (stop serving the mind)."""
         with translating("lease renew"):
             reply = self._renew(
                 keys=[lease.keys.lease, lease.keys.fence],
                 args=[lease.holder.value, lease.fence, lease.ttl_ms],
             )
-        return int(reply) == 1
+        return int(reply)
 
-    def release(self, lease: Lease) -> bool:
-        """Give the lease up; False when it was not ours anymore (nothing changed)."""
+    def release(self, lease: Lease) -> int:
+        """Give the lease up: Redis's time in ms of the release; 0 when it was not ours anymore
+        (nothing changed)."""
         with translating("lease release"):
             reply = self._release(
                 keys=[lease.keys.lease, lease.keys.fence], args=[lease.holder.value, lease.fence]
             )
-        return int(reply) == 1
+        return int(reply)
 
     def holder(self, keys: MindKeys) -> LeaseHolder | None:
         """Who holds the lease now, or None when it is free."""

@@ -20,7 +20,7 @@ from typing import Final
 
 import redis
 
-from kvswap.cluster.errors import translating
+from kvswap.tiers.shared.errors import translating
 
 DEFAULT_CHUNK_BYTES: Final = 8 << 20
 DEFAULT_CONNECTIONS: Final = 4

@@ -8,7 +8,7 @@ carries a turn id (the client's `X-Request-Id`, else a hash of the request); the
 are kept, and a replayed id changes nothing, so a client that retries a turn whose answer it
 lost applies it once. Every append is one script that checks the lease and fence first.
 
-The page published with the log (`shared_store`) records how many of these tokens its KV holds;
+The page published with the log (`store`) records how many of these tokens its KV holds;
 a replica resuming the mind prefills only `log[n_tokens:]`.
 
 Owns `TokenLog`. Thread-safe. Raises `StaleOwner`, `TokenLogGap`, `TierUnavailable`.
@@ -23,11 +23,11 @@ import numpy as np
 import numpy.typing as npt
 import redis
 
-from kvswap.cluster import store_scripts as lua
-from kvswap.cluster.connection import as_bytes
-from kvswap.cluster.errors import StaleOwner, TokenLogGap, translating
-from kvswap.cluster.lease import Lease
-from kvswap.cluster.shared_keys import MindKeys
+from kvswap.tiers.shared import store_scripts as lua
+from kvswap.tiers.shared.connection import as_bytes
+from kvswap.tiers.shared.errors import StaleOwner, TokenLogGap, translating
+from kvswap.tiers.shared.keys import MindKeys
+from kvswap.tiers.shared.lease import Lease
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,14 @@ class TokenLog:
 
     def read(self, keys: MindKeys) -> npt.NDArray[np.int32]:
         """The mind's token log (empty when none)."""
+        return self.read_with_turn(keys)[0]
+
+    def read_with_turn(self, keys: MindKeys) -> tuple[npt.NDArray[np.int32], str]:
+        """The mind's token log and the id of the last turn applied to it ("" when none)."""
         with translating("token read"):
-            data = as_bytes(self._client.get(keys.tokens)) or b""
-        return np.frombuffer(data, dtype="<i4").astype(np.int32)
+            pipe = self._client.pipeline(transaction=True)
+            pipe.get(keys.tokens)
+            pipe.lindex(keys.turns, 0)
+            data, turn = pipe.execute()
+        tokens = np.frombuffer(as_bytes(data) or b"", dtype="<i4").astype(np.int32)
+        return tokens, (as_bytes(turn) or b"").decode("utf-8", "replace")

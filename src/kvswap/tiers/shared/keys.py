@@ -1,9 +1,10 @@
 """The shared tier's key layout in Redis.
 
 Every key of one mind carries the same hash tag `{h}`, so a Redis Cluster keeps them in one
-slot and one Lua script may touch them together; `h` is a digest of the mind's key (its name in
-its API key's namespace, `engine.minds.mind_key`), so neither an API key nor a raw name is ever
-stored in a key, and a name holding `{` or `}` cannot break the tag.
+slot and one Lua script may touch them together; `h` is a digest of the mind's key (`core.keys.PageKey`: its
+tenant's namespace and its name, `mind_id`), so two tenants' minds of one name never share a key,
+neither an API key nor a raw name is ever stored in a key, and a name holding `{` or `}` cannot
+break the tag.
 
     kv:{h}:lease      "<replica id> <advertise URL> <incarnation token>" with PX (owner lease)
     kv:{h}:fence      integer, INCR at every acquisition (fencing token)
@@ -29,6 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from kvswap.core.keys import PageKey, PageKind
+
 DEFAULT_PREFIX: Final = "kv"
 TAG_HEX_CHARS: Final = 32  # 128 bits of SHA-256: collisions need ~2^64 minds
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -41,9 +44,17 @@ def check_prefix(prefix: str) -> str:
     return prefix
 
 
-def mind_tag(mind_key: str) -> str:
-    """The hash tag of a mind: hex SHA-256 of its key, truncated."""
-    return hashlib.sha256(mind_key.encode("utf-8")).hexdigest()[:TAG_HEX_CHARS]
+def mind_id(key: PageKey) -> str:
+    """A mind's key as one string: `mind~<namespace>~<name in UTF-8 hex>` (the string key of
+    the versions before typed keys, so a tier they published is found again; the namespace
+    is in it, so tenants never collide). What the tag digests and a manifest records."""
+    assert key.kind is PageKind.MIND and key.namespace, key
+    return f"mind~{key.namespace}~{key.name.encode('utf-8').hex()}"
+
+
+def mind_tag(key: PageKey) -> str:
+    """The hash tag of a mind: hex SHA-256 of `mind_id(key)`, truncated."""
+    return hashlib.sha256(mind_id(key).encode("utf-8")).hexdigest()[:TAG_HEX_CHARS]
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,8 @@ class MindKeys:
     prefix: str = DEFAULT_PREFIX
 
     @classmethod
-    def of(cls, mind_key: str, prefix: str = DEFAULT_PREFIX) -> MindKeys:
-        return cls(mind_tag(mind_key), check_prefix(prefix))
+    def of(cls, key: PageKey, prefix: str = DEFAULT_PREFIX) -> MindKeys:
+        return cls(mind_tag(key), check_prefix(prefix))
 
     def __post_init__(self) -> None:
         if not _TAG_RE.fullmatch(self.tag):

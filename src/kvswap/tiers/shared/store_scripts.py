@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from kvswap.cluster.lease import OWNS_LUA
+from kvswap.tiers.shared.lease import OWNS_LUA
 
 NOT_OWNER: Final = 0
 DONE: Final = 1

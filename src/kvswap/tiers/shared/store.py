@@ -18,7 +18,7 @@ least recently used minds are degraded to tokens-only (manifest first, its chunk
 the same script), never left half-deleted.
 
 Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner` and `TierUnavailable`
-(kvswap.cluster.errors) from mutations.
+(kvswap.tiers.shared.errors) from mutations.
 """
 
 from __future__ import annotations
@@ -34,28 +34,29 @@ from typing import Final
 
 import redis
 
-from kvswap.cluster import manifest as mf
-from kvswap.cluster import store_scripts as lua
-from kvswap.cluster.budget import TierBudget
-from kvswap.cluster.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
-from kvswap.cluster.connection import as_bytes
-from kvswap.cluster.errors import (
+from kvswap.core.keys import PageKey
+from kvswap.engine.kv.pagefmt import PageLayout
+from kvswap.tiers.shared import manifest as mf
+from kvswap.tiers.shared import store_scripts as lua
+from kvswap.tiers.shared.budget import TierBudget
+from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
+from kvswap.tiers.shared.connection import as_bytes
+from kvswap.tiers.shared.errors import (
     Miss,
     MissReason,
     StaleOwner,
     TierUnavailable,
     translating,
 )
-from kvswap.cluster.lease import Lease
-from kvswap.cluster.segments import (
+from kvswap.tiers.shared.keys import MindKeys, TierKeys, mind_id
+from kvswap.tiers.shared.lease import Lease
+from kvswap.tiers.shared.segments import (
     BlobScatter,
     PagePlan,
     plan_generation,
     split_page,
     write_literals,
 )
-from kvswap.cluster.shared_keys import MindKeys, TierKeys
-from kvswap.engine.kv.pagefmt import PageLayout
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
 _MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again
@@ -84,7 +85,8 @@ class Fetched:
     layout: PageLayout
     manifest: mf.Manifest
     n_bytes_read: int
-    seconds: float
+    seconds: float  # the whole fetch, wall clock (manifest, chunks, checks, reassembly)
+    verify_s: float  # of which checking chunks' lengths and CRC-32s (summed over threads)
 
 
 @dataclass
@@ -105,6 +107,7 @@ class StoreCounters:
     misses: dict[str, int] = field(default_factory=dict)
     bytes_read: int = 0
     fetch_s: float = 0.0
+    verify_s: float = 0.0
     n_degraded: int = 0
 
 
@@ -164,6 +167,12 @@ class SharedStore:
             snap = asdict(self._counters)
         return snap
 
+    def counters_now(self) -> StoreCounters:
+        """A copy of the counters."""
+        with self._lock:
+            c = self._counters
+            return dataclasses.replace(c, misses=dict(c.misses))
+
     def _count(self, **deltas: float) -> None:
         with self._lock:
             for name, delta in deltas.items():
@@ -178,15 +187,22 @@ class SharedStore:
     # -- publish -----------------------------------------------------------------------------
 
     def publish(
-        self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout
+        self,
+        lease: Lease,
+        mind_key: PageKey,
+        page: memoryview,
+        layout: PageLayout,
+        *,
+        whole: bool = False,
     ) -> PublishReceipt:
-        """Publish the page as the mind's next generation (a delta when it grew by appending)."""
+        """Publish the page as the mind's next generation: a delta when it grew by appending,
+        unless `whole` (the previous generation's chunks are not to be trusted)."""
         if MindKeys.of(mind_key, self.prefix) != lease.keys:
             raise ValueError("the lease is for another mind")
         t0 = time.perf_counter()
         try:
             for _ in range(_MAX_ATTEMPTS):
-                receipt = self._publish_once(lease, mind_key, page, layout, t0)
+                receipt = self._publish_once(lease, mind_key, page, layout, t0, whole)
                 if receipt is not None:
                     return receipt
                 self._count(n_publish_replanned=1)
@@ -199,7 +215,13 @@ class SharedStore:
             raise
 
     def _publish_once(
-        self, lease: Lease, mind_key: str, page: memoryview, layout: PageLayout, t0: float
+        self,
+        lease: Lease,
+        mind_key: PageKey,
+        page: memoryview,
+        layout: PageLayout,
+        t0: float,
+        whole: bool,
     ) -> PublishReceipt | None:
         """One attempt: begin, write the chunks, commit. None when the base moved meanwhile."""
         keys = lease.keys
@@ -210,11 +232,11 @@ class SharedStore:
             raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
         gen, base_gen = int(reply[1]), int(reply[2])
         base = _decode_or_none(as_bytes(reply[3]))
-        written = self._write_generation(keys, gen, page, layout, base)
+        written = self._write_generation(keys, gen, page, layout, base, whole)
         if self._after_chunks is not None:
             self._after_chunks(gen)
         record = mf.Manifest(
-            mind_key=mind_key,
+            mind_key=mind_id(mind_key),
             gen=gen,
             fence=lease.fence,
             replica_id=lease.holder.replica_id,
@@ -275,13 +297,16 @@ class SharedStore:
         page: memoryview,
         layout: PageLayout,
         base: mf.Manifest | None,
+        whole: bool,
     ) -> _Written:
-        """Plan generation `gen` against `base` and write its chunks (none when tokens-only)."""
+        """Plan generation `gen` against `base` (unless `whole`) and write its chunks (none
+        when tokens-only)."""
         over_budget = self.budget is not None and layout.n_bytes > self.budget.budget_bytes
         if layout.token_only or over_budget:
             return _Written(None, (), [], 0, 0)
         previous = None
-        if base is not None and base.fingerprint == layout.geometry.file_fingerprint():
+        same_model = base is not None and base.fingerprint == layout.geometry.file_fingerprint()
+        if base is not None and same_model and not whole:
             previous = base.plan
         view = memoryview(page)
         write = plan_generation(view, split_page(view, layout), previous, gen)
@@ -311,20 +336,9 @@ class SharedStore:
         """Charge the mind's stored bytes; degrade LRU minds while the tier is over budget."""
         if self.budget is None:
             return 0
-        total = self.budget.charge(tag, n_bytes) if n_bytes else self.budget.uncharge(tag)
-        n_degraded = 0
-        skipped: set[str] = {tag}  # the mind just published, and victims that kept moving
-        while total > self.budget.budget_bytes:
-            oldest = self.budget.oldest(len(skipped) + 1)
-            victim = next((t for t in oldest if t not in skipped), None)
-            if victim is None:
-                break
-            freed = self._degrade(MindKeys(victim, self.prefix))
-            if freed is None:
-                skipped.add(victim)  # its owner keeps publishing: it is not idle, try the next
-                continue
-            total = self.budget.uncharge(victim)
-            n_degraded += int(freed)
+        n_degraded = self.budget.settle(
+            tag, n_bytes, lambda victim: self._degrade(MindKeys(victim, self.prefix))
+        )
         self._count(n_degraded=n_degraded)
         return n_degraded
 
@@ -387,7 +401,7 @@ class SharedStore:
         plan = record.plan
         out = alloc(plan.n_bytes) if alloc is not None else memoryview(bytearray(plan.n_bytes))
         page = out.cast("B") if out.format != "B" else out
-        failure = self._read_blobs(keys, record, page)
+        failure, verify_s = self._read_blobs(keys, record, page)
         if failure is not None:
             return self._miss(failure[0], failure[1], record.gen)
         write_literals(page, plan.literals)
@@ -397,12 +411,13 @@ class SharedStore:
                 self.budget.touch(keys.tag)
         seconds = time.perf_counter() - t0
         n_read = record.n_bytes_stored
-        self._count(n_fetch_hit=1, bytes_read=n_read, fetch_s=seconds)
-        return Fetched(page[: plan.n_bytes], record.layout, record, n_read, seconds)
+        self._count(n_fetch_hit=1, bytes_read=n_read, fetch_s=seconds, verify_s=verify_s)
+        return Fetched(page[: plan.n_bytes], record.layout, record, n_read, seconds, verify_s)
 
     def _read_blobs(
         self, keys: MindKeys, record: mf.Manifest, page: memoryview
-    ) -> tuple[MissReason, str] | None:
+    ) -> tuple[tuple[MissReason, str] | None, float]:
+        """The first failure (or None) and the seconds spent checking chunks."""
         assert record.plan is not None
         places: list[tuple[mf.BlobRef, int, int, BlobScatter]] = []
         for blob in record.blobs:
@@ -412,6 +427,7 @@ class SharedStore:
                 places.append((blob, i, pos, scatter))
                 pos += size
         failures: list[tuple[MissReason, str]] = []
+        verify_s = [0.0] * len(places)
 
         def on_chunk(index: int, value: bytes | None) -> None:
             blob, i, pos, scatter = places[index]
@@ -420,7 +436,10 @@ class SharedStore:
                 failures.append((MissReason.CHUNK_MISSING, f"{key} is gone"))
                 return
             size = min(blob.chunk_bytes, blob.n_bytes - pos)
-            if len(value) != size or zlib.crc32(value) != blob.crcs[i]:
+            t0 = time.perf_counter()
+            intact = len(value) == size and zlib.crc32(value) == blob.crcs[i]
+            verify_s[index] = time.perf_counter() - t0
+            if not intact:
                 failures.append((MissReason.CHUNK_CORRUPT, f"{key} fails its length or CRC-32"))
                 return
             if not failures:
@@ -430,8 +449,8 @@ class SharedStore:
         try:
             self._io.read(chunk_keys, on_chunk)
         except TierUnavailable as err:
-            return (MissReason.UNAVAILABLE, str(err))
-        return failures[0] if failures else None
+            return (MissReason.UNAVAILABLE, str(err)), sum(verify_s)
+        return (failures[0] if failures else None), sum(verify_s)
 
     def drop(self, lease: Lease) -> None:
         """Remove the mind from the tier: manifest, chunks, token log (the lease stays held)."""

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswap.cluster.kvstate import split_kv_state
 from kvswap.engine.kv.pagefmt import PageLayout, Span
+from kvswap.tiers.shared.kvstate import split_kv_state
 
 MAX_LITERAL_BYTES = 4096  # a gap wider than this between sections is stored as a section
 

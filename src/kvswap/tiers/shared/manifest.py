@@ -18,7 +18,6 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvswap.cluster.segments import Extent, Literal, PagePlan, Section, SectionPlan
 from kvswap.engine.kv.pagefmt import (
     CheckpointSpan,
     LoraRef,
@@ -26,6 +25,7 @@ from kvswap.engine.kv.pagefmt import (
     PageLayout,
     Span,
 )
+from kvswap.tiers.shared.segments import Extent, Literal, PagePlan, Section, SectionPlan
 
 FORMAT: Final = "kvswap-shared-page"
 VERSION: Final = 1

@@ -15,12 +15,13 @@ Owns the three tier keys. Raises `TierUnavailable` when Redis fails. Thread-safe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final
 
 import redis
 
-from kvswap.cluster.errors import translating
-from kvswap.cluster.shared_keys import TierKeys
+from kvswap.tiers.shared.errors import translating
+from kvswap.tiers.shared.keys import TierKeys
 
 _NOW_MS_LUA: Final = """
 local t = redis.call('TIME')
@@ -98,3 +99,24 @@ class TierBudget:
         with translating("budget read"):
             members = self._client.zrange(self._keys.lru, 0, n - 1)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+
+    def settle(self, tag: str, n_bytes: int, degrade: Callable[[str], bool | None]) -> int:
+        """Charge mind `tag` `n_bytes` (0: none), then `degrade` the least recently used other
+        minds while the tier is over budget; how many were degraded. `degrade(victim)` is True
+        when it freed chunks, False when there were none, None when the victim kept moving (it
+        is not idle: the next one is tried)."""
+        total = self.charge(tag, n_bytes) if n_bytes else self.uncharge(tag)
+        n_degraded = 0
+        skipped: set[str] = {tag}  # the mind just published, and victims that kept moving
+        while total > self.budget_bytes:
+            oldest = self.oldest(len(skipped) + 1)
+            victim = next((t for t in oldest if t not in skipped), None)
+            if victim is None:
+                break
+            freed = degrade(victim)
+            if freed is None:
+                skipped.add(victim)
+                continue
+            total = self.uncharge(victim)
+            n_degraded += int(freed)
+        return n_degraded

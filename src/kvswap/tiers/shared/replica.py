@@ -1,0 +1,278 @@
+"""The shared tier as one replica runs it: the one object the server holds (`SharedTier`).
+
+Built from the cluster's slice of the configuration (`ClusterSettings`) and the engine's
+handles, it owns the Redis client, this process's incarnation (a random token: a restarted
+replica inherits no lease), the page store, the token log, the holdings (leases and their
+renewal thread), the writer (the publication thread), the resumer and the counters, and wires
+them: a mind lost to another replica is forgotten here; Redis answering again makes every
+failed publication due.
+
+Its methods block on Redis or on the engine's answers: the server calls them on worker threads,
+never on the event loop. `take` is the ownership step of every turn of a mind: renew the lease
+held (Redis away: keep serving what is held, without waiting on Redis each turn), else acquire
+it, else say who holds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import numpy.typing as npt
+
+from kvswap.config.settings import ClusterSettings
+from kvswap.core.keys import PageKey
+from kvswap.engine.client import PagesHandle
+from kvswap.engine.commands import Command
+from kvswap.engine.kv.pagefmt import PageGeometry
+from kvswap.files import Publisher
+from kvswap.tiers.shared.connection import connect
+from kvswap.tiers.shared.errors import TierUnavailable, translating
+from kvswap.tiers.shared.health import TierHealth
+from kvswap.tiers.shared.holdings import Held, Holdings
+from kvswap.tiers.shared.lease import Incarnation, LeaseHolder, Leases
+from kvswap.tiers.shared.local import LocalMinds
+from kvswap.tiers.shared.resume import Resumed, Resumer
+from kvswap.tiers.shared.stats import ResumeStats
+from kvswap.tiers.shared.store import SharedStore, StoreCounters
+from kvswap.tiers.shared.token_log import TokenLog
+from kvswap.tiers.shared.writer import MindWriter
+
+log = logging.getLogger("kvswap.shared")
+
+
+@dataclass(frozen=True)
+class HeldView:
+    """One mind this replica holds, as /pages shows it."""
+
+    key: PageKey
+    fence: int
+    n_tokens: int
+    n_published: int
+    n_unpublished: int
+    published_gen: int
+    dirty: bool
+
+
+@dataclass(frozen=True)
+class TierView:
+    """The shared tier as /pages, /props and /metrics show it."""
+
+    replica_id: str
+    advertise_url: str
+    url: str  # the Redis URL without its password
+    lease_ms: int
+    rpo_tokens: int
+    rpo_s: float
+    budget_bytes: int | None
+    reachable: bool
+    n_unreachable: int
+    tier_bytes: int | None  # the budget's count of page bytes in the tier (None: no budget)
+    redis_used_bytes: int | None  # Redis's own memory count (None: Redis away)
+    store: StoreCounters
+    token_log: dict[str, int]
+    writer: dict[str, int]
+    resumes: dict[str, float]
+    held: tuple[HeldView, ...]
+
+
+def redacted(url: str) -> str:
+    """The URL without its password (for /props and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class SharedTier:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        settings: ClusterSettings,
+        *,
+        post: Callable[[Command], None],
+        pages: PagesHandle,
+        publisher: Publisher | None,
+        geometry: Callable[[], PageGeometry],
+        forget_files: Callable[[PageKey], None],
+    ) -> None:
+        """`forget_files`: the demoter's `forget` (a mind's spilled files removed, under its
+        spill lock)."""
+        assert settings.shared_tier and settings.replica_id and settings.advertise_url
+        self.settings = settings
+        self.geometry = geometry
+        self.incarnation = Incarnation.new(settings.replica_id, settings.advertise_url)
+        self.client = connect(settings.shared_tier)
+        self.health = TierHealth()
+        self.store = SharedStore(
+            self.client, replica_id=settings.replica_id, budget_bytes=settings.shared_tier_bytes
+        )
+        self.token_log = TokenLog(self.client)
+        self.local = LocalMinds(
+            post=post,
+            pages=pages,
+            publisher=publisher,
+            geometry=geometry,
+            forget_files=forget_files,
+        )
+        self.holdings = Holdings(
+            self.client,
+            Leases(self.client, self.incarnation, settings.lease_ms),
+            prefix=self.store.prefix,
+            health=self.health,
+            busy=lambda key: not pages.registry.idle([key]),
+            on_lost=self._lost,
+        )
+        self.writer = MindWriter(
+            holdings=self.holdings,
+            store=self.store,
+            token_log=self.token_log,
+            local=self.local,
+            registry=pages.registry,
+            health=self.health,
+            rpo_tokens=settings.rpo_tokens,
+            rpo_s=settings.rpo_seconds,
+        )
+        self.resumer = Resumer(
+            holdings=self.holdings,
+            store=self.store,
+            token_log=self.token_log,
+            local=self.local,
+            health=self.health,
+        )
+        self.stats = ResumeStats()
+        self._closed = False
+
+    @property
+    def replica_id(self) -> str:
+        return self.incarnation.replica_id
+
+    def start(self) -> None:
+        self.holdings.start()
+        self.writer.start()
+        log.info(
+            "shared tier %s: replica %s at %s (lease %d ms, RPO %d tokens / %.0f s)",
+            redacted(self.settings.shared_tier or ""),
+            self.replica_id,
+            self.incarnation.advertise_url,
+            self.settings.lease_ms,
+            self.settings.rpo_tokens,
+            self.settings.rpo_seconds,
+        )
+
+    # -- a turn ------------------------------------------------------------------------------
+
+    def take(self, key: PageKey) -> Held | LeaseHolder:
+        """The mind's lease for a turn: the record when it is ours (renewed, or taken now),
+        else who holds it. Raises TierUnavailable when Redis is away and the mind is not held
+        here (a held mind keeps serving)."""
+        held = self.holdings.get(key)
+        if held is not None and held.lost:
+            self.holdings.drop(held)
+            held = None
+        if held is not None:
+            if not self.health.reachable:
+                return held  # Redis away: keep serving (the renewal thread finds it back)
+            try:
+                if self.holdings.renew(held):
+                    self.health.ok()
+                    return held
+            except TierUnavailable as err:
+                self.health.failed("lease renewal", err)
+                return held
+        try:
+            got = self.holdings.take(key)
+        except TierUnavailable as err:
+            self.health.failed("lease acquire", err)
+            raise
+        self.health.ok()
+        return got
+
+    def resume(self, held: Held) -> Resumed:
+        return self.resumer.resume(held, self.geometry())
+
+    def end_turn(self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
+        return self.writer.end_turn(key, turn_id, tokens)
+
+    def forget(self, key: PageKey) -> None:
+        """Drop the local copies of a mind lost during its turn (the turn has ended)."""
+        self.local.forget(key)
+
+    def hand_off(self, key: PageKey) -> bool:
+        return self.writer.hand_off(key)
+
+    def end_mind(self, key: PageKey) -> None:
+        """A slot verb ended the mind here: out of the tier too (TierUnavailable: it stays)."""
+        self.writer.end_mind(key)
+
+    def holder(self, key: PageKey) -> LeaseHolder | None:
+        """Who holds the mind's lease now (None: free). Raises TierUnavailable."""
+        return self.holdings.leases.holder(self.holdings.keys_of(key))
+
+    def _lost(self, held: Held) -> None:
+        """Another replica has the mind: drop our copies (unless a turn still runs on it: its
+        end finds the mind lost and drops them then)."""
+        self.local.forget(held.key)
+
+    # -- views -------------------------------------------------------------------------------
+
+    def view(self, read_redis: bool = True) -> TierView:
+        """The tier's state; with `read_redis`, Redis's byte counts too (then call it on a
+        worker thread)."""
+        tier_bytes = used = None
+        try:
+            with translating("tier statistics"):
+                if read_redis and self.store.budget is not None:
+                    tier_bytes = self.store.budget.total_bytes()
+                if read_redis:
+                    used = int(self.client.info("memory").get("used_memory", 0))
+        except TierUnavailable:
+            pass
+        s = self.settings
+        held = tuple(
+            HeldView(h.key, h.lease.fence, len(h.tokens), h.n_published, h.n_unpublished,
+                     h.published_gen, h.dirty_since is not None)
+            for h in self.holdings.all()
+        )  # fmt: skip
+        return TierView(
+            replica_id=self.replica_id,
+            advertise_url=self.incarnation.advertise_url,
+            url=redacted(s.shared_tier or ""),
+            lease_ms=s.lease_ms,
+            rpo_tokens=s.rpo_tokens,
+            rpo_s=s.rpo_seconds,
+            budget_bytes=s.shared_tier_bytes,
+            reachable=self.health.reachable,
+            n_unreachable=self.health.n_failures,
+            tier_bytes=tier_bytes,
+            redis_used_bytes=used,
+            store=self.store.counters_now(),
+            token_log=self.token_log.counters(),
+            writer=self.writer.counters(),
+            resumes=self.stats.snapshot(),
+            held=held,
+        )
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Publish every dirty mind and release every lease (SIGTERM, sleep); the engine must
+        still run. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.writer.drain()
+        finally:
+            self.holdings.stop()
+
+    def close(self) -> None:
+        self.drain()
+        self.store.close()
+        self.client.close()

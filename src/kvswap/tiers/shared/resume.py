@@ -1,0 +1,152 @@
+"""Resuming a mind this replica has just taken over: what to restore once its lease is ours.
+
+A mind whose lease was just acquired (its replica died, drained or handed it off; or it is new)
+resumes from the best state there is:
+1. the tier's page, when the tier holds one: fetched with every chunk checked (`store.fetch`)
+   into a buffer of our own, and handed to the engine with the turn (`Submit.restore`, the path
+   of a disk read-back: one memcpy into the slot); the local copies, older or not ours, are
+   forgotten first, so the engine seats the fetched state;
+2. a fetch that misses (a chunk gone or corrupt, another model, Redis away) is counted and
+   logged, and falls back to the local copies, then to nothing: the engine prefills the
+   request's whole prompt. The next publication then writes a whole page (no chunk of the bad
+   generation is reused);
+3. a mind the tier never held is served from the local copies, as without a cluster.
+The token log is read too: it says which tokens the mind held before this turn, so the turn
+can count the tokens it had to prefill again (for a retried turn that its dead owner had
+already logged, what the restored page held).
+
+A mind held here already needs none of this. Blocking (Redis, the engine, file removal): run
+on a worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kvswap.core.keys import PageKey
+from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.kv.pagefmt import PageGeometry
+from kvswap.engine.kv.slotstate import SlotState, state_of_page
+from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
+from kvswap.tiers.shared.health import TierHealth
+from kvswap.tiers.shared.holdings import Held, Holdings
+from kvswap.tiers.shared.local import LocalMinds
+from kvswap.tiers.shared.store import Fetched, SharedStore
+from kvswap.tiers.shared.token_log import TokenLog
+
+log = logging.getLogger("kvswap.shared")
+
+_CHUNK_MISSES = (MissReason.CHUNK_MISSING, MissReason.CHUNK_CORRUPT)
+
+
+@dataclass
+class Resumed:
+    """How a turn starts on a mind: the state to restore, and what the resume cost."""
+
+    # "held" (nothing to do), "new" (a mind no tier holds), "tier", or after a miss "local"
+    # (its copies here) or "none" (its prompt is prefilled)
+    source: str
+    state: SlotState | None = None  # the tier's page, to apply with the turn
+    tokens_known: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    last_turn: str = ""  # the token log's last turn id (this very turn's, when it is a retry)
+    page_tokens: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
+    miss: str = ""  # why the tier's page was not used, when it had one
+    fetch_s: float = 0.0
+    verify_s: float = 0.0
+    n_bytes: int = 0
+    _buffers: list[mmap.mmap] = field(default_factory=list, repr=False)
+
+    def alloc(self, n_bytes: int) -> memoryview:
+        """A buffer for the fetched page, closed with this resume."""
+        buffer = new_buffer(n_bytes)
+        self._buffers.append(buffer)
+        return memoryview(buffer)
+
+    @property
+    def taken_over(self) -> bool:
+        return self.source not in ("held", "new")
+
+    def close(self) -> None:
+        """Free the fetched page (once the engine has applied it)."""
+        if self.state is not None:
+            self.state.release()
+            self.state = None
+        for buffer in self._buffers:
+            buffer.close()
+        self._buffers.clear()
+
+
+class Resumer:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        holdings: Holdings,
+        store: SharedStore,
+        token_log: TokenLog,
+        local: LocalMinds,
+        health: TierHealth,
+    ) -> None:
+        self.holdings = holdings
+        self.store = store
+        self.token_log = token_log
+        self.local = local
+        self.health = health
+
+    def resume(self, held: Held, geometry: PageGeometry) -> Resumed:
+        """What the mind's next turn starts from (`held` was just taken when not resumed)."""
+        if held.resumed:
+            return Resumed("held", tokens_known=held.tokens)
+        keys = held.lease.keys
+        try:
+            tokens, last_turn = self.token_log.read_with_turn(keys)
+        except TierUnavailable as err:
+            self.health.failed("token log read", err)
+            tokens, last_turn = np.zeros(0, np.int32), ""
+            self.holdings.update(held, log_behind=True)
+        self.holdings.update(held, tokens=tokens, turn_id_logged=last_turn, resumed=True)
+        record = self.store.read_manifest(keys)
+        if isinstance(record, Miss) and record.reason is MissReason.ABSENT:
+            # the tier never held it: a new mind, or one this replica holds from before the
+            # cluster (its copies here serve it, as without a shared tier)
+            return Resumed("new", tokens_known=tokens, last_turn=last_turn)
+        out = Resumed("tier", tokens_known=tokens, last_turn=last_turn)
+        fetched = self.store.fetch(keys, fingerprint=geometry.file_fingerprint(), alloc=out.alloc)
+        if isinstance(fetched, Fetched):
+            self.local.forget(held.key)
+            out.state = state_of_page(fetched.page, fetched.layout)
+            out.page_tokens = out.state.tokens
+            out.fetch_s, out.verify_s, out.n_bytes = (
+                fetched.seconds,
+                fetched.verify_s,
+                fetched.n_bytes_read,
+            )
+            fetched.page.release()
+            m = fetched.manifest
+            self.holdings.update(held, n_published=m.n_tokens, published_gen=m.gen, published_seq=0)
+            return out
+        out.close()
+        if fetched.reason is MissReason.UNAVAILABLE:
+            self.health.failed("page fetch", RuntimeError(fetched.detail))
+        source = self._fallback(held.key)
+        log.warning(
+            "mind %s: the shared tier's page is not usable (%s: %s); resuming from %s",
+            held.key.name,
+            fetched.reason.value,
+            fetched.detail,
+            "its copy here" if source == "local" else "its prompt (a re-prefill)",
+        )
+        self.holdings.update(
+            held, published_gen=fetched.gen, publish_whole=fetched.reason in _CHUNK_MISSES
+        )
+        return Resumed(source, tokens_known=tokens, last_turn=last_turn, miss=fetched.reason.value)
+
+    def _fallback(self, key: PageKey) -> str:
+        """Where the turn starts without the tier's page: this replica's copies, or nothing."""
+        return "local" if self.local.has(key) else "none"
