@@ -46,6 +46,25 @@ def server_factory(
         server.stop()
 
 
+@pytest.fixture()
+def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """Servers of one test, each started afresh (`save`: a `--slot-save-path` folder, made if
+    missing) and stopped when the test ends."""
+    started: list[ServerProcess] = []
+
+    def get(*args: str, save: Path | None = None) -> ServerProcess:
+        if save is not None:
+            save.mkdir(exist_ok=True)
+        full = [*args] + (["--slot-save-path", str(save)] if save is not None else [])
+        server = ServerProcess(full, tmp_path / f"server{len(started)}.log")
+        started.append(server)
+        return server
+
+    yield get
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def small_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     return server_factory(*SMALL_ARGS, save_path=True)

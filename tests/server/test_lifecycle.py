@@ -15,7 +15,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +28,6 @@ from tests.server.harness import ServerProcess, chat_prompt
 pytestmark = pytest.mark.model
 
 MINDS_ARGS = ("-c", "2048", "-np", "2", "-t", "1", "-tb", "1", "-ub", "128", "--metrics")
-
-
-@pytest.fixture()
-def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def get(*args: str) -> ServerProcess:
-        server = ServerProcess(list(args), tmp_path / f"s{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield get
-    for server in started:
-        server.stop()
 
 
 def _wait_for(cond: Callable[[], bool], timeout_s: float = 60, what: str = "") -> None:

@@ -8,7 +8,7 @@ places a user sees it: /pages, the files under the save path, and the next turn'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +22,6 @@ pytestmark = pytest.mark.model
 
 ARGS = ("-c", "2048", "-np", "2", "-t", "1", "-tb", "1", "-ub", "128", "--metrics")
 KA, KB = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
-
-
-@pytest.fixture()
-def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def get(*args: str) -> ServerProcess:
-        server = ServerProcess(list(args), tmp_path / f"s{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield get
-    for server in started:
-        server.stop()
 
 
 class Mind:

@@ -6,7 +6,7 @@ names per API key, typed refusals, /pages tiers and metrics."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,23 +89,6 @@ def _wait_for(cond: Callable[[], bool], timeout_s: float = 20) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.1)
-
-
-@pytest.fixture()
-def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def get(*args: str, save: Path | None = None) -> ServerProcess:
-        if save is not None:
-            save.mkdir(exist_ok=True)
-        full = [*args] + (["--slot-save-path", str(save)] if save is not None else [])
-        server = ServerProcess(full, tmp_path / f"server{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield get
-    for server in started:
-        server.stop()
 
 
 def test_minds_beyond_slots_and_ram_match_own_slot_runs(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,20 +53,6 @@ class Minds:
             + f"<|im_end|>\n<|im_start|>user\nAnd box {turn}?<|im_end|>\n<|im_start|>assistant\n"
         )
         return out
-
-
-@pytest.fixture()
-def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
-
-    def get(*args: str) -> ServerProcess:
-        server = ServerProcess(list(args), tmp_path / f"server{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield get
-    for server in started:
-        server.stop()
 
 
 # About a minute on an idle 2-core machine; a shared, loaded one can take ten times that.
