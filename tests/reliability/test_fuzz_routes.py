@@ -28,6 +28,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from kvswap.core.errors import ErrorKind
-from kvswap.tiers.mindfiles import MINDS_DIR
+from kvswap.core.keys import mind_key, namespace_of
+from kvswap.tiers.mindfiles import MINDS_DIR, file_name
 from kvswap.tiny import tiny_model_path
 from tests.files.util import tree
 from tests.reliability.openapi_cases import Case, Fuzzer
@@ -94,7 +96,8 @@ class Tenants:
     root: Path
     secret_prompt: list[int]
     secret_tokens: list[int]  # what tenant 2's mind holds (its KV)
-    protected: tuple[str, ...]  # the files tenant 2's mind was spilled to
+    protected: tuple[str, ...]  # names aimed at the files tenant 2's mind was spilled to
+    into: tuple[str, ...]  # of those, the ones that name its folder or a path into it
 
 
 def _args(root: Path) -> tuple[str, ...]:
@@ -121,15 +124,23 @@ def tenants(
     assert resp.status_code == 200, resp.text
     out = resp.json()
     assert first.stop(signal.SIGTERM) in (0, -signal.SIGTERM)  # spills tenant 2's mind
-    minds = root / "slots" / MINDS_DIR
-    spilled = [p.relative_to(root / "slots") for p in minds.iterdir()]
-    assert spilled, "the mind was not spilled at exit"
-    # Every name that could reach its files: the folder, each file's path and its bare name.
-    protected = tuple(sorted({MINDS_DIR, *map(str, spilled), *(p.name for p in spilled)}))
+    secret = _secret_files(root)
+    assert secret, "the mind was not spilled at exit"
+    # Names aimed at its files: the folder and paths into it (a request naming them must fail),
+    # and the files' own names (as slot file names they name other files: harmless, so long as
+    # the mind's files never change, which every case checks).
+    into = (MINDS_DIR, *(f"{MINDS_DIR}/{name}" for name in secret))
     server = server_factory(
         *_args(root), fresh=True, env={"PYTHONFAULTHANDLER": "1"}, cwd=root / "cwd"
     )
-    return Tenants(server, root, prompt, prompt + out["tokens"][:-1], protected)
+    tokens = prompt + out["tokens"][:-1]
+    return Tenants(server, root, prompt, tokens, (*into, *secret), into)
+
+
+def _secret_files(root: Path) -> dict[str, tuple[str, bytes]]:
+    """Tenant 2's mind's files in the minds' folder, with their content digests."""
+    stem = file_name(mind_key(namespace_of(K2), SECRET))
+    return {k: v for k, v in tree(root / "slots" / MINDS_DIR).items() if k.startswith(stem)}
 
 
 def assert_typed_error(resp: httpx.Response, body: bytes) -> None:
@@ -154,6 +165,7 @@ def _names_in(case: Case) -> set[str]:
 def check_case(t: Tenants, case: Case) -> int:
     """Send one case and check the answer and the server; returns the HTTP status."""
     server = t.server
+    secret = _secret_files(t.root)  # no case of tenant 1 may change them
     headers = {"Content-Type": "application/json", **dict(case.headers)}
     with server.client.stream(case.method, case.url, content=case.content, headers=headers) as r:
         body = r.read()
@@ -168,8 +180,9 @@ def check_case(t: Tenants, case: Case) -> int:
                     assert event["error"]["type"] in ERROR_TYPES, event
                     assert event["error"]["type"] != ErrorKind.SERVER.value, event
     if r.status_code < 300 and case.url.startswith("/slots/"):
-        reached = _names_in(case) & set(t.protected)
+        reached = _names_in(case) & set(t.into)
         assert not reached, f"tenant 1 reached tenant 2's mind files {reached}: {body[:300]!r}"
+    assert _secret_files(t.root) == secret, f"tenant 2's mind files changed: {body[:300]!r}"
     assert server.proc.poll() is None, server.log()
     assert server.client.get("/health").status_code == 200, server.log()
     return r.status_code
@@ -226,6 +239,14 @@ def test_every_route_survives_generated_requests_of_another_tenant(tenants: Tena
     back = server.post("/completion", probe, headers={"Authorization": f"Bearer {K2}"})
     assert back.status_code == 200, back.text
     assert back.json()["timings"]["cache_n"] == len(t.secret_tokens), back.json()["timings"]
+    # Its turn changed it: the cases after this one start once that change is on disk.
+    deadline = time.monotonic() + 60
+    while True:
+        minds = server.client.get("/pages", headers={"Authorization": f"Bearer {K2}"}).json()
+        if all(m["n_tokens_on_disk"] == m["n_tokens"] for m in minds["minds"]):
+            break
+        assert time.monotonic() < deadline, minds
+        time.sleep(0.1)
     # A tenant that made nothing sees nothing.
     pages = server.client.get("/pages", headers={"Authorization": f"Bearer {K3}"}).json()
     assert pages.get("minds", []) == [] and pages["pages"] == [], pages
