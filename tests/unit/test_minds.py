@@ -1,6 +1,8 @@
 """Minds without a model: keys and namespaces, slot choice for named and anonymous requests,
 the anonymous cache's block hashes, and the page store's trim."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,7 @@ from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, namespace_of, page_key, spare_key
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, block_hashes
+from kvswap.engine.minds.registry import DiskCopy, MindRegistry
 from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
 from kvswap.engine.slot import Slot
 from kvswap.tiers.mindfiles import file_name, key_of
@@ -103,3 +106,21 @@ def test_trim_gives_back_the_unused_part_of_a_reservation() -> None:
     assert store.reservations() == [(_m("m"), 400)]
     store.cancel(res)
     assert store.charged_bytes == 0
+
+
+def test_a_copy_taken_before_a_turn_never_makes_the_mind_clean() -> None:
+    """A flush postpones a mind's dirty mark; a turn seated after the copy was taken must keep
+    it dirty when that copy's write is recorded (else the spill before exit skipped it and a
+    restart served the older copy)."""
+    reg = MindRegistry()
+    key = _m("ann")
+    reg.record_disk(key, DiskCopy(100, 10, 0.0))
+    reg.touch(key)
+    assert reg.due_for_flush(0.0) == [key]  # postponed: its mark is now
+    t_copied = time.time()
+    time.sleep(0.01)
+    reg.touch(key)  # a turn after the copy was taken
+    reg.flushed(key, t_copied)
+    assert not reg.is_clean(key)
+    reg.flushed(key, time.time())  # a copy taken after the turn
+    assert reg.is_clean(key)

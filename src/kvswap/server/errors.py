@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from kvswap.core.errors import ErrorKind, KvswapError, MindUnavailable
 from kvswap.engine.client import ClientGone
@@ -104,7 +105,8 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(ClientGone)
-    async def _gone(_: Request, exc: ClientGone) -> JSONResponse:
+    @app.exception_handler(ClientDisconnect)  # gone while its body was being read
+    async def _gone(_: Request, exc: Exception) -> JSONResponse:
         # The client hung up and its work was cancelled; nobody reads this answer. Without
         # this handler each hang-up was logged as an unhandled error with two tracebacks.
         log.debug("client went away; its request was cancelled")

@@ -136,7 +136,13 @@ class MindRegistry:
         """A disk copy of the mind taken at `t_copied_unix_s` is written: clean, unless it was
         used after that."""
         with self._lock:
-            if self._dirty_since.get(key, float("inf")) <= t_copied_unix_s:
+            # Its first change since the last copy is not enough: a flush postpones that mark,
+            # and a turn seated after the copy was taken changed it again (`touch` keeps the
+            # earlier mark), so its last use must predate the copy too.
+            if (
+                self._dirty_since.get(key, float("inf")) <= t_copied_unix_s
+                and self._last_used.get(key, 0.0) <= t_copied_unix_s
+            ):
                 del self._dirty_since[key]
 
     def due_for_flush(self, age_s: float) -> list[PageKey]:
