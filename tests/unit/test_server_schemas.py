@@ -237,7 +237,6 @@ def test_oai_completion_refuses_echo_best_of_and_suffix() -> None:
     [
         None,
         "string",
-        [],  # OpenAI answers an empty conversation with a 400 (the newcomer note, finding 18)
         [123],
         [{}],
         [{"role": 123}],
@@ -659,3 +658,15 @@ def test_check_token_ids() -> None:
     params.check_token_ids([0, 99], 100)
     with pytest.raises(KvswapError):
         params.check_token_ids([100], 100)
+
+
+def test_an_openai_chat_with_no_messages_is_a_400_but_the_shared_body_accepts_it() -> None:
+    """OpenAI answers an empty conversation with a 400 (the newcomer note, finding 18); the
+    Anthropic route, which builds the same body, accepts it as llama-server does."""
+    from kvswap.core.errors import ErrorKind, KvswapError
+    from kvswap.server.openai.routes_chat import _chat_body
+
+    with pytest.raises(KvswapError) as err:
+        _chat_body(b'{"messages": []}')
+    assert err.value.kind is ErrorKind.INVALID_REQUEST and "messages" in err.value.message
+    assert parse_body(ChatCompletionRequest, b'{"messages": []}').messages == []

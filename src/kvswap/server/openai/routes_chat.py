@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.parser import ChatParser
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.types import (
     Completion,
     Event,
@@ -135,7 +136,7 @@ async def chat_completion(request: Request) -> Response:
     raw = await request.body()
 
     def prepare() -> tuple[ChatCompletionRequest, ChatPlan, list[GenerationRequest]]:
-        body = parse_body(ChatCompletionRequest, raw)
+        body = _chat_body(raw)
         plan = plan_chat(state, body)
         tokens = [prompt_tokens(state, plan.prompt)]
         return body, plan, generation_requests(state, body, tokens, plan.constraint, http=request)
@@ -206,8 +207,20 @@ async def chat_input_tokens(request: Request) -> Response:
     raw = await request.body()
 
     def count() -> int:
-        body = parse_body(ChatCompletionRequest, raw)
+        body = _chat_body(raw)
         return len(prompt_tokens(state, plan_chat(state, body).prompt))
 
     n = await prepared(raw, count)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
+
+
+def _chat_body(raw: bytes) -> ChatCompletionRequest:
+    """An OpenAI chat body; no messages is a 400, as OpenAI's API (the Anthropic and Responses
+    routes, which build the same body, accept an empty conversation, as llama-server does)."""
+    body = parse_body(ChatCompletionRequest, raw)
+    if not body.messages:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST,
+            "'messages' must contain at least one message (as OpenAI's API)",
+        )
+    return body

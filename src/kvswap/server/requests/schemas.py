@@ -334,8 +334,6 @@ class ChatCompletionRequest(GenerationFields):
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
-        if not self.messages:
-            raise ValueError("'messages' must contain at least one message (as OpenAI's API)")
         if self.json_schema is not None and self.grammar:
             raise ValueError("Cannot use both json_schema and grammar")
         if not self.logprobs and self.top_logprobs is not None:
