@@ -26,8 +26,8 @@ from kvswap.core.types import (
     TokenProb,
     TokenProbs,
 )
-from kvswap.server import formats
-from kvswap.server.llama import formats_info, formats_native
+from kvswap.server import formats, formats_native
+from kvswap.server.llama import formats_info
 from kvswap.server.llama.formats_info import (
     ContextGeometry,
     KvGeometry,

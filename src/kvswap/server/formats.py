@@ -4,7 +4,7 @@
 Pure functions from engine results to JSON-able dicts, in llama-server's shapes (read from
 `server-task.cpp`, `server-common.cpp` and `server-context.cpp`; the source function is named
 on each). `/completion` lives in `formats_native.py`, the OpenAI routes in `formats_oai.py`,
-/slots, /props and /v1/models in `formats_info.py`. Error bodies are `errors.error_body`'s and
+/slots, /props and /v1/models in `formats_info.py`. Error bodies are `errors.error_json`'s and
 server-sent events `sse.py`'s.
 
 No I/O, no engine calls, no clocks: ids and timestamps come in as arguments.
@@ -155,7 +155,46 @@ def generation_settings_json(
     s = req.sampling if sampling is None else sampling
     x = TaskExtras() if extras is None else extras
     full = not only_metrics
-    out: dict[str, Any] = {
+    out = _sampler_json(s, full=full)
+    out.update(
+        {
+            **({"stop": list(req.stop)} if full else {}),
+            "max_tokens": req.n_predict,
+            "n_predict": req.n_predict,
+            "n_keep": x.n_keep,
+            "n_discard": x.n_discard,
+            "ignore_eos": s.ignore_eos,
+            "stream": req.stream,
+            **({"logit_bias": logit_bias_json(s.logit_bias)} if full else {}),
+            "n_probs": req.n_probs,
+            "min_keep": s.min_keep,
+        }
+    )
+    if full:
+        out["grammar"] = x.grammar
+        out["grammar_lazy"] = x.grammar_lazy
+        out["grammar_triggers"] = []
+        out["preserved_tokens"] = []
+    out.update(
+        {
+            "chat_format": x.chat_format,
+            "reasoning_format": x.reasoning_format,
+            "reasoning_in_content": x.reasoning_in_content,
+            "generation_prompt": x.generation_prompt,
+            "samplers": list(s.samplers),
+            "speculative.types": x.speculative_types,
+            "timings_per_token": req.timings_per_token,
+            "post_sampling_probs": req.post_sampling_probs,
+            "backend_sampling": x.backend_sampling,
+            "lora": [{"id": i, "scale": scale} for i, scale in req.lora_request],
+        }
+    )
+    return out
+
+
+def _sampler_json(s: SamplingParams, *, full: bool) -> dict[str, Any]:
+    """The sampler settings, in `task_params::to_json`'s order (the DRY breakers when `full`)."""
+    return {
         "seed": s.seed,
         "temperature": s.temperature,
         "dynatemp_range": s.dynatemp_range,
@@ -181,37 +220,7 @@ def generation_settings_json(
         "mirostat_eta": s.mirostat_eta,
         "adaptive_target": s.adaptive_target,
         "adaptive_decay": s.adaptive_decay,
-        **({"stop": list(req.stop)} if full else {}),
-        "max_tokens": req.n_predict,
-        "n_predict": req.n_predict,
-        "n_keep": x.n_keep,
-        "n_discard": x.n_discard,
-        "ignore_eos": s.ignore_eos,
-        "stream": req.stream,
-        **({"logit_bias": logit_bias_json(s.logit_bias)} if full else {}),
-        "n_probs": req.n_probs,
-        "min_keep": s.min_keep,
     }
-    if full:
-        out["grammar"] = x.grammar
-        out["grammar_lazy"] = x.grammar_lazy
-        out["grammar_triggers"] = []
-        out["preserved_tokens"] = []
-    out.update(
-        {
-            "chat_format": x.chat_format,
-            "reasoning_format": x.reasoning_format,
-            "reasoning_in_content": x.reasoning_in_content,
-            "generation_prompt": x.generation_prompt,
-            "samplers": list(s.samplers),
-            "speculative.types": x.speculative_types,
-            "timings_per_token": req.timings_per_token,
-            "post_sampling_probs": req.post_sampling_probs,
-            "backend_sampling": x.backend_sampling,
-            "lora": [{"id": i, "scale": scale} for i, scale in req.lora_request],
-        }
-    )
-    return out
 
 
 def logit_bias_json(logit_bias: Sequence[tuple[int, float]]) -> list[dict[str, Any]]:

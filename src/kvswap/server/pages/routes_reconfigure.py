@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
 from kvswap.engine.plan.geometry import Geometry
-from kvswap.server.guard import tenant_namespace
+from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openapi import body_schema
 from kvswap.server.requests.schemas import Body, parse_body
 from kvswap.server.state import get_state
