@@ -27,10 +27,10 @@ from kvswap.core.types import (
     TokenProbs,
 )
 from kvswap.server import formats, formats_native
+from kvswap.server.formats import KvGeometry
 from kvswap.server.llama import formats_info
 from kvswap.server.llama.formats_info import (
     ContextGeometry,
-    KvGeometry,
     ModelView,
     PropsView,
     SlotTaskView,

@@ -24,6 +24,7 @@ from kvswap.core.types import (
     Timings,
     TokenProbs,
 )
+from kvswap.engine.plan.geometry import Geometry
 
 FLOAT32_LOWEST = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): log(0)
 
@@ -220,6 +221,40 @@ def _sampler_json(s: SamplingParams, *, full: bool) -> dict[str, Any]:
         "mirostat_eta": s.mirostat_eta,
         "adaptive_target": s.adaptive_target,
         "adaptive_decay": s.adaptive_decay,
+    }
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """One context's KV geometry (the target's, or the draft's): /props `context_geometry`,
+    and the old and new geometries of a /reconfigure receipt."""
+
+    n_ctx: int  # the KV pool, all slots
+    n_ctx_slot: int  # one slot's window
+    n_parallel: int
+    n_batch: int
+    n_ubatch: int
+    kv_unified: bool
+    cache_type_k: str  # "f16", "q8_0", ...
+    cache_type_v: str
+
+    @classmethod
+    def of(cls, g: Geometry, *, n_ctx: int, n_ctx_slot: int) -> KvGeometry:
+        return cls(n_ctx, n_ctx_slot, g.n_parallel, g.n_batch, g.n_ubatch, g.kv_unified,
+                   g.cache_type_k, g.cache_type_v)  # fmt: skip
+
+
+def kv_geometry_json(g: KvGeometry) -> dict[str, Any]:
+    """A geometry as JSON, the one shape of /props and /reconfigure."""
+    return {
+        "n_ctx": g.n_ctx,
+        "n_ctx_slot": g.n_ctx_slot,
+        "n_parallel": g.n_parallel,
+        "n_batch": g.n_batch,
+        "n_ubatch": g.n_ubatch,
+        "kv_unified": g.kv_unified,
+        "cache_type_k": g.cache_type_k,
+        "cache_type_v": g.cache_type_v,
     }
 
 

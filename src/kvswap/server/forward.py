@@ -206,10 +206,12 @@ class Forwarder:
         finally:
             watching.cancel()
         if not sending.done():
+            # Read before the cancellation: a cancelled watch is done too once it has run.
+            gone = leaving.done()
             sending.cancel()
             leaving.cancel()
             await asyncio.gather(sending, return_exceptions=True)
-            return _Outcome.CUT if leaving.done() else _Outcome.NOT_REACHED
+            return _Outcome.CUT if gone else _Outcome.NOT_REACHED
         try:
             upstream = sending.result()
         except httpx.HTTPError as err:

@@ -20,10 +20,9 @@ from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
 from kvswap.minds.names import mind_name
 from kvswap.server import formats_cluster
 from kvswap.server.asgi import tenant_namespace
-from kvswap.server.formats import detokenize_json, health_json, tokenize_json
+from kvswap.server.formats import KvGeometry, detokenize_json, health_json, tokenize_json
 from kvswap.server.llama.formats_info import (
     ContextGeometry,
-    KvGeometry,
     ModelView,
     PropsView,
     SlotTaskView,
@@ -60,16 +59,7 @@ async def health(request: Request) -> JSONResponse:
 
 def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:
     geo = snap.geometry
-    target = KvGeometry(
-        n_ctx=snap.n_ctx,
-        n_ctx_slot=snap.n_ctx_slot,
-        n_parallel=geo.n_parallel,
-        n_batch=geo.n_batch,
-        n_ubatch=geo.n_ubatch,
-        kv_unified=geo.kv_unified,
-        cache_type_k=geo.cache_type_k,
-        cache_type_v=geo.cache_type_v,
-    )
+    target = KvGeometry.of(geo, n_ctx=snap.n_ctx, n_ctx_slot=snap.n_ctx_slot)
     spec = state.config.spec
     draft = None
     if spec.spec_type == "draft-simple":
