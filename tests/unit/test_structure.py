@@ -14,6 +14,8 @@
    (a unit's own modules import one another freely). The API families (`llama/`, `openai/`,
    `anthropic/`, `pages/`) share one rank, so none imports another, and only `server/app.py`
    imports an API family folder at all (no shell module, no other package).
+9. The shared tier is reached through its facade: outside `tiers/shared/`, a module imports
+   only `tiers.shared.replica` and `tiers.shared.errors` of it.
 
 Each test names every violation it finds. `KVSWAP_STRUCTURE_ROOT` points them at another tree
 (an older checkout, to see what they would have caught there).
@@ -89,6 +91,8 @@ SERVER_RANKS = {
     "app": 9,
 }
 API_FAMILIES = ("llama", "openai", "anthropic", "pages")
+SHARED_TIER = "kvswap.tiers.shared"
+SHARED_FACADE = ("kvswap.tiers.shared.replica", "kvswap.tiers.shared.errors")
 APP_MODULE = "kvswap.server.app"
 
 # A function may be this long at most (its `def` line to its last, nested functions included).
@@ -341,3 +345,14 @@ def test_only_the_app_imports_an_api_family() -> None:
         if (family := _server_unit(target)) in API_FAMILIES and _server_unit(name) != family
     ]
     assert not bad, f"only {APP_MODULE} imports an API family folder:\n" + "\n".join(bad)
+
+
+def test_the_shared_tier_is_reached_through_its_facade() -> None:
+    bad = [
+        f"{name}:{line} imports {target}"
+        for name, edges in EDGES.items()
+        if not name.startswith(SHARED_TIER)
+        for target, line in edges
+        if target.startswith(SHARED_TIER + ".") and target not in SHARED_FACADE
+    ]
+    assert not bad, "the shared tier's inside, reached past its facade:\n" + "\n".join(bad)

@@ -3,6 +3,9 @@
 Every name carries the `llamacpp:` prefix, counters and gauges each with HELP and TYPE lines, no
 `_created` series. The throughput gauges are rates since the previous read of /metrics, as
 llama-server's buckets; `MetricsRenderer` keeps the previous reading (it is the only state).
+llama-server's own series are tables (`LLAMA_COUNTERS`, `LLAMA_GAUGES`), as kvswap's are
+(`KVSWAP_SERIES`). In the shell: /metrics (`llama/`) and the shared tier's series
+(`formats_cluster`) both write with it.
 """
 
 from __future__ import annotations
