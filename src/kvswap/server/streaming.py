@@ -134,22 +134,26 @@ async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[T
         held = None
         if key is not None:
             session = state.minds.turn(key, turn_facts(http.scope, raw))
-            held = await _unless_gone(exits.enter_async_context(session), http)
+            gone = until_disconnect(http.receive)
+            held = await _unless_gone(exits.enter_async_context(session), gone)
         yield Turn(state.client, state.minds, held, exits)
 
 
-async def _unless_gone(work: Awaitable[T], http: Request) -> T:
-    """`work`'s result, or ClientGone (the work cancelled) when the client leaves first."""
+async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:
+    """`work`'s result, or ClientGone (the work cancelled) when the client leaves first
+    (`gone` returns)."""
     task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(until_disconnect(http.receive))
+    watch = asyncio.ensure_future(gone)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
         raise ClientGone()
     finally:
-        gone.cancel()
+        watch.cancel()
         if not task.done():
+            # Wait for the cancellation to land: a generator the work stepped must be
+            # suspended again before the caller closes it.
             task.cancel()
             await asyncio.wait({task})
 
@@ -208,23 +212,6 @@ def _error_event(event: EngineError) -> bytes:
     return sse(error_json(event.kind, event.message))
 
 
-async def _first(events: AsyncIterator[Indexed], gone: Awaitable[None]) -> Indexed:
-    """The first event, or ClientGone when the client leaves first."""
-    task = asyncio.ensure_future(events.__anext__())
-    watch = asyncio.ensure_future(gone)
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise ClientGone()
-    finally:
-        watch.cancel()
-        if not task.done():
-            # The generator must be suspended again before the caller closes it.
-            task.cancel()
-            await asyncio.wait({task})
-
-
 async def open_stream(
     runner: Turn,
     requests: Sequence[GenerationRequest],
@@ -246,7 +233,7 @@ async def open_stream(
     exits = runner.keep()
     events = _kept(runner, requests, exits)
     try:
-        first = await _first(events, until_disconnect(http.receive))
+        first = await _unless_gone(anext(events), until_disconnect(http.receive))
         if isinstance(first[1], EngineError):
             raise_error(first[1])
     except BaseException:
