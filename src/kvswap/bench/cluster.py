@@ -18,9 +18,10 @@ client-side, time to first token of a streamed `/completion` turn:
    to A: the time from the kill to its first token (A waits out B's lease, then resumes).
 4. A forwarded turn, per chat size (`--forward-sizes`): A holds a mind (a chat conversation of
    about that many tokens); its next turn (a streamed /v1/chat/completions) is sent to B, which
-   forwards it to A, against the same turn of a twin mind sent to A directly, alternated
-   (`--forward-turns` pairs). The difference is what forwarding costs a turn: B's placement, the
-   hop, and (before the turn was placed first) B's own preparation of the body.
+   forwards it to A, against the same turn of a twin mind sent to A directly (`--forward-turns`
+   pairs; each measured mind paged in from RAM alike). The difference is what forwarding costs
+   a turn: B's placement, the hop, and (before the turn was placed first) B's own preparation
+   of the body.
 
 Writes a Markdown report and a plot (`--out`). Timing figures on a shared machine are noisy:
 the ratios come from one run, side by side.
@@ -163,24 +164,30 @@ class ForwardResult:
 
 
 def forwarded_turns(a: Replica, b: Replica, n: int, n_pairs: int) -> ForwardResult:
-    """Pairs of turns of minds A holds: one sent to B (forwarded to A), its twin to A."""
+    """Pairs of turns of minds A holds: one sent to B (forwarded to A), its twin to A.
+
+    A has one slot: before each measured turn a small filler mind takes it, so both turns of
+    a pair page their mind in from RAM alike; the hand-off B asks after its forwarded turn is
+    waited for before the twin's turn (it would run beside it on A)."""
     words = TEXT.split()
     n_text = len(a.http.post("/tokenize", json={"content": TEXT}).json()["tokens"])
     history = conversation(n, len(words) / n_text)
     n_prompt = a.http.post("/v1/chat/completions/input_tokens", json={"messages": history})
     result = ForwardResult(int(n_prompt.json()["input_tokens"]), [], [])
     follow = [*history, {"role": "user", "content": "And the lighthouse keeper?"}]
+    filler = [{"role": "user", "content": "Hello."}]
     for i in range(n_pairs):
         names = (f"fwd{n}-{i}", f"dir{n}-{i}")
         for name in names:
             chat_turn(a, name, history)  # A builds (and holds) the mind
         handoffs = int(a.shared()["handoffs"])
+        chat_turn(a, "filler", filler)
         result.forwarded_s.append(chat_turn(b, names[0], follow))
-        result.direct_s.append(chat_turn(a, names[1], follow))
-        # B asks A for a hand-off after a forwarded turn: let it end before the next pair
         deadline = time.monotonic() + 60
         while int(a.shared()["handoffs"]) == handoffs and time.monotonic() < deadline:
             time.sleep(0.05)
+        chat_turn(a, "filler", filler)
+        result.direct_s.append(chat_turn(a, names[1], follow))
         print(
             f"forward {result.n_tokens}: forwarded {result.forwarded_s[-1] * 1e3:.1f} ms, "
             f"direct {result.direct_s[-1] * 1e3:.1f} ms",
