@@ -7,7 +7,7 @@ import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PUBLIC_NAMESPACE, mind_key, namespace_of
-from kvswap.server.pages.minds import mind_name, request_mind
+from kvswap.minds.names import mind_name, request_mind
 
 NAME = "ünï cødé"
 
@@ -18,26 +18,26 @@ def as_http(text: str) -> str:
 
 
 def test_a_utf8_header_and_the_body_name_the_same_mind() -> None:
-    by_header = request_mind({"x-mind-id": as_http(NAME)}, None, namespace=PUBLIC_NAMESPACE)
-    by_body = request_mind({}, NAME, namespace=PUBLIC_NAMESPACE)
-    both = request_mind({"x-mind-id": as_http(NAME)}, NAME, namespace=PUBLIC_NAMESPACE)
+    by_header = request_mind(as_http(NAME), None, namespace=PUBLIC_NAMESPACE)
+    by_body = request_mind(None, NAME, namespace=PUBLIC_NAMESPACE)
+    both = request_mind(as_http(NAME), NAME, namespace=PUBLIC_NAMESPACE)
     assert by_header == by_body == both == mind_key(PUBLIC_NAMESPACE, NAME)
 
 
 @pytest.mark.parametrize(
-    ("headers", "body"),
-    [({"x-mind-id": "x1"}, "x2"), ({"x-mind-id": "caf\xe9"}, None)],
+    ("header", "body"),
+    [("x1", "x2"), ("caf\xe9", None)],
     ids=["header-and-body-disagree", "header-not-utf8"],
 )
-def test_an_ambiguous_or_garbled_name_is_a_400(headers: dict[str, str], body: str | None) -> None:
+def test_an_ambiguous_or_garbled_name_is_a_400(header: str, body: str | None) -> None:
     with pytest.raises(KvswapError) as err:
-        request_mind(headers, body, namespace=PUBLIC_NAMESPACE)
+        request_mind(header, body, namespace=PUBLIC_NAMESPACE)
     assert err.value.kind is ErrorKind.INVALID_REQUEST
     assert "X-Mind-Id" in err.value.message
 
 
 def test_names_are_shown_only_to_their_own_key() -> None:
-    key = request_mind({"x-mind-id": "zed"}, None, namespace=namespace_of("ka"))
+    key = request_mind("zed", None, namespace=namespace_of("ka"))
     assert key is not None and key.namespace == namespace_of("ka")
     assert mind_name(key, namespace_of("ka")) == "zed"
     assert mind_name(key, namespace_of("kb")) is None

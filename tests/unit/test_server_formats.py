@@ -26,11 +26,11 @@ from kvswap.core.types import (
     TokenProb,
     TokenProbs,
 )
-from kvswap.server import formats
-from kvswap.server.llama import formats_info, formats_native
+from kvswap.server import formats, formats_native
+from kvswap.server.formats import KvGeometry
+from kvswap.server.llama import formats_info
 from kvswap.server.llama.formats_info import (
     ContextGeometry,
-    KvGeometry,
     ModelView,
     PropsView,
     SlotTaskView,

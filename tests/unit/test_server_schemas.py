@@ -18,6 +18,7 @@ from kvswap.config.settings import SamplingDefaults
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.sampling import DEFAULT_SAMPLERS, LLAMA_DEFAULT_SEED
 from kvswap.server.requests import params
+from kvswap.server.requests.chat import chat_messages
 from kvswap.server.requests.params import PromptPart
 from kvswap.server.requests.schemas import (
     ApplyTemplateRequest,
@@ -270,7 +271,7 @@ def test_chat_message_forms() -> None:
             {"role": "tool", "content": "42", "tool_call_id": "c1"},
         ]
     )
-    out = params.chat_messages(body)
+    out = chat_messages(body)
     assert out[0] == {"role": "system", "content": ""}
     assert out[1]["content"] == [{"type": "text", "text": "a"}]
     assert out[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x":1}'}
@@ -282,7 +283,7 @@ def test_chat_media_parts_are_501() -> None:
         messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     )
     with pytest.raises(KvswapError) as info:
-        params.chat_messages(body)
+        chat_messages(body)
     assert info.value.kind is ErrorKind.NOT_SUPPORTED
 
 

@@ -15,7 +15,7 @@ import ctypes
 from collections.abc import Sequence
 from functools import cache
 
-import llama_cpp
+from kvswap.backend.bindings import llama_cpp
 
 
 @cache

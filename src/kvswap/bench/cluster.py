@@ -16,6 +16,12 @@ client-side, time to first token of a streamed `/completion` turn:
    publication wrote (delta segments) against the page's size.
 3. Takeover after kill -9: B, holding the 4k mind (published), is killed; the next turn goes
    to A: the time from the kill to its first token (A waits out B's lease, then resumes).
+4. A forwarded turn, per chat size (`--forward-sizes`): A holds a mind (a chat conversation of
+   about that many tokens); its next turn (a streamed /v1/chat/completions) is sent to B, which
+   forwards it to A, against the same turn of a twin mind sent to A directly (`--forward-turns`
+   pairs; each measured mind paged in from RAM alike). The difference is what forwarding costs
+   a turn: B's placement, the hop, and (before the turn was placed first) B's own preparation
+   of the body.
 
 Writes a Markdown report and a plot (`--out`). Timing figures on a shared machine are noisy:
 the ratios come from one run, side by side.
@@ -31,6 +37,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import httpx
@@ -119,6 +126,76 @@ def turn(replica: Replica, mind: str, prompt: list[int], n_predict: int = 1) -> 
     return Turn(ttft, text, timings["cache_n"], timings["prompt_n"], timings["prompt_ms"], prompt)
 
 
+def chat_turn(replica: Replica, mind: str, messages: list[dict[str, str]]) -> float:
+    """A streamed chat turn of `mind` (one token): its time to the first chunk, in seconds."""
+    body = {"messages": messages, "max_tokens": 1, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    with replica.http.stream(
+        "POST", "/v1/chat/completions", json=body, headers={"X-Mind-Id": mind}
+    ) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{replica.url}: {r.status_code} {r.read().decode()}")
+        ttft = 0.0
+        for line in r.iter_lines():
+            if line.startswith("data: ") and not ttft:
+                ttft = time.perf_counter() - t0
+    return ttft
+
+
+def conversation(n_tokens: int, words_per_token: float) -> list[dict[str, str]]:
+    """A chat history of about `n_tokens` tokens, in turns of about 256."""
+    n_turns = max(1, n_tokens // 256)
+    text = " ".join(TEXT.split() * (1 + int(256 * words_per_token) // len(TEXT.split())))
+    turn_text = " ".join(text.split()[: int(256 * words_per_token)])
+    out: list[dict[str, str]] = []
+    for i in range(n_turns):
+        out += [
+            {"role": "user", "content": f"{i}: {turn_text}"},
+            {"role": "assistant", "content": "Noted."},
+        ]
+    return out
+
+
+@dataclass
+class ForwardResult:
+    n_tokens: int  # the conversation's tokens (as rendered by A)
+    forwarded_s: list[float]  # each forwarded turn's TTFT
+    direct_s: list[float]  # ... and its twin's, sent to the owner directly
+
+
+def forwarded_turns(a: Replica, b: Replica, n: int, n_pairs: int) -> ForwardResult:
+    """Pairs of turns of minds A holds: one sent to B (forwarded to A), its twin to A.
+
+    A has one slot: before each measured turn a small filler mind takes it, so both turns of
+    a pair page their mind in from RAM alike; the hand-off B asks after its forwarded turn is
+    waited for before the twin's turn (it would run beside it on A)."""
+    words = TEXT.split()
+    n_text = len(a.http.post("/tokenize", json={"content": TEXT}).json()["tokens"])
+    history = conversation(n, len(words) / n_text)
+    n_prompt = a.http.post("/v1/chat/completions/input_tokens", json={"messages": history})
+    result = ForwardResult(int(n_prompt.json()["input_tokens"]), [], [])
+    follow = [*history, {"role": "user", "content": "And the lighthouse keeper?"}]
+    filler = [{"role": "user", "content": "Hello."}]
+    for i in range(n_pairs):
+        names = (f"fwd{n}-{i}", f"dir{n}-{i}")
+        for name in names:
+            chat_turn(a, name, history)  # A builds (and holds) the mind
+        handoffs = int(a.shared()["handoffs"])
+        chat_turn(a, "filler", filler)
+        result.forwarded_s.append(chat_turn(b, names[0], follow))
+        deadline = time.monotonic() + 60
+        while int(a.shared()["handoffs"]) == handoffs and time.monotonic() < deadline:
+            time.sleep(0.05)
+        chat_turn(a, "filler", filler)
+        result.direct_s.append(chat_turn(a, names[1], follow))
+        print(
+            f"forward {result.n_tokens}: forwarded {result.forwarded_s[-1] * 1e3:.1f} ms, "
+            f"direct {result.direct_s[-1] * 1e3:.1f} ms",
+            flush=True,
+        )
+    return result
+
+
 def delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
     return float(after["resumes"][key]) - float(before["resumes"][key])
 
@@ -144,13 +221,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"size {n}: resume {got.resume.ttft_s * 1e3:.0f} ms, re-prefill "
                   f"{got.reprefill_s * 1e3:.0f} ms{est}", flush=True)  # fmt: skip
         per_turn = bytes_per_turn(b, words, args.delta_size)
+        forwards = [forwarded_turns(a, b, n, args.forward_turns) for n in args.forward_sizes]
         takeover = kill_and_take_over(a, b, words, args.delta_size)
     finally:
         for replica in (a, b):
             replica.http.close()
             replica.proc.stop(60)
         redis.stop()
-    return {"sizes": sizes, "per_turn": per_turn, "takeover": takeover, "root": str(root)}
+    return {"sizes": sizes, "per_turn": per_turn, "takeover": takeover, "forwards": forwards,
+            "root": str(root)}  # fmt: skip
 
 
 def resume_and_reprefill(
@@ -248,6 +327,15 @@ def report(result: dict[str, Any], args: argparse.Namespace, load: str) -> str:
         f"{tk['restore_s'] * 1e3:.1f} ms, prefill of {tk['prompt_n']} new tokens "
         f"{tk['prefill_s'] * 1e3:.0f} ms.",
         "",
+        "| chat tokens | forwarded turn TTFT ms (median) | direct turn TTFT ms (median) "
+        "| forwarding costs ms |",
+        "|---|---|---|---|",
+        *[
+            f"| {f.n_tokens} | {median(f.forwarded_s) * 1e3:.1f} | {median(f.direct_s) * 1e3:.1f} "
+            f"| {(median(f.forwarded_s) - median(f.direct_s)) * 1e3:.1f} |"
+            for f in result["forwards"]
+        ],
+        "",
         f"Model {Path(args.model or default_model_path()).name}, -t {args.threads}, one slot per "
         f"replica, loopback Redis; load average at the start: {load}.",
     ]
@@ -295,12 +383,17 @@ def main(argv: list[str]) -> int:
         default=4096,
         help="the mind (one of --sizes) for bytes per turn and the takeover",
     )
+    p.add_argument(
+        "--forward-sizes", default="1024,4096", help="chat sizes in tokens for the forwarded turn"
+    )
+    p.add_argument("--forward-turns", type=int, default=5, help="forwarded/direct pairs per size")
     p.add_argument("--model", help="GGUF model (default: the embedded SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=1, help="threads per replica (-t, -tb)")
     p.add_argument("--lease-ms", type=int, default=5000)
     p.add_argument("--out", type=Path, help="write bench-cluster.md and bench-cluster.png here")
     args = p.parse_args(argv)  # fmt: skip
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.forward_sizes = [int(s) for s in args.forward_sizes.split(",") if s]
     if args.delta_size not in args.sizes:
         p.error(f"--delta-size {args.delta_size} must be one of --sizes")
     load = " ".join(f"{v:.1f}" for v in os.getloadavg())

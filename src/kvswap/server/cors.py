@@ -24,19 +24,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
 
 from kvswap.config.settings import HttpSettings
+from kvswap.server.asgi import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("kvswap.server")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOCALHOST_ORIGINS = "localhost"  # the special --cors-origins value
 _LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})

@@ -1,7 +1,9 @@
 """Typed HTTP errors: every failure leaves the server as `{"error": {code, message, type}}`.
 
-Owns the mapping from exceptions (KvswapError, request validation, malformed bodies, unknown
-routes, anything unexpected) to llama-server's error shape with the HTTP status equal to `code`.
+Owns that envelope (`error_json`, the one writer of it: the handlers, the guard's refusals, an
+error inside a stream, /predict's instances, the forwarder's 503) and the mapping from
+exceptions (KvswapError, request validation, malformed bodies, unknown routes, a body past
+`--max-body-bytes`, anything unexpected) to it, with the HTTP status equal to `code`.
 Installed on the app by `install_error_handlers`; routes just raise.
 """
 
@@ -20,24 +22,33 @@ from starlette.requests import ClientDisconnect
 
 from kvswap.core.errors import ErrorKind, KvswapError, MindUnavailable
 from kvswap.engine.client import ClientGone
-from kvswap.server.guard import BodyTooLarge
 
 log = logging.getLogger("kvswap.server")
 
 
-def error_body(
+class BodyTooLarge(Exception):
+    """The request body went past --max-body-bytes while streaming in (the guard counts)."""
+
+
+def error_json(
     kind: ErrorKind, message: str, status: int | None = None, **extra: object
 ) -> dict[str, Any]:
+    """`{"error": {"code", "message", "type", **extra}}`: `code` is `status`, else the kind's."""
     body: dict[str, Any] = {"code": status or kind.code, "message": message, "type": kind.value}
     body.update(extra)
     return {"error": body}
+
+
+def error_bytes(kind: ErrorKind, message: str, status: int | None = None, **extra: object) -> bytes:
+    """`error_json` as the bytes of a JSON body."""
+    return json.dumps(error_json(kind, message, status, **extra)).encode()
 
 
 def error_response(
     kind: ErrorKind, message: str, status: int | None = None, **extra: object
 ) -> JSONResponse:
     """The typed error body with the HTTP status equal to its `code`."""
-    return JSONResponse(error_body(kind, message, status, **extra), status_code=status or kind.code)
+    return JSONResponse(error_json(kind, message, status, **extra), status_code=status or kind.code)
 
 
 def _describe_validation(exc: RequestValidationError) -> str:
@@ -65,15 +76,13 @@ _STATUS_KINDS = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KvswapError)
     async def _kvswap(_: Request, exc: KvswapError) -> JSONResponse:
-        return JSONResponse(
-            error_body(exc.kind, exc.message, None, **exc.extra), status_code=exc.kind.code
-        )
+        return error_response(exc.kind, exc.message, None, **exc.extra)
 
     @app.exception_handler(MindUnavailable)
     async def _retry_later(_: Request, exc: MindUnavailable) -> JSONResponse:
         retry_s = max(1, math.ceil(exc.retry_after_s))
         return JSONResponse(
-            error_body(exc.kind, exc.message, None, retry_after_s=retry_s),
+            error_json(exc.kind, exc.message, retry_after_s=retry_s),
             status_code=exc.kind.code,
             headers={"Retry-After": str(retry_s)},
         )

@@ -4,7 +4,7 @@
 Pure functions from engine results to JSON-able dicts, in llama-server's shapes (read from
 `server-task.cpp`, `server-common.cpp` and `server-context.cpp`; the source function is named
 on each). `/completion` lives in `formats_native.py`, the OpenAI routes in `formats_oai.py`,
-/slots, /props and /v1/models in `formats_info.py`. Error bodies are `errors.error_body`'s and
+/slots, /props and /v1/models in `formats_info.py`. Error bodies are `errors.error_json`'s and
 server-sent events `sse.py`'s.
 
 No I/O, no engine calls, no clocks: ids and timestamps come in as arguments.
@@ -24,6 +24,7 @@ from kvswap.core.types import (
     Timings,
     TokenProbs,
 )
+from kvswap.engine.plan.geometry import Geometry
 
 FLOAT32_LOWEST = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): log(0)
 
@@ -155,7 +156,46 @@ def generation_settings_json(
     s = req.sampling if sampling is None else sampling
     x = TaskExtras() if extras is None else extras
     full = not only_metrics
-    out: dict[str, Any] = {
+    out = _sampler_json(s, full=full)
+    out.update(
+        {
+            **({"stop": list(req.stop)} if full else {}),
+            "max_tokens": req.n_predict,
+            "n_predict": req.n_predict,
+            "n_keep": x.n_keep,
+            "n_discard": x.n_discard,
+            "ignore_eos": s.ignore_eos,
+            "stream": req.stream,
+            **({"logit_bias": logit_bias_json(s.logit_bias)} if full else {}),
+            "n_probs": req.n_probs,
+            "min_keep": s.min_keep,
+        }
+    )
+    if full:
+        out["grammar"] = x.grammar
+        out["grammar_lazy"] = x.grammar_lazy
+        out["grammar_triggers"] = []
+        out["preserved_tokens"] = []
+    out.update(
+        {
+            "chat_format": x.chat_format,
+            "reasoning_format": x.reasoning_format,
+            "reasoning_in_content": x.reasoning_in_content,
+            "generation_prompt": x.generation_prompt,
+            "samplers": list(s.samplers),
+            "speculative.types": x.speculative_types,
+            "timings_per_token": req.timings_per_token,
+            "post_sampling_probs": req.post_sampling_probs,
+            "backend_sampling": x.backend_sampling,
+            "lora": [{"id": i, "scale": scale} for i, scale in req.lora_request],
+        }
+    )
+    return out
+
+
+def _sampler_json(s: SamplingParams, *, full: bool) -> dict[str, Any]:
+    """The sampler settings, in `task_params::to_json`'s order (the DRY breakers when `full`)."""
+    return {
         "seed": s.seed,
         "temperature": s.temperature,
         "dynatemp_range": s.dynatemp_range,
@@ -181,37 +221,41 @@ def generation_settings_json(
         "mirostat_eta": s.mirostat_eta,
         "adaptive_target": s.adaptive_target,
         "adaptive_decay": s.adaptive_decay,
-        **({"stop": list(req.stop)} if full else {}),
-        "max_tokens": req.n_predict,
-        "n_predict": req.n_predict,
-        "n_keep": x.n_keep,
-        "n_discard": x.n_discard,
-        "ignore_eos": s.ignore_eos,
-        "stream": req.stream,
-        **({"logit_bias": logit_bias_json(s.logit_bias)} if full else {}),
-        "n_probs": req.n_probs,
-        "min_keep": s.min_keep,
     }
-    if full:
-        out["grammar"] = x.grammar
-        out["grammar_lazy"] = x.grammar_lazy
-        out["grammar_triggers"] = []
-        out["preserved_tokens"] = []
-    out.update(
-        {
-            "chat_format": x.chat_format,
-            "reasoning_format": x.reasoning_format,
-            "reasoning_in_content": x.reasoning_in_content,
-            "generation_prompt": x.generation_prompt,
-            "samplers": list(s.samplers),
-            "speculative.types": x.speculative_types,
-            "timings_per_token": req.timings_per_token,
-            "post_sampling_probs": req.post_sampling_probs,
-            "backend_sampling": x.backend_sampling,
-            "lora": [{"id": i, "scale": scale} for i, scale in req.lora_request],
-        }
-    )
-    return out
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """One context's KV geometry (the target's, or the draft's): /props `context_geometry`,
+    and the old and new geometries of a /reconfigure receipt."""
+
+    n_ctx: int  # the KV pool, all slots
+    n_ctx_slot: int  # one slot's window
+    n_parallel: int
+    n_batch: int
+    n_ubatch: int
+    kv_unified: bool
+    cache_type_k: str  # "f16", "q8_0", ...
+    cache_type_v: str
+
+    @classmethod
+    def of(cls, g: Geometry, *, n_ctx: int, n_ctx_slot: int) -> KvGeometry:
+        return cls(n_ctx, n_ctx_slot, g.n_parallel, g.n_batch, g.n_ubatch, g.kv_unified,
+                   g.cache_type_k, g.cache_type_v)  # fmt: skip
+
+
+def kv_geometry_json(g: KvGeometry) -> dict[str, Any]:
+    """A geometry as JSON, the one shape of /props and /reconfigure."""
+    return {
+        "n_ctx": g.n_ctx,
+        "n_ctx_slot": g.n_ctx_slot,
+        "n_parallel": g.n_parallel,
+        "n_batch": g.n_batch,
+        "n_ubatch": g.n_ubatch,
+        "kv_unified": g.kv_unified,
+        "cache_type_k": g.cache_type_k,
+        "cache_type_v": g.cache_type_v,
+    }
 
 
 def logit_bias_json(logit_bias: Sequence[tuple[int, float]]) -> list[dict[str, Any]]:

@@ -25,7 +25,10 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from kvswap.server.internal import ASGIApp, Scope, call_app
+from kvswap.core.errors import ErrorKind
+from kvswap.server.asgi import ASGIApp, Scope
+from kvswap.server.errors import error_json
+from kvswap.server.internal import call_app
 
 log = logging.getLogger("kvswap.server")
 
@@ -62,8 +65,8 @@ class GcpCompat:
         )
 
 
-def _error(message: str, kind: str, code: int) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "type": kind}}
+def _invalid(message: str) -> dict[str, Any]:
+    return error_json(ErrorKind.INVALID_REQUEST, message)
 
 
 async def predict(
@@ -73,31 +76,25 @@ async def predict(
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        return 400, _error(str(err), "invalid_request_error", 400)
+        return 400, _invalid(str(err))
     if not isinstance(data, dict):
-        return 400, _error("request body must be a JSON object", "invalid_request_error", 400)
+        return 400, _invalid("request body must be a JSON object")
     instances = data.get("instances")
     if not isinstance(instances, list):
-        return 400, _error(
-            "request body must include an array field named instances", "invalid_request_error", 400
-        )
+        return 400, _invalid("request body must include an array field named instances")
     if len(instances) > MAX_INSTANCES:
         message = f"instances array exceeds maximum size of {MAX_INSTANCES}"
-        return 400, _error(message, "invalid_request_error", 400)
+        return 400, _invalid(message)
 
     async def one(instance: object) -> object:
         if not isinstance(instance, dict):
-            return _error("each instance must be a JSON object", "invalid_request_error", 400)
+            return _invalid("each instance must be a JSON object")
         fmt = instance.get("@requestFormat")
         if not isinstance(fmt, str):
-            return _error(
-                "each instance must include a string @requestFormat", "invalid_request_error", 400
-            )
+            return _invalid("each instance must include a string @requestFormat")
         path = routes.get(fmt)
         if path is None:
-            return _error(
-                f"no handler registered for @requestFormat: {fmt}", "invalid_request_error", 400
-            )
+            return _invalid(f"no handler registered for @requestFormat: {fmt}")
         payload = {k: v for k, v in instance.items() if k != "@requestFormat"}
         if "stream" in payload:
             log.warning("predict: ignoring the instance's stream field (no streaming here)")

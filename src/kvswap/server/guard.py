@@ -6,7 +6,7 @@ A plain ASGI middleware (no per-request task or body buffering of its own):
 - `--api-key`/`--api-key-file`: every route but /health and /v1/health needs a key, in
   `Authorization: Bearer KEY` or `X-Api-Key: KEY`, compared in constant time against every key.
   The request's tenant namespace (`core.keys.namespace_of` of the key it authenticated with, the
-  public one on a key-less server) is set here, once, in the ASGI scope; `tenant_namespace`
+  public one on a key-less server) is set here, once, in the ASGI scope; `asgi.tenant_namespace`
   reads it. No route derives a tenant from headers itself.
 - The web page's paths (`page_paths`: `/`, its files, `/sw.js`) need no key, are served while
   the model loads and never wake a sleeping server, as llama-server serves its UI; the page
@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kvswap.core.errors import ErrorKind
 from kvswap.core.keys import PUBLIC_NAMESPACE, namespace_of
+from kvswap.server.asgi import ASGIApp, Message, Receive, Scope, Send, with_namespace
+from kvswap.server.errors import BodyTooLarge, error_bytes
 from kvswap.server.internal import call_app
 from kvswap.server.sleep import WakeFailed
 
@@ -38,21 +40,13 @@ if TYPE_CHECKING:
     from kvswap.server.sleep import Sleeper
 
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 # GETs that read what the server is and did: no activity, and answered while asleep (sleep.py).
 READ_ONLY_PATHS = frozenset({"/props", "/models", "/v1/models", "/metrics", "/slots"})
-_NAMESPACE = "kvswap.namespace"  # the scope["state"] entry the guard sets
 
 
 def _body(kind: ErrorKind, message: str, status: int | None = None) -> tuple[int, bytes]:
-    payload = {"error": {"code": status or kind.code, "message": message, "type": kind.value}}
-    return status or kind.code, json.dumps(payload).encode()
+    return status or kind.code, error_bytes(kind, message, status)
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:
@@ -83,10 +77,6 @@ def _request_key(scope: Scope) -> str:
     raw = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
     value = raw.decode("latin-1")
     return value[len("Bearer ") :] if value.startswith("Bearer ") else value
-
-
-class BodyTooLarge(Exception):
-    """The request body went past --max-body-bytes while streaming in."""
 
 
 class Guard:
@@ -173,7 +163,7 @@ class Guard:
         key = _request_key(scope)
         valid = bool(self.api_keys) and key_matches(key, self.api_keys)
         namespace = namespace_of(key if valid else "")
-        scope = {**scope, "state": {**scope.get("state", {}), _NAMESPACE: namespace}}
+        scope = with_namespace(scope, namespace)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
@@ -183,7 +173,7 @@ class Guard:
 
     async def _fetch(self, path: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         """A GET through the app itself (no key, no activity): what the sleeper keeps."""
-        return await call_app(self.app, "GET", path, like={"state": {_NAMESPACE: PUBLIC_NAMESPACE}})
+        return await call_app(self.app, "GET", path, like=with_namespace({}, PUBLIC_NAMESPACE))
 
     def _key_ok(self, scope: Scope, path: str) -> bool:
         return (
@@ -208,13 +198,6 @@ class Guard:
             return message
 
         return counted
-
-
-def tenant_namespace(scope: Scope) -> str:
-    """The tenant namespace the guard gave this request (set for every request it let in)."""
-    namespace = scope.get("state", {}).get(_NAMESPACE)
-    assert isinstance(namespace, str) and namespace, "a request that did not pass the guard"
-    return namespace
 
 
 def _too_large(limit: int) -> tuple[int, bytes]:

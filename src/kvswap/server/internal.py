@@ -8,13 +8,9 @@ its body is read whole.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
-Scope = MutableMapping[str, Any]
-ASGIApp = Callable[
-    [Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
-]
+from kvswap.server.asgi import ASGIApp, Message, Scope
 
 
 async def call_app(
@@ -48,14 +44,14 @@ async def call_app(
     out_headers: list[tuple[bytes, bytes]] = []
     chunks: list[bytes] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         nonlocal sent
         if sent:
             await asyncio.Event().wait()  # no disconnect while the request runs
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    async def send(message: MutableMapping[str, Any]) -> None:
+    async def send(message: Message) -> None:
         nonlocal status, out_headers
         if message["type"] == "http.response.start":
             status = int(message["status"])

@@ -1,6 +1,7 @@
 """Loads the model and builds the engine in a thread while HTTP already answers.
 
-Owns the model, the engine and the server state from load to `close`. `ready()` tells the guard
+Owns the model, the engine and the server state from load to `close`; `build_state` composes
+what handlers share around a started engine (the demoter, the shared tier, the minds' session). `ready()` tells the guard
 whether to answer 503 "Loading model"; a failure is kept in `error` and reported through
 `on_failure` (the server then exits, as llama-server does when a model fails to load).
 
@@ -18,18 +19,33 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
-from kvswap.backend.lora import Adapters
+from kvswap.backend.chat_builtin import apply_builtin, builtin_template_names
+from kvswap.backend.lora import AdapterInfo, Adapters
 from kvswap.backend.model import Model, ModelLoadError, ModelParams
 from kvswap.config.settings import ServerConfig
+from kvswap.core.keys import PageKey
 from kvswap.engine.client import EngineClient
 from kvswap.engine.plan.geometry import Geometry, resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
+from kvswap.files import Publisher
+from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
+from kvswap.minds.session import MindSession
+from kvswap.minds.shared import SharedMinds
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
+from kvswap.server.requests.lora import LoraScales
 from kvswap.server.state import ServerState
+from kvswap.text.builtin_template import BuiltinTemplate
+from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
+from kvswap.tiers.demoter import Demoter, MindPolicy
+from kvswap.tiers.mindfiles import file_name, open_minds
+from kvswap.tiers.shared.replica import SharedTier
+from kvswap.tiers.slotfiles import ReadState, read_state
 
 log = logging.getLogger("kvswap.server")
 
@@ -133,32 +149,7 @@ class Loader:
     def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             t0 = time.perf_counter()
-            path = target_path(self.config)
-            prefetch, self.prefetch = self.prefetch, None  # the first load only
-            if prefetch is not None:
-                model = prefetch.take()
-            else:
-                model = Model.load(path, target_params(self.config))
-            lora = self.config.model.lora
-            self.adapters = Adapters.load(
-                model,
-                [(spec.path, spec.scale) for spec in lora],
-                apply=not self.config.model.lora_init_without_apply,
-            )
-            spec = self.config.spec
-            if spec.spec_type == "draft-simple" and spec.model_draft is not None:
-                self.draft_model = Model.load(
-                    spec.model_draft,
-                    ModelParams(
-                        n_gpu_layers=spec.n_gpu_layers_draft,
-                        use_mmap=self.config.model.use_mmap,
-                        use_mlock=self.config.model.use_mlock,
-                    ),
-                )
-                check_compatible(model, self.draft_model)
-                log.info(
-                    "draft model loaded: %s (%s)", spec.model_draft, self.draft_model.info.desc
-                )
+            model = self._load_models()
             resume = self.resume
             client = EngineClient.start(
                 model,
@@ -171,10 +162,7 @@ class Loader:
                 adapters=self.adapters,
                 draft_model=self.draft_model,
             )
-            # The HTTP side's state, imported here: `serve` starts this thread before it
-            # imports the HTTP stack, so the model loads while that import runs.
-            from kvswap.server.state import build_state
-
+            assert self.adapters is not None
             state = build_state(self.config, model, client, self.adapters.infos)
             if resume is not None:
                 state.lora.scales = list(resume.lora_scales)
@@ -186,7 +174,7 @@ class Loader:
             log.info(
                 "model loaded in %.0f ms: %s (%s); n_ctx = %d, n_parallel = %d, n_ctx_slot = %d, kv_unified = %s",
                 (time.perf_counter() - t0) * 1e3,
-                path,
+                target_path(self.config),
                 model.info.desc,
                 snap.n_ctx,
                 snap.geometry.n_parallel,
@@ -203,14 +191,39 @@ class Loader:
             # Read when the loop runs: a load that fails fast may beat `serve` setting it.
             loop.call_soon_threadsafe(lambda: self.on_failure())
 
+    def _load_models(self) -> Model:
+        """The target model (the prefetched one on the first load), its LoRA adapters and the
+        draft model (`--model-draft`)."""
+        prefetch, self.prefetch = self.prefetch, None  # the first load only
+        if prefetch is not None:
+            model = prefetch.take()
+        else:
+            model = Model.load(target_path(self.config), target_params(self.config))
+        self.adapters = Adapters.load(
+            model,
+            [(spec.path, spec.scale) for spec in self.config.model.lora],
+            apply=not self.config.model.lora_init_without_apply,
+        )
+        spec = self.config.spec
+        if spec.spec_type == "draft-simple" and spec.model_draft is not None:
+            self.draft_model = Model.load(
+                spec.model_draft,
+                ModelParams(
+                    n_gpu_layers=spec.n_gpu_layers_draft,
+                    use_mmap=self.config.model.use_mmap,
+                    use_mlock=self.config.model.use_mlock,
+                ),
+            )
+            check_compatible(model, self.draft_model)
+            log.info("draft model loaded: %s (%s)", spec.model_draft, self.draft_model.info.desc)
+        return model
+
     def before_exit(self) -> None:
         """Spill every mind to disk (SIGTERM, normal exit): called while the engine runs."""
         if self._thread is not None:
             self._thread.join()
-        state = self.state
-        if state is not None:
-            _drain_shared(state)
-            state.demoter.close(engine_alive=state.snapshot.crashed is None)
+        if self.state is not None:
+            _drain(self.state)
 
     def sleep(self) -> None:
         """`--sleep-idle-seconds`: spill every mind, free the engine, contexts and models; keep
@@ -241,11 +254,10 @@ class Loader:
 
         state = self.state
         if state is not None:
-            # Publishes and spills every mind while the engine still runs.
-            _drain_shared(state)
-            state.demoter.close(engine_alive=state.snapshot.crashed is None)
-            if state.cluster is not None and state.shared is not None:
-                state.cluster.close()
+            _drain(state)
+            if state.shared_minds is not None:
+                state.shared_minds.close()
+            if state.shared is not None:
                 state.shared.close()
             state.client.close()
             state.io.shutdown(wait=True)
@@ -261,8 +273,137 @@ class Loader:
             self.draft_model = None
 
 
-def _drain_shared(state: ServerState) -> None:
-    """A cluster's replica leaving (SIGTERM, sleep): every dirty mind published to the shared
-    tier and every lease released, so the minds resume elsewhere with no wait."""
+def _drain(state: ServerState) -> None:
+    """Everything a leaving server must not lose, while its engine still runs (SIGTERM, sleep,
+    close): in a cluster every dirty mind published to the shared tier and every lease
+    released, so the minds resume elsewhere with no wait; then every mind spilled to disk."""
     if state.shared is not None:
         state.shared.drain()
+    state.demoter.close(engine_alive=state.snapshot.crashed is None)
+
+
+def build_state(
+    config: ServerConfig, model: Model, client: EngineClient, adapters: Sequence[AdapterInfo]
+) -> ServerState:
+    """What handlers share, around a started engine; the demoter is built, not started."""
+    save_dir = Path(config.http.slot_save_path) if config.http.slot_save_path else None
+    publisher = minds_files = None
+    if save_dir is not None:
+        seam = kill_seam_from_env(os.environ)  # the crash tests' seam (tests/reliability)
+        if seam is not None:
+            log.warning("%s is set: this server dies at that file step", KILL_AT_STEP_ENV)
+        publisher = Publisher(save_dir, seam)
+        minds_files = open_minds(save_dir, seam)
+    io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io")
+    demoter = _demoter(config, client, save_dir, publisher, minds_files)
+    shared = shared_minds = None
+    if config.cluster.shared_tier is not None:
+        shared = SharedTier(
+            config.cluster,
+            post=client.post,
+            pages=client.pages,
+            publisher=minds_files,
+            geometry=lambda: client.snapshot.page_geometry,
+            forget_files=demoter.forget,
+        )
+        shared_minds = SharedMinds(shared)
+    minds = MindSession(
+        registry=client.pages.registry,
+        store=client.pages.store,
+        claims=demoter,
+        post=client.post,
+        snapshot=lambda: client.snapshot,
+        io=io,
+        read_back=_mind_reader(minds_files, client),
+        shared=shared_minds,
+    )
+    return ServerState(
+        config=config,
+        model=model,
+        client=client,
+        template=load_chat_template(config, model),
+        model_name=model_name(config, model),
+        save_dir=save_dir,
+        io=io,
+        publisher=publisher,
+        minds_files=minds_files,
+        lora=LoraScales(adapters),
+        demoter=demoter,
+        minds=minds,
+        shared=shared,
+        shared_minds=shared_minds,
+    )
+
+
+def _demoter(
+    config: ServerConfig,
+    client: EngineClient,
+    save_dir: Path | None,
+    publisher: Publisher | None,
+    minds_files: Publisher | None,
+) -> Demoter:
+    """The demoter (built, not started): minds between RAM and disk, under the paging flags."""
+    paging = config.paging
+    return Demoter(
+        pages=client.pages,
+        post=client.post,
+        publisher=minds_files,
+        save_dir=save_dir,
+        policy=MindPolicy(
+            paging.page_disk_bytes, paging.page_disk_drop_lru, paging.page_flush_seconds
+        ),
+        slot_files=publisher,
+    )
+
+
+def _mind_reader(
+    minds_files: Publisher | None, client: EngineClient
+) -> Callable[[PageKey], ReadState] | None:
+    """A mind's disk copy read back (on an I/O worker) under the engine's live page layout."""
+    if minds_files is None:
+        return None
+
+    def read(key: PageKey) -> ReadState:
+        return read_state(minds_files, file_name(key), client.snapshot.page_geometry)
+
+    return read
+
+
+def load_chat_template(config: ServerConfig, model: Model) -> ChatTemplate | BuiltinTemplate:
+    """The template llama-server would use: --chat-template(-file), the GGUF's, else ChatML;
+    a built-in name (but "chatml") and every template under --no-jinja render through
+    libllama's built-in formats."""
+    source = model.info.chat_template
+    if config.model.chat_template_file:
+        source = Path(config.model.chat_template_file).read_text(encoding="utf-8")
+    elif config.model.chat_template:
+        source = config.model.chat_template
+    vocab = model.vocab
+    bos = vocab.piece(vocab.bos, special=True).decode("utf-8", "replace") if vocab.bos >= 0 else ""
+    eos = vocab.piece(vocab.eos, special=True).decode("utf-8", "replace") if vocab.eos >= 0 else ""
+    named = source in builtin_template_names() and source != "chatml"
+    if named or not config.model.use_jinja:
+        builtin = BuiltinTemplate(
+            source or "chatml",
+            bos,
+            eos,
+            apply_builtin,
+            add_bos=vocab.add_bos,
+            add_eos=vocab.add_eos,
+        )
+        if builtin.supported():
+            return builtin
+        log.warning("--no-jinja: libllama has no built-in format for this template: using ChatML")
+        return BuiltinTemplate(
+            "chatml", bos, eos, apply_builtin, add_bos=vocab.add_bos, add_eos=vocab.add_eos
+        )
+    if not source or source == "chatml":
+        if not source:
+            log.warning("the model has no chat template: using ChatML")
+        source = CHATML_TEMPLATE
+    return ChatTemplate(source, bos, eos, add_bos=vocab.add_bos, add_eos=vocab.add_eos)
+
+
+def model_name(config: ServerConfig, model: Model) -> str:
+    """The API name of the model: the alias, else the file name (as llama-server)."""
+    return config.model.alias or Path(model.info.path).name

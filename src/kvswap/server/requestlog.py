@@ -8,16 +8,10 @@ llama-server skips them. An ASGI wrapper around the whole app, so refusals of th
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+
+from kvswap.server.asgi import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("kvswap.http")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # llama-server's list: requests sent regularly, not logged to avoid log spam.
 QUIET_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/props", "/metrics"})
@@ -26,7 +20,7 @@ QUIET_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/pro
 class RequestLog:
     """Wraps an ASGI app; see the module docstring."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

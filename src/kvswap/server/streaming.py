@@ -1,31 +1,57 @@
-"""Running generation requests for a route: one or several tasks, streamed or not.
+"""Running a route's generation requests: inside the mind's session when the request names one,
+one or several tasks, streamed or not.
 
-Owns the glue between `EngineClient` and HTTP responses: the `Runner` (a request naming a mind
-runs inside the mind's session, `pages.minds.MindGate.session`), waiting for the first event
-before answering (an early error becomes a proper 4xx/5xx, as llama-server), merging the events
-of several tasks (a batch of prompts, `n` > 1) into one stream, and cancelling every task when
-the client goes away (the async generators' `finally` posts `Cancel`).
+Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HTTP responses:
+- `turn(state, http, raw)` comes first in a generation route, before the body is prepared:
+  the mind the request names (`X-Mind-Id`, the body's `"mind"`: a parse of that one field)
+  is held (`MindSession.turn`: its lock, busy and claimed; in a cluster placed, so a turn
+  bound for another replica is forwarded from here, never rendered or tokenized here). A body
+  whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
+- `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
+  turn (`turn_done`) before its last event goes out.
+- waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
+  llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
+  stream, and cancelling every task when the client goes away (the async generators'
+  `finally` posts `Cancel`). A stream keeps the mind held until it ends (`Turn.keep`).
 
-A stream's client can leave before its first event (while it queues for a slot, waits for its
-mind or prefills a long prompt): the wait for that event watches the connection itself
-(`until_gone`, the ASGI `http.disconnect` message, not a poll), so the request is cancelled
-and its slot freed at the engine's next step.
+A client can leave before its first event (while it waits for its mind, queues for a slot or
+prefills a long prompt): those waits watch the connection itself (`asgi.until_disconnect`, the
+ASGI `http.disconnect` message, not a poll), so the request is cancelled and its slot freed at
+the engine's next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
-from kvswap.server.pages.minds import MindGate
+from kvswap.minds.names import request_mind
+from kvswap.minds.session import HeldMind, MindSession
+from kvswap.server.asgi import tenant_namespace, until_disconnect
+from kvswap.server.errors import error_json
+from kvswap.server.requests.offload import prepared
+from kvswap.server.requests.schemas import MindField, parse_body
 from kvswap.server.sse import DONE, sse
+from kvswap.server.state import ServerState
+from kvswap.server.turnfacts import turn_facts
 
+T = TypeVar("T")
 Indexed = tuple[int, Event]
 # Turns one task's event into zero or more JSON objects to send.
 Render = Callable[[int, Event], Iterable[dict[str, object]]]
@@ -35,23 +61,43 @@ def raise_error(event: EngineError) -> None:
     raise KvswapError(event.kind, event.message, **event.extra)
 
 
-class Runner:
-    """Runs engine requests for a route; a request naming a mind runs inside its session."""
+class Turn:
+    """A route's engine requests; those of a mind run inside its held session."""
 
-    def __init__(self, client: EngineClient, minds: MindGate) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        minds: MindSession,
+        held: HeldMind | None = None,
+        exits: AsyncExitStack | None = None,
+    ) -> None:
         self.client = client
         self.minds = minds
+        self.held = held
+        self.exits = exits or AsyncExitStack()
+
+    @property
+    def mind(self) -> PageKey | None:
+        """The mind held for this request (its engine requests name it)."""
+        return self.held.key if self.held is not None else None
+
+    def keep(self) -> AsyncExitStack:
+        """The session's end, moved to the caller (a stream's last event): leaving `turn`
+        then lets nothing go."""
+        return self.exits.pop_all()
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
         """The request's events; the last is a Completion or an EngineError."""
-        if request.mind:
-            async with self.minds.session(request) as restore:
-                async for event in self.client.stream(request, restore):
-                    if isinstance(event, Completion):
-                        event = await self.minds.turn_done(request, event)
-                    yield event
+        held = self.held
+        if held is None:
+            async for event in self.client.stream(request):
+                yield event
             return
-        async for event in self.client.stream(request):
+        assert request.mind == held.key, "a held turn runs its own mind's request"
+        restore = await self.minds.restore(held)
+        async for event in self.client.stream(request, restore):
+            if isinstance(event, Completion):
+                event = await self.minds.turn_done(held, request, event)
             yield event
 
     async def complete(
@@ -70,8 +116,50 @@ class Runner:
             await agen.aclose()
 
 
+async def named_mind(http: Request, raw: bytes) -> PageKey | None:
+    """The mind a request names (the header and the body's field, in the caller's tenant
+    namespace); None when it names none, or its body's `"mind"` cannot be read."""
+    try:
+        body_mind = await prepared(raw, lambda: parse_body(MindField, raw).mind)
+    except KvswapError:
+        return None  # the body's own parse answers the 400
+    return request_mind(http.headers.get("x-mind-id"), body_mind, tenant_namespace(http.scope))
+
+
+@asynccontextmanager
+async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[Turn]:
+    """The route's work, its mind held first when it names one (see the module docstring)."""
+    key = await named_mind(http, raw)
+    async with AsyncExitStack() as exits:
+        held = None
+        if key is not None:
+            session = state.minds.turn(key, turn_facts(http.scope, raw))
+            gone = until_disconnect(http.receive)
+            held = await _unless_gone(exits.enter_async_context(session), gone)
+        yield Turn(state.client, state.minds, held, exits)
+
+
+async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:
+    """`work`'s result, or ClientGone (the work cancelled) when the client leaves first
+    (`gone` returns)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(gone)
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone()
+    finally:
+        watch.cancel()
+        if not task.done():
+            # Wait for the cancellation to land: a generator the work stepped must be
+            # suspended again before the caller closes it.
+            task.cancel()
+            await asyncio.wait({task})
+
+
 async def complete_all(
-    runner: Runner, requests: Sequence[GenerationRequest], http: Request
+    runner: Turn, requests: Sequence[GenerationRequest], http: Request
 ) -> list[Completion]:
     """Run every task to its end; the first failure is raised (the others are cancelled)."""
     tasks = [asyncio.ensure_future(runner.complete(r, http.is_disconnected)) for r in requests]
@@ -83,7 +171,7 @@ async def complete_all(
 
 
 async def _merged(
-    runner: Runner, requests: Sequence[GenerationRequest]
+    runner: Turn, requests: Sequence[GenerationRequest]
 ) -> AsyncGenerator[Indexed, None]:
     """Events of several tasks as they come, tagged with the task's index."""
     if len(requests) == 1:
@@ -111,38 +199,21 @@ async def _merged(
             p.cancel()
 
 
+async def _kept(
+    runner: Turn, requests: Sequence[GenerationRequest], exits: AsyncExitStack
+) -> AsyncGenerator[Indexed, None]:
+    """`_merged`, then the session's end (`exits`) once the stream is done or closed."""
+    async with exits:
+        async for item in _merged(runner, requests):
+            yield item
+
+
 def _error_event(event: EngineError) -> bytes:
-    return sse(
-        {"error": {"code": event.kind.code, "message": event.message, "type": event.kind.value}}
-    )
-
-
-async def until_gone(http: Request) -> None:
-    """Return once the client has disconnected (the body must have been read already: the
-    next ASGI message is then the disconnect)."""
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _first(events: AsyncIterator[Indexed], gone: Awaitable[None]) -> Indexed:
-    """The first event, or ClientGone when the client leaves first."""
-    task = asyncio.ensure_future(events.__anext__())
-    watch = asyncio.ensure_future(gone)
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-        raise ClientGone()
-    finally:
-        watch.cancel()
-        if not task.done():
-            # The generator must be suspended again before the caller closes it.
-            task.cancel()
-            await asyncio.wait({task})
+    return sse(error_json(event.kind, event.message))
 
 
 async def open_stream(
-    runner: Runner,
+    runner: Turn,
     requests: Sequence[GenerationRequest],
     render: Render,
     *,
@@ -157,17 +228,18 @@ async def open_stream(
     `encode_error` writes it (default `data: {"error": ...}`) and the stream ends. `encode`
     writes each rendered object (default `data: <json>`; the Anthropic and Responses routes
     name their events). A client of `http` that leaves before the first event cancels every
-    task then (ClientGone).
+    task then (ClientGone). The mind stays held until the stream ends.
     """
-    events = _merged(runner, requests)
+    exits = runner.keep()
+    events = _kept(runner, requests, exits)
     try:
-        first = await _first(events, until_gone(http))
+        first = await _unless_gone(anext(events), until_disconnect(http.receive))
+        if isinstance(first[1], EngineError):
+            raise_error(first[1])
     except BaseException:
         await events.aclose()
+        await exits.aclose()  # when the stream never started
         raise
-    if isinstance(first[1], EngineError):
-        await events.aclose()
-        raise_error(first[1])
 
     async def body() -> AsyncIterator[bytes]:
         try:

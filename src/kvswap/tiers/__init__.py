@@ -1,1 +1,2 @@
-"""Moving state between RAM and disk, off the engine thread: slot and page files, the demoter."""
+"""Moving state off the engine thread: between RAM and disk (slot and page files, the
+demoter), and in a cluster to and from the shared Redis tier (`tiers.shared`)."""

@@ -18,16 +18,15 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
-from kvswap.core.types import Completion, Event, GenerationRequest, TokenEvent
+from kvswap.core.types import Completion, Event, TokenEvent
 from kvswap.server.anthropic import formats as fa
 from kvswap.server.anthropic.schemas import MessagesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import ChatPlan, plan_chat
-from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.chat import ChatPlan, count_chat_tokens, prepare_chat
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.state import get_state
-from kvswap.server.streaming import complete_all, open_stream
+from kvswap.server.streaming import Render, complete_all, open_stream, turn
 
 router = APIRouter()
 
@@ -42,24 +41,30 @@ def _chat_body(raw: bytes) -> ChatCompletionRequest:
 async def messages(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
+    async with turn(state, request, raw) as runner:
+        job = await prepared(raw, lambda: prepare_chat(state, _chat_body(raw), runner.mind))
+        msg_id = fa.new_message_id()
+        model = state.model_name
+        if not job.body.stream:
+            [c] = await complete_all(runner, job.requests, request)
+            msg = ChatParser(job.plan.spec).parse_all(c.content)
+            return JSONResponse(fa.message_json(c, msg, msg_id=msg_id, model=model))
+        # Token events carry timings, so message_start can report the cached prompt tokens.
+        reqs = [dataclasses.replace(r, timings_per_token=True) for r in job.requests]
+        return await open_stream(
+            runner,
+            reqs,
+            _message_stream(job.plan, msg_id=msg_id, model=model),
+            http=request,
+            done_marker=False,
+            encode=fa.encode,
+            encode_error=fa.encode_error,
+        )
 
-    def prepare() -> tuple[ChatCompletionRequest, ChatPlan, list[GenerationRequest]]:
-        body = _chat_body(raw)
-        plan = plan_chat(state, body)
-        tokens = [prompt_tokens(state, plan.prompt)]
-        return body, plan, generation_requests(state, body, tokens, plan.constraint, http=request)
 
-    body, plan, reqs = await prepared(raw, prepare)
-    runner = state.runner()
-    msg_id = fa.new_message_id()
-    model = state.model_name
-    if not body.stream:
-        [c] = await complete_all(runner, reqs, request)
-        msg = ChatParser(plan.spec).parse_all(c.content)
-        return JSONResponse(fa.message_json(c, msg, msg_id=msg_id, model=model))
-
-    # Token events carry timings, so message_start can report the cached prompt tokens.
-    reqs = [dataclasses.replace(r, timings_per_token=True) for r in reqs]
+def _message_stream(plan: ChatPlan, *, msg_id: str, model: str) -> Render:
+    """The Messages stream's events: message_start with the first token, content blocks as the
+    parser releases them, then message_delta and message_stop."""
     parser = ChatParser(plan.spec)
     blocks = BlockStream()
     started = False
@@ -80,23 +85,12 @@ async def messages(request: Request) -> Response:
             yield from fa.block_events(blocks.feed(parser.finish()) + blocks.close())
             yield from fa.message_end(event, parser.msg)
 
-    return await open_stream(
-        runner,
-        reqs,
-        render,
-        http=request,
-        done_marker=False,
-        encode=fa.encode,
-        encode_error=fa.encode_error,
-    )
+    return render
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=body_schema(MessagesRequest))
 async def count_tokens(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
-
-    def count() -> int:
-        return len(prompt_tokens(state, plan_chat(state, _chat_body(raw)).prompt))
-
-    return JSONResponse({"input_tokens": await prepared(raw, count)})
+    n = await prepared(raw, lambda: count_chat_tokens(state, _chat_body(raw)))
+    return JSONResponse({"input_tokens": n})

@@ -16,7 +16,12 @@ from typing import Any
 
 from kvswap.core.sampling import SamplingParams
 from kvswap.core.types import GenerationRequest
-from kvswap.server.formats import TaskExtras, generation_settings_json
+from kvswap.server.formats import (
+    KvGeometry,
+    TaskExtras,
+    generation_settings_json,
+    kv_geometry_json,
+)
 
 SLOT_PAGE_VERSION = 1
 
@@ -99,39 +104,12 @@ def slots_json(
 
 
 @dataclass(frozen=True)
-class KvGeometry:
-    """One context's KV geometry (the target's, or the draft's)."""
-
-    n_ctx: int  # the KV pool, all slots
-    n_ctx_slot: int  # one slot's window
-    n_parallel: int
-    n_batch: int
-    n_ubatch: int
-    kv_unified: bool
-    cache_type_k: str  # "f16", "q8_0", ...
-    cache_type_v: str
-
-
-@dataclass(frozen=True)
 class ContextGeometry:
     """/props `context_geometry`: the live geometry, bumped by each reconfigure."""
 
     target: KvGeometry
     draft: KvGeometry | None
     generation: int  # how many geometries the server has run (reconfigures + 1)
-
-
-def kv_geometry_json(g: KvGeometry) -> dict[str, Any]:
-    return {
-        "n_ctx": g.n_ctx,
-        "n_ctx_slot": g.n_ctx_slot,
-        "n_parallel": g.n_parallel,
-        "n_batch": g.n_batch,
-        "n_ubatch": g.n_ubatch,
-        "kv_unified": g.kv_unified,
-        "cache_type_k": g.cache_type_k,
-        "cache_type_v": g.cache_type_v,
-    }
 
 
 def context_geometry_json(g: ContextGeometry) -> dict[str, Any]:

@@ -17,11 +17,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from kvswap import __version__
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.snapshot import EngineSnapshot, SlotSnapshot
-from kvswap.server.formats import detokenize_json, health_json, tokenize_json
-from kvswap.server.guard import tenant_namespace
+from kvswap.minds.names import mind_name
+from kvswap.server import formats_cluster
+from kvswap.server.asgi import tenant_namespace
+from kvswap.server.formats import KvGeometry, detokenize_json, health_json, tokenize_json
 from kvswap.server.llama.formats_info import (
     ContextGeometry,
-    KvGeometry,
     ModelView,
     PropsView,
     SlotTaskView,
@@ -30,10 +31,8 @@ from kvswap.server.llama.formats_info import (
     props_json,
     slots_json,
 )
-from kvswap.server.llama.prometheus import render
 from kvswap.server.openapi import body_schema
-from kvswap.server.pages import formats_cluster
-from kvswap.server.pages.minds import mind_name
+from kvswap.server.prometheus import render
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
 from kvswap.server.requests.schemas import (
@@ -60,16 +59,7 @@ async def health(request: Request) -> JSONResponse:
 
 def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:
     geo = snap.geometry
-    target = KvGeometry(
-        n_ctx=snap.n_ctx,
-        n_ctx_slot=snap.n_ctx_slot,
-        n_parallel=geo.n_parallel,
-        n_batch=geo.n_batch,
-        n_ubatch=geo.n_ubatch,
-        kv_unified=geo.kv_unified,
-        cache_type_k=geo.cache_type_k,
-        cache_type_v=geo.cache_type_v,
-    )
+    target = KvGeometry.of(geo, n_ctx=snap.n_ctx, n_ctx_slot=snap.n_ctx_slot)
     spec = state.config.spec
     draft = None
     if spec.spec_type == "draft-simple":
@@ -178,8 +168,8 @@ async def metrics(request: Request) -> Response:
     if not state.config.http.metrics:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "This server does not support metrics endpoint.")
     text = state.metrics.render(state.snapshot.metrics)
-    if state.cluster is not None:
-        text += render(formats_cluster.metrics(await state.cluster.view()))
+    if state.shared_minds is not None:
+        text += render(formats_cluster.metrics(await state.shared_minds.view()))
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")
     # llama-server's header, in its case (Starlette lowercases names given to a Response);
     # kvswap sends the process's real start time in unix seconds.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 import string
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,16 @@ class OaiMeta:
     model: str  # the model alias, else the model file name (not the request's `model`)
     created: int  # Unix seconds
     system_fingerprint: str  # llama-server: its build info, "b<number>-<commit>"
+
+
+def oai_meta(model_name: str) -> OaiMeta:
+    """A new response's id and timestamp, under the server's model name."""
+    return OaiMeta(
+        id=new_completion_id(),
+        model=model_name,
+        created=int(time.time()),
+        system_fingerprint="kvswap",
+    )
 
 
 def finish_reason(stop_type: StopType) -> str:

@@ -1,9 +1,11 @@
 """OpenAI's generation routes: /v1/completions, /v1/chat/completions, /chat/completions (and their
 /input_tokens count).
 
-Each route validates its body, turns it into engine requests (tokenizing, template rendering and
-grammar checks happen here, off the engine thread), runs them (`streaming`), and shapes the answer
-as OpenAI (and llama-server) do. Chat answers are parsed for tool calls and reasoning
+Each route holds the mind its request names first (`streaming.turn`: in a cluster, a turn for
+another replica is forwarded before it is prepared), validates its body, turns it into engine
+requests (tokenizing, template rendering and grammar checks happen here, off the engine thread:
+`requests.chat.prepare_chat` for a chat body), runs them (`streaming`), and shapes the answer as
+OpenAI (and llama-server) do. Chat answers are parsed for tool calls and reasoning
 (`kvswap.chat`), whole or as stream deltas.
 """
 
@@ -25,39 +27,30 @@ from kvswap.core.types import (
     TokenEvent,
     TokenProbs,
 )
-from kvswap.server.llama.formats_native import native_final
+from kvswap.server.formats_native import native_final
 from kvswap.server.openai.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
 from kvswap.server.openai.formats_oai import (
+    OaiMeta,
     chat_progress_chunk,
     completion_chunk,
     completion_final,
     completion_progress_chunk,
     merge_choices,
+    oai_meta,
 )
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import ChatPlan, plan_chat
-from kvswap.server.requests.constraints import (
-    completion_constraint,
-)
-from kvswap.server.requests.jobs import (
-    checked_constraint,
-    generation_requests,
-    oai_meta,
-    prompt_tokens,
-    tokenizer,
-)
+from kvswap.server.requests.chat import ChatPlan, count_chat_tokens, prepare_chat
+from kvswap.server.requests.constraints import completion_constraint
+from kvswap.server.requests.jobs import checked_constraint, generation_requests, tokenizer
 from kvswap.server.requests.offload import prepared
-from kvswap.server.requests.params import (
-    parse_prompt,
-    tokenize_prompt,
-)
+from kvswap.server.requests.params import parse_prompt, tokenize_prompt
 from kvswap.server.requests.schemas import (
     ChatCompletionRequest,
     OaiCompletionRequest,
     parse_body,
 )
 from kvswap.server.state import ServerState, get_state
-from kvswap.server.streaming import complete_all, open_stream
+from kvswap.server.streaming import Render, complete_all, open_stream, turn
 
 router = APIRouter()
 
@@ -88,42 +81,45 @@ def _with_verbose(
 async def oai_completion(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
+    async with turn(state, request, raw) as runner:
 
-    def prepare() -> tuple[OaiCompletionRequest, list[GenerationRequest]]:
-        body = parse_body(OaiCompletionRequest, raw)
-        tokenize = tokenizer(state)
-        prompts = [
-            tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)
-        ]
-        constraint = checked_constraint(state, completion_constraint(body, body.response_format))
-        return body, generation_requests(state, body, prompts, constraint, http=request)
-
-    body, reqs = await prepared(raw, prepare)
-    runner = state.runner()
-    meta = oai_meta(state)
-    if not body.stream:
-        results = await complete_all(runner, reqs, request)
-        finals = [
-            completion_final(c, r, meta, index=i)
-            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
-        ]
-        return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
-        if isinstance(event, TokenEvent):
-            yield completion_chunk(
-                event, meta, index=index, post_sampling=reqs[index].post_sampling_probs
+        def prepare() -> tuple[OaiCompletionRequest, list[GenerationRequest]]:
+            body = parse_body(OaiCompletionRequest, raw)
+            tokenize = tokenizer(state)
+            prompts = [
+                tokenize_prompt(p, tokenize, add_special=True) for p in parse_prompt(body.prompt)
+            ]
+            constraint = checked_constraint(
+                state, completion_constraint(body, body.response_format)
             )
-        elif isinstance(event, PromptProgress):
-            yield completion_progress_chunk(event, meta, index=index)
-        elif isinstance(event, Completion):
-            final = completion_final(event, reqs[index], meta, index=index)
-            if not include_usage:
-                final.pop("usage", None)
-            yield final
+            reqs = generation_requests(state, body, prompts, constraint, mind=runner.mind)
+            return body, reqs
 
-    return await open_stream(runner, reqs, render, http=request, done_marker=True)
+        body, reqs = await prepared(raw, prepare)
+        meta = oai_meta(state.model_name)
+        if not body.stream:
+            results = await complete_all(runner, reqs, request)
+            finals = [
+                completion_final(c, r, meta, index=i)
+                for i, (c, r) in enumerate(zip(results, reqs, strict=True))
+            ]
+            return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
+            if isinstance(event, TokenEvent):
+                yield completion_chunk(
+                    event, meta, index=index, post_sampling=reqs[index].post_sampling_probs
+                )
+            elif isinstance(event, PromptProgress):
+                yield completion_progress_chunk(event, meta, index=index)
+            elif isinstance(event, Completion):
+                final = completion_final(event, reqs[index], meta, index=index)
+                if not include_usage:
+                    final.pop("usage", None)
+                yield final
+
+        return await open_stream(runner, reqs, render, http=request, done_marker=True)
 
 
 # ----------------------------------------------------------------------- /v1/chat/completions
@@ -134,24 +130,27 @@ async def oai_completion(request: Request) -> Response:
 async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
+    async with turn(state, request, raw) as runner:
+        job = await prepared(raw, lambda: prepare_chat(state, _chat_body(raw), runner.mind))
+        body, plan, reqs = job.body, job.plan, job.requests
+        meta = oai_meta(state.model_name)
+        if not body.stream:
+            results = await complete_all(runner, reqs, request)
+            finals = [
+                chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
+                for i, (c, r) in enumerate(zip(results, reqs, strict=True))
+            ]
+            return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        render = _chat_stream(plan, reqs, meta, include_usage=include_usage)
+        return await open_stream(runner, reqs, render, http=request, done_marker=True)
 
-    def prepare() -> tuple[ChatCompletionRequest, ChatPlan, list[GenerationRequest]]:
-        body = _chat_body(raw)
-        plan = plan_chat(state, body)
-        tokens = [prompt_tokens(state, plan.prompt)]
-        return body, plan, generation_requests(state, body, tokens, plan.constraint, http=request)
 
-    body, plan, reqs = await prepared(raw, prepare)
-    runner = state.runner()
-    meta = oai_meta(state)
-    if not body.stream:
-        results = await complete_all(runner, reqs, request)
-        finals = [
-            chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
-            for i, (c, r) in enumerate(zip(results, reqs, strict=True))
-        ]
-        return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+def _chat_stream(
+    plan: ChatPlan, reqs: list[GenerationRequest], meta: OaiMeta, *, include_usage: bool
+) -> Render:
+    """A chat stream's chunks for each task's events: content, reasoning and tool-call deltas
+    as the parser releases them, then the finish (and usage) chunks."""
     parsers = [ChatParser(plan.spec) for _ in reqs]
     unsent: list[tuple[TokenProbs, ...]] = [() for _ in reqs]  # probs of steps sent no chunk
     started: set[int] = set()
@@ -196,7 +195,7 @@ async def chat_completion(request: Request) -> Response:
                 post_sampling=post_sampling,
             )
 
-    return await open_stream(runner, reqs, render, http=request, done_marker=True)
+    return render
 
 
 @router.post("/v1/chat/completions/input_tokens", openapi_extra=body_schema(ChatCompletionRequest))
@@ -205,12 +204,7 @@ async def chat_input_tokens(request: Request) -> Response:
     """The prompt's token count for a chat body (llama-server's `handle_count_tokens`)."""
     state = get_state(request)
     raw = await request.body()
-
-    def count() -> int:
-        body = _chat_body(raw)
-        return len(prompt_tokens(state, plan_chat(state, body).prompt))
-
-    n = await prepared(raw, count)
+    n = await prepared(raw, lambda: count_chat_tokens(state, _chat_body(raw)))
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
 
 

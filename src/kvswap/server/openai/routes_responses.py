@@ -19,23 +19,15 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
-from kvswap.core.types import (
-    Completion,
-    EngineError,
-    Event,
-    GenerationRequest,
-    PromptProgress,
-    TokenEvent,
-)
+from kvswap.core.types import Completion, EngineError, Event, PromptProgress, TokenEvent
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import ChatPlan, plan_chat
-from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.chat import ChatJob, ChatPlan, count_chat_tokens, prepare_chat
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.state import ServerState, get_state
-from kvswap.server.streaming import complete_all, open_stream
+from kvswap.server.streaming import Render, complete_all, open_stream, turn
 
 router = APIRouter()
 
@@ -71,40 +63,53 @@ def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
 async def responses(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
+    async with turn(state, request, raw) as runner:
 
-    def prepare() -> tuple[
-        ResponsesRequest, ChatCompletionRequest, ChatPlan, list[GenerationRequest]
-    ]:
-        req, body = _bodies(raw)
-        plan = plan_chat(state, body)
-        tokens = [prompt_tokens(state, plan.prompt)]
-        reqs = generation_requests(state, body, tokens, plan.constraint, http=request)
-        return req, body, plan, reqs
+        def prepare() -> tuple[ResponsesRequest, ChatJob]:
+            req, body = _bodies(raw)
+            return req, prepare_chat(state, body, runner.mind)
 
-    req, body, plan, reqs = await prepared(raw, prepare)
-    runner = state.runner()
-    meta = fr.ResponseMeta(
-        id=fr.new_response_id(),
-        model=state.model_name,
-        created_at=int(time.time()),
-        params=_echo(req, body),
-    )
-    if not body.stream:
-        [c] = await complete_all(runner, reqs, request)
-        msg = ChatParser(plan.spec).parse_all(c.content)
-        return JSONResponse(
-            fr.response_json(
-                meta,
-                status="completed",
-                output=fr.output_items(msg),
-                c=c,
-                n_reasoning=_n_reasoning(state, msg.reasoning_content),
+        req, job = await prepared(raw, prepare)
+        meta = fr.ResponseMeta(
+            id=fr.new_response_id(),
+            model=state.model_name,
+            created_at=int(time.time()),
+            params=_echo(req, job.body),
+        )
+        if not job.body.stream:
+            [c] = await complete_all(runner, job.requests, request)
+            msg = ChatParser(job.plan.spec).parse_all(c.content)
+            n_reasoning = _n_reasoning(state, msg.reasoning_content)
+            return JSONResponse(
+                fr.response_json(
+                    meta,
+                    status="completed",
+                    output=fr.output_items(msg),
+                    c=c,
+                    n_reasoning=n_reasoning,
+                )
             )
+        events = fr.ResponseEvents(meta)
+
+        def encode_error(err: EngineError) -> bytes:
+            return fr.encode(events.error(err))
+
+        return await open_stream(
+            runner,
+            job.requests,
+            _response_stream(state, job.plan, events),
+            http=request,
+            done_marker=False,
+            encode=fr.encode,
+            encode_error=encode_error,
         )
 
+
+def _response_stream(state: ServerState, plan: ChatPlan, events: fr.ResponseEvents) -> Render:
+    """The Responses stream's events: created and in-progress first, output items and their
+    deltas as the parser releases them, then completed (with the reasoning's token count)."""
     parser = ChatParser(plan.spec)
     blocks = BlockStream()
-    events = fr.ResponseEvents(meta)
     started = False
 
     def render(_: int, event: Event) -> Iterable[dict[str, Any]]:
@@ -123,18 +128,7 @@ async def responses(request: Request) -> Response:
             yield from events.blocks(blocks.feed(parser.finish()) + blocks.close())
             yield from events.complete(event, _n_reasoning(state, parser.msg.reasoning_content))
 
-    def encode_error(err: EngineError) -> bytes:
-        return fr.encode(events.error(err))
-
-    return await open_stream(
-        runner,
-        reqs,
-        render,
-        http=request,
-        done_marker=False,
-        encode=fr.encode,
-        encode_error=encode_error,
-    )
+    return render
 
 
 @router.post("/v1/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))
@@ -142,9 +136,5 @@ async def responses(request: Request) -> Response:
 async def input_tokens(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
-
-    def count() -> int:
-        return len(prompt_tokens(state, plan_chat(state, _bodies(raw)[1]).prompt))
-
-    n = await prepared(raw, count)
+    n = await prepared(raw, lambda: count_chat_tokens(state, _bodies(raw)[1]))
     return JSONResponse({"object": "response.input_tokens", "input_tokens": n})

@@ -1,1 +1,2 @@
-"""kvswap's own API: page verbs and slot files, GET /pages, minds on the HTTP side, /reconfigure."""
+"""kvswap's own API: page verbs and slot files, GET /pages, the mind verbs, the cluster's
+hand-off, /reconfigure."""

@@ -15,9 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.server.guard import tenant_namespace
+from kvswap.minds.names import request_mind
+from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openapi import body_schema
-from kvswap.server.pages.minds import request_mind
 from kvswap.server.requests.schemas import Body, parse_body
 from kvswap.server.state import get_state
 
@@ -33,14 +33,15 @@ class HandoffRequest(Body):
 @router.post("/cluster/handoff", openapi_extra=body_schema(HandoffRequest))
 async def handoff(request: Request) -> JSONResponse:
     state = get_state(request)
-    if state.cluster is None:
+    shared = state.shared_minds
+    if shared is None:
         raise KvswapError(
             ErrorKind.NOT_SUPPORTED, "this server is not in a cluster (--shared-tier)"
         )
     body = parse_body(HandoffRequest, await request.body())
-    key = request_mind(request.headers, body.mind, tenant_namespace(request.scope))
+    header = request.headers.get("x-mind-id")
+    key = request_mind(header, body.mind, tenant_namespace(request.scope))
     assert key is not None  # the body names it
     async with state.minds.exclusive(key):
-        done = await state.cluster.hand_off(key)
-    replica = state.cluster.tier.replica_id
-    return JSONResponse({"mind": body.mind, "handed_off": done, "replica": replica})
+        done = await shared.hand_off(key)
+    return JSONResponse({"mind": body.mind, "handed_off": done, "replica": shared.replica_id})

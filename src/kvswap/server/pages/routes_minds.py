@@ -7,7 +7,7 @@ the tiers without a request (the web page's mind actions; kvswap's own).
 - `spill`: to disk, leaving its slot and RAM (needs `--slot-save-path`);
 - `drop`: out of every tier: its slot is cleared, its RAM page and its files removed.
 
-Each holds the mind as a request does (`MindGate.hold`: its lock, so a move never races a turn
+Each holds the mind as a request does (`MindSession.hold`: its lock, so a move never races a turn
 of the same mind; in a cluster it acts on this replica's copy, and a drop reaches the shared
 tier too). The name is the caller's own, in its tenant namespace: another tenant's mind
 cannot be named, and a mind that lives nowhere is a 404. The answer is `{"mind", "action",
@@ -23,44 +23,45 @@ from fastapi.responses import JSONResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key
+from kvswap.core.vocab import MindAction, MindMove, MindTier
 from kvswap.engine.commands import MindVerb
 from kvswap.engine.kv.slotstate import SlotState
-from kvswap.server.guard import tenant_namespace
+from kvswap.server.asgi import tenant_namespace
 from kvswap.server.state import ServerState, get_state
 
 router = APIRouter()
-
-MIND_ACTIONS = ("page_out", "page_in", "spill", "drop")
 
 
 @router.post("/minds/{name}")
 async def mind_action(name: str, request: Request, action: str = "") -> JSONResponse:
     state = get_state(request)
-    if action not in MIND_ACTIONS:
+    if action not in set(MindAction):
         raise KvswapError(
             ErrorKind.INVALID_REQUEST,
-            f"Invalid action: {action!r} (one of {', '.join(MIND_ACTIONS)})",
+            f"Invalid action: {action!r} (one of {', '.join(MindAction)})",
         )
+    act = MindAction(action)
     key = mind_key(tenant_namespace(request.scope), name)
     minds = state.minds
     if minds.tier(key) is None:
         raise KvswapError(ErrorKind.NOT_FOUND, f"no mind named {name!r}")
-    if action == "spill" and state.publisher is None:
+    if act is MindAction.SPILL and state.publisher is None:
         raise KvswapError(
             ErrorKind.NOT_SUPPORTED,
             "spilling a mind needs a disk tier (start with --slot-save-path)",
         )
-    async with minds.hold(key, read=action == "page_in") as restore:
-        if action == "page_in":
-            await _mind_verb(state, request, key, "to_slot", restore)
-        elif action in ("page_out", "spill"):
-            await _mind_verb(state, request, key, "to_ram")
+    async with minds.hold(key) as held:
+        if act is MindAction.PAGE_IN:
+            restore = await minds.restore(held)
+            await _mind_verb(state, request, key, MindMove.TO_SLOT, restore)
+        elif act in (MindAction.PAGE_OUT, MindAction.SPILL):
+            await _mind_verb(state, request, key, MindMove.TO_RAM)
         else:
-            await _mind_verb(state, request, key, "erase")
+            await _mind_verb(state, request, key, MindMove.ERASE)
             if state.store is not None:
                 state.store.remove(key)
     loop = asyncio.get_running_loop()
-    if action == "spill" and minds.tier(key) == "ram":
+    if act is MindAction.SPILL and minds.tier(key) is MindTier.RAM:
         spilled = await loop.run_in_executor(state.io, state.demoter.spill_now, key)
         if not spilled:
             raise KvswapError(
@@ -68,7 +69,7 @@ async def mind_action(name: str, request: Request, action: str = "") -> JSONResp
                 "the mind could not be written to disk now (the disk tier is full, "
                 "--page-disk-bytes, or a write failed: see the server log); it stays in RAM",
             )
-    if action == "drop":
+    if act is MindAction.DROP:
         await minds.forget(key)  # its files, and in a cluster the shared tier's copy
     return JSONResponse({"mind": name, "action": action, "tier": minds.tier(key) or "none"})
 
@@ -77,7 +78,7 @@ async def _mind_verb(
     state: ServerState,
     request: Request,
     key: PageKey,
-    action: str,
+    action: MindMove,
     restore: SlotState | None = None,
 ) -> int:
     seated: int = await state.client.call(

@@ -18,7 +18,8 @@ from pydantic import Field, model_validator
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
 from kvswap.engine.plan.geometry import Geometry
-from kvswap.server.guard import tenant_namespace
+from kvswap.server.asgi import tenant_namespace
+from kvswap.server.formats import KvGeometry, kv_geometry_json
 from kvswap.server.openapi import body_schema
 from kvswap.server.requests.schemas import Body, parse_body
 from kvswap.server.state import get_state
@@ -54,18 +55,10 @@ class ReconfigureBody(Body):
         return data
 
 
-def geometry_json(g: Geometry, n_ctx_slot: int) -> dict[str, Any]:
-    return {
-        "n_ctx": g.n_ctx,
-        "n_ctx_slot": n_ctx_slot,
-        "n_parallel": g.n_parallel,
-        "n_batch": g.n_batch,
-        "n_ubatch": g.n_ubatch,
-        "kv_unified": g.kv_unified,
-        "cache_type_k": g.cache_type_k,
-        "cache_type_v": g.cache_type_v,
-        "generation": g.generation,
-    }
+def geometry_json(g: Geometry, n_ctx_slot: int | None) -> dict[str, Any]:
+    """A geometry of the receipt (`n_ctx_slot` None: not known, the old one's)."""
+    kv = kv_geometry_json(KvGeometry.of(g, n_ctx=g.n_ctx, n_ctx_slot=n_ctx_slot or 0))
+    return kv | {"n_ctx_slot": n_ctx_slot, "generation": g.generation}
 
 
 def fate_json(f: SlotFate, namespace: str) -> dict[str, Any]:
@@ -78,7 +71,7 @@ def fate_json(f: SlotFate, namespace: str) -> dict[str, Any]:
 
 def receipt_json(r: ReconfigureReceipt, namespace: str) -> dict[str, Any]:
     return {
-        "old": geometry_json(r.old, 0) | {"n_ctx_slot": None},
+        "old": geometry_json(r.old, None),
         "new": geometry_json(r.new, r.n_ctx_slot),
         "timings": {k: round(v, 3) for k, v in r.timings_ms.items()},
         "n_bytes_moved": r.n_bytes_moved,

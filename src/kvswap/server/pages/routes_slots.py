@@ -13,7 +13,7 @@ it; after page_out the page is its state). They are refused, typed and naming no
 mind is another key's.
 
 Tenants: a page name is always a client page of the caller's own namespace
-(`core.keys.page_key` with `guard.tenant_namespace`), so no verb can reach another key's pages
+(`core.keys.page_key` with `asgi.tenant_namespace`), so no verb can reach another key's pages
 or any page the server made (minds, the anonymous cache), and GET /pages lists only the
 caller's own pages and minds. Minds' files live in a folder no `filename` can name
 (`tiers.mindfiles`), so save, restore and spill cannot reach them either. Slot files themselves
@@ -47,12 +47,12 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.files import FilesError, Publisher, validate_filename, validate_page_name
+from kvswap.minds.names import mind_name
+from kvswap.server import formats_cluster
+from kvswap.server.asgi import tenant_namespace
 from kvswap.server.formats import slot_erase_json, slot_restore_json, slot_save_json
-from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
-from kvswap.server.pages import formats_cluster
 from kvswap.server.pages.formats_pages import minds_json, page_moved_json, pages_json, spill_json
-from kvswap.server.pages.minds import mind_name
 from kvswap.server.requests.schemas import SlotFileRequest, SpillRequest, parse_body
 from kvswap.server.state import ServerState, get_state
 from kvswap.tiers.slotfiles import files_error, publish_state, read_state
@@ -260,6 +260,6 @@ async def pages(request: Request) -> JSONResponse:
     body["other_bytes"] = max(0, usage.charged_bytes - shown)  # other tenants' pages and copies
     body["disk_n_bytes"] = state.minds.disk_bytes(namespace)
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
-    if state.cluster is not None:
-        body["shared_tier"] = formats_cluster.pages_json(await state.cluster.view(), namespace)
+    if state.shared_minds is not None:
+        body["shared_tier"] = formats_cluster.pages_json(await state.shared_minds.view(), namespace)
     return JSONResponse(body)

@@ -7,6 +7,9 @@ tool choice (`kvswap.chat.tools`), the tool-call format of the template
 grammar (tool calls, `response_format`/`json_schema`, or the request's `grammar`, checked with
 libllama here), the reasoning split (`reasoning_format`), and the `ParseSpec` each choice's
 parser uses. Typed 400s for what cannot be honoured.
+
+`prepare_chat` is the one preparation of a chat body (plan, render, tokenize, engine requests)
+and `count_chat_tokens` the one token count, for every chat route and its count route.
 """
 
 from __future__ import annotations
@@ -18,8 +21,17 @@ from typing import Any
 from kvswap.chat.parser import ParseSpec
 from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning, close_thinking
 from kvswap.chat.toolformats import ToolFormat, tool_format_for
-from kvswap.chat.tools import ToolChoice, ToolError, ToolMode, parse_tool_choice, parse_tools
+from kvswap.chat.tools import (
+    Tool,
+    ToolChoice,
+    ToolError,
+    ToolMode,
+    parse_tool_choice,
+    parse_tools,
+)
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey
+from kvswap.core.types import GenerationRequest
 from kvswap.grammar import SchemaError
 from kvswap.grammar.gbnf import regex_escape
 from kvswap.server.requests.constraints import (
@@ -30,9 +42,9 @@ from kvswap.server.requests.constraints import (
     schema_grammar,
 )
 from kvswap.server.requests.continuation import split_continuation
-from kvswap.server.requests.params import chat_messages
-from kvswap.server.requests.schemas import ChatCompletionRequest
-from kvswap.server.state import ServerState
+from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.schemas import MEDIA_PART_TYPES, ChatCompletionRequest, ChatMessage
+from kvswap.server.requests.serving import Serving
 from kvswap.text.messages import InvalidMessagesError
 from kvswap.text.template import TemplateError
 
@@ -61,14 +73,9 @@ def _reasoning_format(body: ChatCompletionRequest) -> str:
     return fmt
 
 
-def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
+def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
     """Decide prompt, grammar and parsing for a chat body (typed 400s on bad inputs)."""
-    try:
-        tools = parse_tools(body.tools)
-        choice = parse_tool_choice(body.tool_choice, tools) if tools or body.tool_choice else None
-    except ToolError as err:
-        raise _invalid(str(err)) from err
-    choice = choice or ToolChoice(ToolMode.NONE)
+    tools, choice = _tools(body)
     calling = bool(tools) and choice.mode is not ToolMode.NONE
     if calling and body.grammar:
         raise _invalid("Cannot use custom grammar constraints with tools.")
@@ -99,44 +106,87 @@ def plan_chat(state: ServerState, body: ChatCompletionRequest) -> ChatPlan:
     messages = chat_messages(body)
     if fmt is not None:
         shown = ToolChoice(ToolMode.AUTO) if answering else choice
-        messages = fmt.adapt_messages(
-            messages,
-            tools,
-            shown if calling or answering else ToolChoice(ToolMode.NONE),
-            parallel,
-            template.caps,
-        )
+        shown = shown if calling or answering else ToolChoice(ToolMode.NONE)
+        messages = fmt.adapt_messages(messages, tools, shown, parallel, template.caps)
     prompt = _render(state, body, messages, [t.as_openai() for t in tools] or None)
-
     reasoning_format = _reasoning_format(body)
     reasoning = Reasoning.detect(template.source, prompt) if reasoning_format != "none" else None
-    constraint: Constraint | None = None
-    if (calling or answering) and fmt is not None:
-        try:
-            tool_grammar = fmt.grammar(tools, choice, parallel)
-        except SchemaError as err:
-            raise _invalid(f'"tools": a function\'s parameters: {err}') from err
-        constraint = Constraint(
-            _allow_reasoning(tool_grammar.gbnf, reasoning, lazy=bool(tool_grammar.trigger_words)),
-            GrammarSource.TOOL_CALLS,
-            tuple(regex_escape(w) for w in tool_grammar.trigger_words),
-        )
-    elif schema is not None:
-        constraint = Constraint(
-            _allow_reasoning(schema_grammar(schema), reasoning, lazy=False),
-            GrammarSource.OUTPUT_FORMAT,
-        )
-    elif body.grammar:
-        constraint = Constraint(body.grammar, GrammarSource.USER)
+    tool_calls = fmt if (calling or answering) and fmt is not None else None
+    constraint = _constraint(body, tool_calls, tools, choice, parallel, schema, reasoning)
     if constraint is not None:
         check_constraint(state.vocab, constraint)
     streamed_legacy = reasoning_format == "deepseek-legacy" and bool(body.stream)
     spec = ParseSpec(
-        tool_format=fmt if calling or answering else None,
+        tool_format=tool_calls,
         reasoning=None if streamed_legacy else reasoning,
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
     return ChatPlan(prompt, constraint, spec, fmt.name if fmt else "", reasoning_format)
+
+
+def _tools(body: ChatCompletionRequest) -> tuple[tuple[Tool, ...], ToolChoice]:
+    """The body's tools and tool choice ("none" when it gives neither)."""
+    try:
+        tools = parse_tools(body.tools)
+        choice = parse_tool_choice(body.tool_choice, tools) if tools or body.tool_choice else None
+    except ToolError as err:
+        raise _invalid(str(err)) from err
+    return tools, choice or ToolChoice(ToolMode.NONE)
+
+
+def _constraint(
+    body: ChatCompletionRequest,
+    tool_calls: ToolFormat | None,
+    tools: tuple[Tool, ...],
+    choice: ToolChoice,
+    parallel: bool,
+    schema: dict[str, Any] | None,
+    reasoning: Reasoning | None,
+) -> Constraint | None:
+    """The grammar the answer runs under: the tool calls' (lazy when the format has trigger
+    words), else the output schema's, else the body's own `grammar`; None: free text."""
+    if tool_calls is not None:
+        try:
+            tool_grammar = tool_calls.grammar(tools, choice, parallel)
+        except SchemaError as err:
+            raise _invalid(f'"tools": a function\'s parameters: {err}') from err
+        return Constraint(
+            _allow_reasoning(tool_grammar.gbnf, reasoning, lazy=bool(tool_grammar.trigger_words)),
+            GrammarSource.TOOL_CALLS,
+            tuple(regex_escape(w) for w in tool_grammar.trigger_words),
+        )
+    if schema is not None:
+        return Constraint(
+            _allow_reasoning(schema_grammar(schema), reasoning, lazy=False),
+            GrammarSource.OUTPUT_FORMAT,
+        )
+    if body.grammar:
+        return Constraint(body.grammar, GrammarSource.USER)
+    return None
+
+
+@dataclass(frozen=True)
+class ChatJob:
+    """A chat body made ready to run: its plan and its engine requests."""
+
+    body: ChatCompletionRequest
+    plan: ChatPlan
+    requests: list[GenerationRequest]
+
+
+def prepare_chat(state: Serving, body: ChatCompletionRequest, mind: PageKey | None) -> ChatJob:
+    """Plan, render, tokenize and build the engine requests of a chat body, under `mind` (the
+    mind the route holds): /v1/chat/completions, /v1/messages and /v1/responses alike."""
+    plan = plan_chat(state, body)
+    tokens = [prompt_tokens(state, plan.prompt)]
+    requests = generation_requests(state, body, tokens, plan.constraint, mind=mind)
+    return ChatJob(body, plan, requests)
+
+
+def count_chat_tokens(state: Serving, body: ChatCompletionRequest) -> int:
+    """The prompt tokens of a chat body, rendered as it would run (the routes' token counts,
+    llama-server's `handle_count_tokens`)."""
+    return len(prompt_tokens(state, plan_chat(state, body).prompt))
 
 
 def _allow_reasoning(gbnf: str, reasoning: Reasoning | None, *, lazy: bool) -> str:
@@ -147,7 +197,7 @@ def _allow_reasoning(gbnf: str, reasoning: Reasoning | None, *, lazy: bool) -> s
 
 
 def _render(
-    state: ServerState,
+    state: Serving,
     body: ChatCompletionRequest,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -181,3 +231,52 @@ def _render(
         return prompt + cont.suffix
     except (InvalidMessagesError, TemplateError) as err:
         raise _invalid(str(err)) from err
+
+
+def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as the chat template sees them (`common_chat_msg::to_json_oaicompat`).
+
+    Content is a string, or a list of `{"type": "text", "text"}` parts; a null content becomes
+    "". Media parts are a typed 501 (kvswap has no multimodal support).
+    """
+    return [_template_message(msg) for msg in body.messages]
+
+
+def _template_message(msg: ChatMessage) -> dict[str, Any]:
+    content: str | list[dict[str, str]]
+    if isinstance(msg.content, list):
+        for part in msg.content:
+            if part.type in MEDIA_PART_TYPES:
+                raise KvswapError(
+                    ErrorKind.NOT_SUPPORTED, f"{part.type} input is not supported by this server"
+                )
+        content = [{"type": "text", "text": part.text or ""} for part in msg.content]
+    else:
+        content = msg.content or ""
+    out: dict[str, Any] = {"role": msg.role, "content": content}
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    if msg.name:
+        out["name"] = msg.name
+    if msg.tool_call_id:
+        out["tool_call_id"] = msg.tool_call_id
+    if msg.tool_calls:
+        out["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments_text(call.function.arguments),
+                },
+                **({"id": call.id} if call.id else {}),
+            }
+            for call in msg.tool_calls
+        ]
+    return out
+
+
+def _arguments_text(arguments: str | dict[str, Any] | None) -> str:
+    # llama-server keeps a string as is and serialises anything else compactly.
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)

@@ -1,24 +1,19 @@
-"""Engine requests for a parsed body: tokenizing, sampling fields, constraints, and ids.
+"""Engine requests for a parsed body: tokenizing, sampling fields, constraints, the mind.
 
 Shared by the generation routes (llama-server's, OpenAI's, Anthropic's): `generation_requests`
-maps a body (and its tokenized prompts) onto `GenerationRequest`s through `params` and puts the
-constraint's grammar in them; `checked_constraint` checks a grammar with libllama first;
-`oai_meta` gives an OpenAI response its id and timestamp.
+maps a body (and its tokenized prompts) onto `GenerationRequest`s through `params`, puts the
+constraint's grammar in them and the mind the route holds (`streaming.Turn.mind`);
+`checked_constraint` checks a grammar with libllama first.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 
-from fastapi import Request
-
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.core.types import GenerationRequest
-from kvswap.server.guard import tenant_namespace
-from kvswap.server.openai.formats_oai import OaiMeta, new_completion_id
-from kvswap.server.pages.minds import request_mind
 from kvswap.server.requests.constraints import Constraint, check_constraint, with_constraint
 from kvswap.server.requests.params import Tokenize, build_generation, resolve_n_cmpl
 from kvswap.server.requests.schemas import (
@@ -26,10 +21,10 @@ from kvswap.server.requests.schemas import (
     CompletionRequest,
     OaiCompletionRequest,
 )
-from kvswap.server.state import ServerState
+from kvswap.server.requests.serving import Serving
 
 
-def tokenizer(state: ServerState) -> Tokenize:
+def tokenizer(state: Serving) -> Tokenize:
     def tokenize(text: str, add_special: bool) -> list[int]:
         return [int(t) for t in state.tokenize(text, add_special, True)]
 
@@ -37,19 +32,20 @@ def tokenizer(state: ServerState) -> Tokenize:
 
 
 def generation_requests(
-    state: ServerState,
+    state: Serving,
     body: CompletionRequest | OaiCompletionRequest | ChatCompletionRequest,
     prompts: list[list[int]],
     constraint: Constraint | None = None,
     *,
-    http: Request,
+    mind: PageKey | None,
 ) -> list[GenerationRequest]:
     """The engine requests of a body: one per prompt and completion (`n`), constrained, under
-    the mind it names (`"mind"` or `X-Mind-Id`, in the caller's tenant namespace), if any.
-    Reads `http`'s headers and scope only (callable off the event loop)."""
+    `mind`, the mind the request names (`"mind"` or `X-Mind-Id`, held by the route)."""
+    assert body.mind is None or (mind is not None and mind.name == body.mind), (
+        "the route holds the mind the body names"
+    )
     snap = state.snapshot
     n_cmpl = resolve_n_cmpl(body, n_parallel=len(snap.slots))
-    mind = request_mind(http.headers, body.mind, tenant_namespace(http.scope))
     if mind and n_cmpl * len(prompts) > 1:
         raise KvswapError(
             ErrorKind.INVALID_REQUEST, "a request naming a mind runs one prompt and one completion"
@@ -82,21 +78,12 @@ def generation_requests(
     return out
 
 
-def checked_constraint(state: ServerState, constraint: Constraint | None) -> Constraint | None:
+def checked_constraint(state: Serving, constraint: Constraint | None) -> Constraint | None:
     if constraint is not None:
         check_constraint(state.vocab, constraint)
     return constraint
 
 
-def oai_meta(state: ServerState) -> OaiMeta:
-    return OaiMeta(
-        id=new_completion_id(),
-        model=state.model_name,
-        created=int(time.time()),
-        system_fingerprint="kvswap",
-    )
-
-
-def prompt_tokens(state: ServerState, text: str) -> list[int]:
+def prompt_tokens(state: Serving, text: str) -> list[int]:
     """A rendered chat prompt's tokens (BOS added as the vocabulary asks, specials parsed)."""
     return [int(t) for t in state.tokenize(text, True, True)]

@@ -15,7 +15,6 @@ engine thread); nothing here touches the engine or libllama.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,9 +25,7 @@ from kvswap.core.sampling import SAMPLER_ALIASES, SAMPLER_CHARS, SamplingParams
 from kvswap.core.types import GenerationRequest
 from kvswap.server.requests.schemas import (
     INT32_MAX,
-    MEDIA_PART_TYPES,
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     GenerationFields,
     OaiCompletionRequest,
@@ -44,6 +41,7 @@ DEFAULT_TOP_LOGPROBS = 20  # chat `logprobs: true` without `top_logprobs`, as ll
 _SEED_MASK = 0xFFFFFFFF
 
 T = TypeVar("T")
+Fields = dict[str, Any]  # keyword arguments of a dataclass, built in parts
 
 # text -> token ids; the bool is add_special (BOS). The route binds parse_special.
 Tokenize = Callable[[str, bool], Sequence[int]]
@@ -131,58 +129,71 @@ def build_sampling(
     `n_vocab` drops logit_bias tokens outside the vocabulary, as llama-server does.
     """
     base = SamplingParams()
-    d = defaults
-    b = body
-    dry_base = d.dry_base if b.dry_base is None or b.dry_base < 1.0 else b.dry_base
+    b, d = body, defaults
+    logit_bias = (
+        tuple(_extra(d, "logit_bias", base))
+        if b.logit_bias is None
+        else parse_logit_bias(
+            b.logit_bias, tokenize=tokenize, n_vocab=n_vocab, max_entries=max_logit_bias
+        )
+    )
     return SamplingParams(
-        temperature=d.temperature if b.temperature is None else max(0.0, b.temperature),
-        dynatemp_range=_pick(b.dynatemp_range, _extra(d, "dynatemp_range", base)),
-        dynatemp_exponent=_pick(b.dynatemp_exponent, _extra(d, "dynatemp_exponent", base)),
-        top_k=d.top_k if b.top_k is None else int(_clamp(b.top_k, 0, INT32_MAX)),
-        top_p=d.top_p if b.top_p is None else _clamp(b.top_p, 0.0, 1.0),
-        min_p=d.min_p if b.min_p is None else _clamp(b.min_p, 0.0, 1.0),
-        typical_p=_pick(b.typical_p, d.typical_p),
-        xtc_probability=(
+        **_truncation(b, d, base),
+        **_penalties(b, d, base),
+        min_keep=_pick(b.min_keep, base.min_keep),
+        seed=(b.seed if b.seed is not None else d.seed) & _SEED_MASK,
+        ignore_eos=_pick(b.ignore_eos, d.ignore_eos),
+        logit_bias=logit_bias,
+        samplers=tuple(d.samplers) if b.samplers is None else parse_samplers(b.samplers),
+    )
+
+
+def _truncation(b: GenerationFields, d: SamplingDefaultsLike, base: SamplingParams) -> Fields:
+    """Temperature and the samplers that cut the candidates (top-k/p, min-p, XTC, mirostat)."""
+    return {
+        "temperature": d.temperature if b.temperature is None else max(0.0, b.temperature),
+        "dynatemp_range": _pick(b.dynatemp_range, _extra(d, "dynatemp_range", base)),
+        "dynatemp_exponent": _pick(b.dynatemp_exponent, _extra(d, "dynatemp_exponent", base)),
+        "top_k": d.top_k if b.top_k is None else int(_clamp(b.top_k, 0, INT32_MAX)),
+        "top_p": d.top_p if b.top_p is None else _clamp(b.top_p, 0.0, 1.0),
+        "min_p": d.min_p if b.min_p is None else _clamp(b.min_p, 0.0, 1.0),
+        "typical_p": _pick(b.typical_p, d.typical_p),
+        "xtc_probability": (
             d.xtc_probability if b.xtc_probability is None else _clamp(b.xtc_probability, 0.0, 1.0)
         ),
-        xtc_threshold=(
+        "xtc_threshold": (
             d.xtc_threshold if b.xtc_threshold is None else _clamp(b.xtc_threshold, 0.0, 1.0)
         ),
-        top_n_sigma=_pick(b.top_n_sigma, d.top_n_sigma),
-        repeat_last_n=_pick(b.repeat_last_n, d.repeat_last_n),
-        repeat_penalty=_pick(b.repeat_penalty, d.repeat_penalty),
-        presence_penalty=_pick(b.presence_penalty, d.presence_penalty),
-        frequency_penalty=_pick(b.frequency_penalty, d.frequency_penalty),
-        dry_multiplier=_pick(b.dry_multiplier, d.dry_multiplier),
-        dry_base=dry_base,
-        dry_allowed_length=_pick(b.dry_allowed_length, d.dry_allowed_length),
-        dry_penalty_last_n=_pick(b.dry_penalty_last_n, d.dry_penalty_last_n),
-        dry_sequence_breakers=(
+        "top_n_sigma": _pick(b.top_n_sigma, d.top_n_sigma),
+        "mirostat": d.mirostat if b.mirostat is None else int(_clamp(b.mirostat, 0, 2)),
+        "mirostat_tau": _pick(b.mirostat_tau, d.mirostat_tau),
+        "mirostat_eta": _pick(b.mirostat_eta, d.mirostat_eta),
+    }
+
+
+def _penalties(b: GenerationFields, d: SamplingDefaultsLike, base: SamplingParams) -> Fields:
+    """The repetition, presence and frequency penalties, DRY and the adaptive sampler."""
+    return {
+        "repeat_last_n": _pick(b.repeat_last_n, d.repeat_last_n),
+        "repeat_penalty": _pick(b.repeat_penalty, d.repeat_penalty),
+        "presence_penalty": _pick(b.presence_penalty, d.presence_penalty),
+        "frequency_penalty": _pick(b.frequency_penalty, d.frequency_penalty),
+        "dry_multiplier": _pick(b.dry_multiplier, d.dry_multiplier),
+        "dry_base": d.dry_base if b.dry_base is None or b.dry_base < 1.0 else b.dry_base,
+        "dry_allowed_length": _pick(b.dry_allowed_length, d.dry_allowed_length),
+        "dry_penalty_last_n": _pick(b.dry_penalty_last_n, d.dry_penalty_last_n),
+        "dry_sequence_breakers": (
             _extra(d, "dry_sequence_breakers", base)
             if b.dry_sequence_breakers is None
             else tuple(b.dry_sequence_breakers)
         ),
-        adaptive_target=(
+        "adaptive_target": (
             _extra(d, "adaptive_target", base)
             if b.adaptive_target is None
             else min(b.adaptive_target, 1.0)
         ),
-        adaptive_decay=_pick(b.adaptive_decay, _extra(d, "adaptive_decay", base)),
-        mirostat=d.mirostat if b.mirostat is None else int(_clamp(b.mirostat, 0, 2)),
-        mirostat_tau=_pick(b.mirostat_tau, d.mirostat_tau),
-        mirostat_eta=_pick(b.mirostat_eta, d.mirostat_eta),
-        min_keep=_pick(b.min_keep, base.min_keep),
-        seed=(b.seed if b.seed is not None else d.seed) & _SEED_MASK,
-        ignore_eos=_pick(b.ignore_eos, d.ignore_eos),
-        logit_bias=(
-            tuple(_extra(d, "logit_bias", base))
-            if b.logit_bias is None
-            else parse_logit_bias(
-                b.logit_bias, tokenize=tokenize, n_vocab=n_vocab, max_entries=max_logit_bias
-            )
-        ),
-        samplers=tuple(d.samplers) if b.samplers is None else parse_samplers(b.samplers),
-    )
+        "adaptive_decay": _pick(b.adaptive_decay, _extra(d, "adaptive_decay", base)),
+    }
 
 
 def _pick(value: T | None, default: T) -> T:
@@ -444,55 +455,3 @@ def tokenize_prompt(part: PromptPart, tokenize: Tokenize, *, add_special: bool) 
         else:
             tokens.append(piece)
     return tokens
-
-
-# -------------------------------------------------------------------------------------- chat
-
-
-def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
-    """The messages as the chat template sees them (`common_chat_msg::to_json_oaicompat`).
-
-    Content is a string, or a list of `{"type": "text", "text"}` parts; a null content becomes
-    "". Media parts are a typed 501 (kvswap has no multimodal support).
-    """
-    return [_template_message(msg) for msg in body.messages]
-
-
-def _template_message(msg: ChatMessage) -> dict[str, Any]:
-    content: str | list[dict[str, str]]
-    if isinstance(msg.content, list):
-        for part in msg.content:
-            if part.type in MEDIA_PART_TYPES:
-                raise KvswapError(
-                    ErrorKind.NOT_SUPPORTED, f"{part.type} input is not supported by this server"
-                )
-        content = [{"type": "text", "text": part.text or ""} for part in msg.content]
-    else:
-        content = msg.content or ""
-    out: dict[str, Any] = {"role": msg.role, "content": content}
-    if msg.reasoning_content:
-        out["reasoning_content"] = msg.reasoning_content
-    if msg.name:
-        out["name"] = msg.name
-    if msg.tool_call_id:
-        out["tool_call_id"] = msg.tool_call_id
-    if msg.tool_calls:
-        out["tool_calls"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": call.function.name,
-                    "arguments": _arguments_text(call.function.arguments),
-                },
-                **({"id": call.id} if call.id else {}),
-            }
-            for call in msg.tool_calls
-        ]
-    return out
-
-
-def _arguments_text(arguments: str | dict[str, Any] | None) -> str:
-    # llama-server keeps a string as is and serialises anything else compactly.
-    if isinstance(arguments, str):
-        return arguments
-    return json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)

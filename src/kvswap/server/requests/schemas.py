@@ -62,6 +62,14 @@ class Body(BaseModel):
     )
 
 
+class MindField(Body):
+    """A generation body's `mind` alone: read before the body is prepared, so the mind's turn
+    is held (and in a cluster placed) first (`streaming.turn`). Validated as every body's
+    `mind` is: a body this refuses, the body's own model refuses too."""
+
+    mind: str | None = None
+
+
 class PromptObject(Body):
     """`{"prompt_string": ..., "multimodal_data": [...]}`, one prompt as an object."""
 
@@ -248,7 +256,7 @@ class OaiCompletionRequest(GenerationFields):
 
 
 # Content parts that carry media (`oaicompat_content_load_media`): valid OpenAI, refused by
-# params.chat_messages with a 501 (kvswap has no multimodal support).
+# chat.chat_messages with a 501 (kvswap has no multimodal support).
 MEDIA_PART_TYPES = frozenset({"image_url", "input_audio", "input_video", "video_url"})
 
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
+from kvswap.core.vocab import MindTier
 from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, ForgetMind
 from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
@@ -44,7 +45,7 @@ class PageCopy:
 
     view: memoryview
     layout: PageLayout
-    source: str  # "slot", "ram" or "disk"
+    source: MindTier  # where the copy was taken from
     release: Callable[[], None]
 
     def close(self) -> None:
@@ -90,7 +91,7 @@ class LocalMinds:
             assert not rest and isinstance(cap, Captured)
             buffer = cap.buffer
             return PageCopy(
-                memoryview(buffer)[: cap.layout.n_bytes], cap.layout, "slot", buffer.close
+                memoryview(buffer)[: cap.layout.n_bytes], cap.layout, MindTier.SLOT, buffer.close
             )
         if self.registry.resident_slot(key) is not None:
             return None  # in a slot that a turn holds
@@ -101,7 +102,7 @@ class LocalMinds:
             except KvswapError:
                 pass  # paged in or dropped meanwhile
             else:
-                return PageCopy(page.view(), page.layout, "ram", lambda: store.release(page))
+                return PageCopy(page.view(), page.layout, MindTier.RAM, lambda: store.release(page))
         if self.publisher is not None and self.registry.disk_copy(key) is not None:
             return self._from_disk(key)
         return None
@@ -117,7 +118,7 @@ class LocalMinds:
             buffer, layout = pack(read.state, self.geometry())
         finally:
             read.close()
-        return PageCopy(memoryview(buffer), layout, "disk", lambda: None)
+        return PageCopy(memoryview(buffer), layout, MindTier.DISK, lambda: None)
 
     def forget(self, key: PageKey) -> bool:
         """Drop every copy of the mind here; False when its slot is busy (nothing dropped)."""

@@ -10,14 +10,19 @@ failed publication due.
 Its methods block on Redis or on the engine's answers: the server calls them on worker threads,
 never on the event loop. `take` is the ownership step of every turn of a mind: renew the lease
 held (Redis away: keep serving what is held, without waiting on Redis each turn), else acquire
-it, else say who holds it.
+it, else say who holds it; it answers with a `Placement`, which `resume` turns into the state
+the turn starts from (`Resumed`).
+
+What a caller may hold of the tier is defined here (or re-exported from here): `SharedTier`,
+`Placement`, `Holder`, `Resumed`, `TierView`; its errors are `tiers.shared.errors`'. The rest
+of the package is its inside.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
@@ -42,6 +47,36 @@ from kvswap.tiers.shared.token_log import TokenLog
 from kvswap.tiers.shared.writer import MindWriter
 
 log = logging.getLogger("kvswap.shared")
+
+__all__ = ["HeldView", "Holder", "Placement", "Resumed", "SharedTier", "TierView", "redacted"]
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Another replica's lease on a mind, as a turn finds it."""
+
+    replica_id: str
+    url: str  # where that replica is reached (its advertise URL)
+    token: str  # its incarnation's lease token: a change means the lease changed hands
+    ttl_left_ms: int  # how long the lease lasts unless renewed
+
+    @classmethod
+    def of(cls, lease: LeaseHolder) -> Holder:
+        return cls(lease.replica_id, lease.advertise_url, lease.token, lease.ttl_left_ms)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Whose a mind is for a turn, as `SharedTier.take` found it: ours (`holder` None; pass it
+    to `resume`), or another replica's (`holder`)."""
+
+    key: PageKey
+    holder: Holder | None = None
+    held: Held | None = field(default=None, repr=False)  # the tier's record, for `resume`
+
+    @property
+    def ours(self) -> bool:
+        return self.holder is None
 
 
 @dataclass(frozen=True)
@@ -168,34 +203,57 @@ class SharedTier:
 
     # -- a turn ------------------------------------------------------------------------------
 
-    def take(self, key: PageKey) -> Held | LeaseHolder:
-        """The mind's lease for a turn: the record when it is ours (renewed, or taken now),
-        else who holds it. Raises TierUnavailable when Redis is away and the mind is not held
-        here (a held mind keeps serving)."""
+    @property
+    def advertise_url(self) -> str:
+        return self.incarnation.advertise_url
+
+    @property
+    def lease_s(self) -> float:
+        """A lease's period: what a holder that stops renewing keeps a mind for, at most."""
+        return self.settings.lease_ms / 1000
+
+    def is_me(self, holder: Holder) -> bool:
+        """`holder` is this replica: this process, or a past life at the same address (whose
+        lease outlived it)."""
+        return holder.url == self.incarnation.advertise_url
+
+    def count(self, **deltas: float) -> None:
+        """Add to the takeover and forwarding counters (`stats.ResumeCounters` names them)."""
+        self.stats.count(**deltas)
+
+    def take(self, key: PageKey) -> Placement:
+        """The mind's lease for a turn: ours (renewed, or taken now), else who holds it.
+        Raises TierUnavailable when Redis is away and the mind is not held here (a held mind
+        keeps serving)."""
         held = self.holdings.get(key)
         if held is not None and held.lost:
             self.holdings.drop(held)
             held = None
         if held is not None:
             if not self.health.reachable:
-                return held  # Redis away: keep serving (the renewal thread finds it back)
+                return Placement(key, held=held)  # Redis away: keep serving what is held
             try:
                 if self.holdings.renew(held):
                     self.health.ok()
-                    return held
+                    return Placement(key, held=held)
             except TierUnavailable as err:
                 self.health.failed("lease renewal", err)
-                return held
+                return Placement(key, held=held)
         try:
             got = self.holdings.take(key)
         except TierUnavailable as err:
             self.health.failed("lease acquire", err)
             raise
         self.health.ok()
-        return got
+        if isinstance(got, LeaseHolder):
+            return Placement(key, holder=Holder.of(got))
+        return Placement(key, held=got)
 
-    def resume(self, held: Held) -> Resumed:
-        return self.resumer.resume(held, self.geometry())
+    def resume(self, placement: Placement) -> Resumed:
+        """What the turn of a mind that is ours starts from (a mind just taken over is fetched
+        from the tier, or falls back)."""
+        assert placement.held is not None, "resume a placement that is ours"
+        return self.resumer.resume(placement.held, self.geometry())
 
     def end_turn(self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
         return self.writer.end_turn(key, turn_id, tokens)
@@ -211,9 +269,10 @@ class SharedTier:
         """A slot verb ended the mind here: out of the tier too (TierUnavailable: it stays)."""
         self.writer.end_mind(key)
 
-    def holder(self, key: PageKey) -> LeaseHolder | None:
+    def holder(self, key: PageKey) -> Holder | None:
         """Who holds the mind's lease now (None: free). Raises TierUnavailable."""
-        return self.holdings.leases.holder(self.holdings.keys_of(key))
+        lease = self.holdings.leases.holder(self.holdings.keys_of(key))
+        return Holder.of(lease) if lease is not None else None
 
     def _lost(self, held: Held) -> None:
         """Another replica has the mind: drop our copies (unless a turn still runs on it: its

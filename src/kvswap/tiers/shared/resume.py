@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.core.keys import PageKey
+from kvswap.core.vocab import ResumeSource
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.slotstate import SlotState, state_of_page
@@ -48,9 +49,7 @@ _CHUNK_MISSES = (MissReason.CHUNK_MISSING, MissReason.CHUNK_CORRUPT)
 class Resumed:
     """How a turn starts on a mind: the state to restore, and what the resume cost."""
 
-    # "held" (nothing to do), "new" (a mind no tier holds), "tier", or after a miss "local"
-    # (its copies here) or "none" (its prompt is prefilled)
-    source: str
+    source: ResumeSource
     state: SlotState | None = None  # the tier's page, to apply with the turn
     tokens_known: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     last_turn: str = ""  # the token log's last turn id (this very turn's, when it is a retry)
@@ -69,7 +68,7 @@ class Resumed:
 
     @property
     def taken_over(self) -> bool:
-        return self.source not in ("held", "new")
+        return self.source not in (ResumeSource.HELD, ResumeSource.NEW)
 
     def close(self) -> None:
         """Free the fetched page (once the engine has applied it)."""
@@ -102,7 +101,7 @@ class Resumer:
     def resume(self, held: Held, geometry: PageGeometry) -> Resumed:
         """What the mind's next turn starts from (`held` was just taken when not resumed)."""
         if held.resumed:
-            return Resumed("held", tokens_known=held.tokens)
+            return Resumed(ResumeSource.HELD, tokens_known=held.tokens)
         keys = held.lease.keys
         try:
             tokens, last_turn = self.token_log.read_with_turn(keys)
@@ -115,8 +114,8 @@ class Resumer:
         if isinstance(record, Miss) and record.reason is MissReason.ABSENT:
             # the tier never held it: a new mind, or one this replica holds from before the
             # cluster (its copies here serve it, as without a shared tier)
-            return Resumed("new", tokens_known=tokens, last_turn=last_turn)
-        out = Resumed("tier", tokens_known=tokens, last_turn=last_turn)
+            return Resumed(ResumeSource.NEW, tokens_known=tokens, last_turn=last_turn)
+        out = Resumed(ResumeSource.TIER, tokens_known=tokens, last_turn=last_turn)
         fetched = self.store.fetch(keys, fingerprint=geometry.file_fingerprint(), alloc=out.alloc)
         if isinstance(fetched, Fetched):
             self.local.forget(held.key)
@@ -140,13 +139,13 @@ class Resumer:
             held.key.name,
             fetched.reason.value,
             fetched.detail,
-            "its copy here" if source == "local" else "its prompt (a re-prefill)",
+            "its copy here" if source is ResumeSource.LOCAL else "its prompt (a re-prefill)",
         )
         self.holdings.update(
             held, published_gen=fetched.gen, publish_whole=fetched.reason in _CHUNK_MISSES
         )
         return Resumed(source, tokens_known=tokens, last_turn=last_turn, miss=fetched.reason.value)
 
-    def _fallback(self, key: PageKey) -> str:
+    def _fallback(self, key: PageKey) -> ResumeSource:
         """Where the turn starts without the tier's page: this replica's copies, or nothing."""
-        return "local" if self.local.has(key) else "none"
+        return ResumeSource.LOCAL if self.local.has(key) else ResumeSource.NONE

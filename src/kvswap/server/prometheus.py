@@ -3,6 +3,9 @@
 Every name carries the `llamacpp:` prefix, counters and gauges each with HELP and TYPE lines, no
 `_created` series. The throughput gauges are rates since the previous read of /metrics, as
 llama-server's buckets; `MetricsRenderer` keeps the previous reading (it is the only state).
+llama-server's own series are tables (`LLAMA_COUNTERS`, `LLAMA_GAUGES`), as kvswap's are
+(`KVSWAP_SERIES`). In the shell: /metrics (`llama/`) and the shared tier's series
+(`formats_cluster`) both write with it.
 """
 
 from __future__ import annotations
@@ -98,6 +101,44 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
 }
 
 
+# llama-server's own series, in its order: name -> help. Each value is the snapshot's field of
+# the same name, but the two throughput gauges (`_RATES`), rates since the previous read.
+LLAMA_COUNTERS: dict[str, str] = {
+    "prompt_tokens_total": "Number of prompt tokens processed, excluding cached tokens",
+    "prompt_tokens_cached_total": "Number of prompt tokens reused from the cache",
+    "prompt_seconds_total": "Total time spent processing prompts",
+    "tokens_predicted_total": "Number of generation tokens processed",
+    "tokens_predicted_seconds_total": "Total time spent generating tokens",
+    "n_decode_total": (
+        "Total number of llama_decode() calls, excluding speculative decoding and multimodal "
+        "decoding"
+    ),
+    "n_tokens_max": "Largest observed sequence length (prompt + generation)",
+    "spec_decode_num_draft_tokens_total": "Speculative: Total draft tokens generated",
+    "spec_decode_num_accepted_tokens_total": (
+        "Speculative: Total draft tokens accepted by the target model"
+    ),
+    "spec_decode_num_drafts_total": "Speculative: Total speculative decoding verification steps",
+}
+LLAMA_GAUGES: dict[str, str] = {
+    "prompt_tokens_seconds": "Average prompt throughput in tokens/s",
+    "predicted_tokens_seconds": "Average generation throughput in tokens/s",
+    "requests_processing": "Number of requests processing",
+    "requests_deferred": "Number of requests deferred",
+    "n_busy_slots_per_decode": "Average number of busy slots per llama_decode() call",
+}
+# A rate gauge -> (the counter of its quantity, the counter of its seconds).
+_RATES = {
+    "prompt_tokens_seconds": ("prompt_tokens_total", "prompt_seconds_total"),
+    "predicted_tokens_seconds": ("tokens_predicted_steps_total", "tokens_predicted_seconds_total"),
+}
+
+
+def _rate(s: MetricsSnapshot, prev: MetricsSnapshot, quantity: str, seconds: str) -> float:
+    d_s = getattr(s, seconds) - getattr(prev, seconds)
+    return (getattr(s, quantity) - getattr(prev, quantity)) / d_s if d_s > 0 else 0.0
+
+
 class MetricsRenderer:
     """Turns engine snapshots into /metrics text, with rates since the previous read."""
 
@@ -108,100 +149,10 @@ class MetricsRenderer:
     def render(self, s: MetricsSnapshot) -> str:
         with self._lock:
             prev, self._prev = self._prev, s
-        d_prompt_t = s.prompt_seconds_total - prev.prompt_seconds_total
-        d_prompt_n = s.prompt_tokens_total - prev.prompt_tokens_total
-        d_pred_t = s.tokens_predicted_seconds_total - prev.tokens_predicted_seconds_total
-        d_pred_steps = s.tokens_predicted_steps_total - prev.tokens_predicted_steps_total
-        counters = [
-            Metric(
-                "prompt_tokens_total",
-                "counter",
-                "Number of prompt tokens processed, excluding cached tokens",
-                s.prompt_tokens_total,
-            ),
-            Metric(
-                "prompt_tokens_cached_total",
-                "counter",
-                "Number of prompt tokens reused from the cache",
-                s.prompt_tokens_cached_total,
-            ),
-            Metric(
-                "prompt_seconds_total",
-                "counter",
-                "Total time spent processing prompts",
-                s.prompt_seconds_total,
-            ),
-            Metric(
-                "tokens_predicted_total",
-                "counter",
-                "Number of generation tokens processed",
-                s.tokens_predicted_total,
-            ),
-            Metric(
-                "tokens_predicted_seconds_total",
-                "counter",
-                "Total time spent generating tokens",
-                s.tokens_predicted_seconds_total,
-            ),
-            Metric(
-                "n_decode_total",
-                "counter",
-                "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
-                s.n_decode_total,
-            ),
-            Metric(
-                "n_tokens_max",
-                "counter",
-                "Largest observed sequence length (prompt + generation)",
-                s.n_tokens_max,
-            ),
-            Metric(
-                "spec_decode_num_draft_tokens_total",
-                "counter",
-                "Speculative: Total draft tokens generated",
-                s.spec_decode_num_draft_tokens_total,
-            ),
-            Metric(
-                "spec_decode_num_accepted_tokens_total",
-                "counter",
-                "Speculative: Total draft tokens accepted by the target model",
-                s.spec_decode_num_accepted_tokens_total,
-            ),
-            Metric(
-                "spec_decode_num_drafts_total",
-                "counter",
-                "Speculative: Total speculative decoding verification steps",
-                s.spec_decode_num_drafts_total,
-            ),
-        ]
+        counters = [Metric(n, "counter", h, getattr(s, n)) for n, h in LLAMA_COUNTERS.items()]
         gauges = [
-            Metric(
-                "prompt_tokens_seconds",
-                "gauge",
-                "Average prompt throughput in tokens/s",
-                d_prompt_n / d_prompt_t if d_prompt_t > 0 else 0.0,
-            ),
-            Metric(
-                "predicted_tokens_seconds",
-                "gauge",
-                "Average generation throughput in tokens/s",
-                d_pred_steps / d_pred_t if d_pred_t > 0 else 0.0,
-            ),
-            Metric(
-                "requests_processing",
-                "gauge",
-                "Number of requests processing",
-                s.requests_processing,
-            ),
-            Metric(
-                "requests_deferred", "gauge", "Number of requests deferred", s.requests_deferred
-            ),
-            Metric(
-                "n_busy_slots_per_decode",
-                "gauge",
-                "Average number of busy slots per llama_decode() call",
-                s.n_busy_slots_per_decode,
-            ),
+            Metric(n, "gauge", h, _rate(s, prev, *_RATES[n]) if n in _RATES else getattr(s, n))
+            for n, h in LLAMA_GAUGES.items()
         ]
         own = [
             Metric(name, kind, help_text, s.extra.get(name, 0.0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvswap.server.llama.prometheus import Metric
+from kvswap.server.prometheus import Metric
 from kvswap.tiers.shared.replica import TierView
 
 

@@ -1,14 +1,15 @@
 """Forwarding a turn to the replica that owns its mind: the cluster's request path over HTTP.
 
 `Forwarder` is an ASGI middleware inside the guard (keys and body limits are checked first):
-1. It runs the app with the request's `TurnContext` (`pages.turn`) and records the body as the
-   app reads it.
-2. A mind's session raises `ForwardTurn` when another live replica holds the mind's lease
-   (`pages.cluster`). Its exception handler answers with an internal marker header, which the
-   forwarder takes out (the client never sees it) and sends the recorded request to the owner's
-   advertised URL instead: same method, path, query, headers and body, plus `X-Kvswap-Hop` (a
-   forwarded turn is never forwarded again). The owner's answer streams back as it comes, its
-   status and headers kept.
+1. It runs the app, the owners this request could not reach in its scope (`asgi.failed_owners`,
+   read by `turnfacts.turn_facts`), and records the body as the app reads it.
+2. A mind's session raises `minds.placement.OwnedElsewhere` when another live replica holds
+   the mind's lease, before the turn's body is prepared (rendered, tokenized, grammar-checked:
+   the owner does that). Its exception handler answers with an internal marker header, which
+   the forwarder takes out (the client never sees it) and sends the recorded request to the
+   owner's advertised URL instead: same method, path, query, headers and body, plus
+   `X-Kvswap-Hop` (a forwarded turn is never forwarded again). The owner's answer streams back
+   as it comes, its status and headers kept.
 3. Until the owner's answer begins, the forwarder watches the owner's lease: an owner that
    cannot be reached, or whose lease expires or changes hands before it answers (it died, or
    froze), is abandoned, and the request runs here once more with that owner in
@@ -20,8 +21,8 @@
    and then takes the mind over with no re-prefill.
 Every answer names its replica in `X-Kvswap-Replica` (a forwarded one, the owner).
 
-Owns the HTTP client to the other replicas. Runs on the event loop; Redis is read through the
-cluster gate's worker threads.
+Owns the HTTP client to the other replicas (`http`: one can be given, as the tests do). Runs on
+the event loop; Redis is read through `minds.shared.SharedMinds`' worker threads.
 """
 
 from __future__ import annotations
@@ -29,26 +30,31 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Final
+from typing import Final
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from kvswap.server.pages.turn import HOP_HEADER, ForwardTurn, Owner, TurnContext, entered
-
-if TYPE_CHECKING:
-    from kvswap.server.pages.cluster import ClusterGate
+from kvswap.core.errors import ErrorKind
+from kvswap.core.keys import PageKey, PageKind
+from kvswap.minds.placement import OwnedElsewhere, Owner
+from kvswap.minds.shared import SharedMinds
+from kvswap.server.asgi import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    until_disconnect,
+    with_failed_owners,
+)
+from kvswap.server.errors import error_bytes
+from kvswap.server.turnfacts import HOP_HEADER, scope_headers
 
 log = logging.getLogger("kvswap.cluster")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 REPLICA_HEADER: Final = "x-kvswap-replica"
 _MARKER: Final = b"x-kvswap-forward"  # internal: the app asks the forwarder to forward
@@ -64,11 +70,23 @@ _MAX_OWNERS: Final = 3  # owners a turn is forwarded to, one after the other, be
 
 
 def install(app: FastAPI) -> None:
-    """The marker answer of `ForwardTurn` (taken out by the forwarder, never sent)."""
+    """The marker answer of `OwnedElsewhere` (taken out by the forwarder, never sent)."""
 
-    @app.exception_handler(ForwardTurn)
-    async def _forward(_: Request, exc: ForwardTurn) -> Response:
-        return Response(status_code=307, headers={_MARKER.decode(): exc.owner.encode()})
+    @app.exception_handler(OwnedElsewhere)
+    async def _forward(_: Request, exc: OwnedElsewhere) -> Response:
+        return Response(status_code=307, headers={_MARKER.decode(): encode_owner(exc.owner)})
+
+
+def encode_owner(owner: Owner) -> str:
+    """As the marker header's value (JSON, ASCII: a name's other characters escaped)."""
+    key = owner.key
+    return json.dumps([key.namespace, key.name, owner.replica_id, owner.url, owner.token])
+
+
+def decode_owner(text: bytes) -> Owner:
+    namespace, name, replica_id, url, token = json.loads(text)
+    key = PageKey(PageKind.MIND, str(namespace), str(name))
+    return Owner(key, str(replica_id), str(url), str(token))
 
 
 class _Outcome(Enum):
@@ -91,7 +109,7 @@ class _Answer:
             headers = list(message.get("headers", []))
             marker = next((v for k, v in headers if k.lower() == _MARKER), None)
             if marker is not None:
-                self.owner = Owner.decode(marker)
+                self.owner = decode_owner(marker)
                 return
             if not any(k.lower() == REPLICA_HEADER.encode() for k, _ in headers):
                 headers.append((REPLICA_HEADER.encode(), self._replica_id))
@@ -105,12 +123,17 @@ class Forwarder:
     """See the module docstring."""
 
     def __init__(
-        self, app: ASGIApp, *, replica_id: str, gate: Callable[[], ClusterGate | None]
+        self,
+        app: ASGIApp,
+        *,
+        replica_id: str,
+        gate: Callable[[], SharedMinds | None],
+        http: httpx.AsyncClient | None = None,
     ) -> None:
         self.app = app
         self.replica_id = replica_id
         self.gate = gate
-        self._http: httpx.AsyncClient | None = None
+        self._http = http
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -129,20 +152,18 @@ class Forwarder:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
-        turn = TurnContext(scope["path"], headers)
-        reads = _recording(receive, turn)
+        chunks: list[bytes] = []  # the body as the app read it
+        reads = _recording(receive, chunks)
         failed: set[str] = set()  # owners this turn was forwarded to that gave no answer
         for _ in range(_MAX_OWNERS):
             answer = _Answer(send, self.replica_id.encode())
-            with entered(turn):
-                await self.app(scope, reads, answer)
+            await self.app(with_failed_owners(scope, frozenset(failed)), reads, answer)
             owner, gate = answer.owner, self.gate()
             if owner is None:
                 return
             if gate is None:  # the server went to sleep or away meanwhile
                 break
-            body = b"".join(turn.body)
+            body = b"".join(chunks)
             outcome = await self._forward(scope, body, owner, receive, send, gate)
             gate.forwarded(owner, ok=outcome is not _Outcome.NOT_REACHED)
             if outcome is _Outcome.ANSWERED:
@@ -156,8 +177,8 @@ class Forwarder:
                 owner.url,
             )
             failed.add(owner.token)
-            turn = TurnContext(scope["path"], headers, failed_owners=frozenset(failed))
-            reads = _replaying(body, receive, turn)
+            chunks = []
+            reads = _replaying(body, receive, chunks)
         await _unavailable(send, self.replica_id)
 
     async def _forward(
@@ -167,7 +188,7 @@ class Forwarder:
         owner: Owner,
         receive: Receive,
         send: Send,
-        gate: ClusterGate,
+        gate: SharedMinds,
     ) -> _Outcome:
         path = scope.get("root_path", "") + scope["path"]
         query = scope.get("query_string", b"").decode("latin-1")
@@ -179,16 +200,18 @@ class Forwarder:
         request = self.http.build_request(scope["method"], url, headers=headers, content=body)
         sending = asyncio.ensure_future(self.http.send(request, stream=True))
         watching = asyncio.ensure_future(gate.watch_owner(owner))
-        leaving = asyncio.ensure_future(_client_leaves(receive))
+        leaving = asyncio.ensure_future(until_disconnect(receive))
         try:
             await asyncio.wait({sending, watching, leaving}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watching.cancel()
         if not sending.done():
+            # Read before the cancellation: a cancelled watch is done too once it has run.
+            gone = leaving.done()
             sending.cancel()
             leaving.cancel()
             await asyncio.gather(sending, return_exceptions=True)
-            return _Outcome.CUT if leaving.done() else _Outcome.NOT_REACHED
+            return _Outcome.CUT if gone else _Outcome.NOT_REACHED
         try:
             upstream = sending.result()
         except httpx.HTTPError as err:
@@ -201,9 +224,9 @@ class Forwarder:
             leaving.cancel()
             await upstream.aclose()
 
-    def _ask_handoff(self, scope: Scope, owner: Owner, gate: ClusterGate) -> None:
+    def _ask_handoff(self, scope: Scope, owner: Owner, gate: SharedMinds) -> None:
         """Ask the owner to hand the mind off once idle (the next turn here waits for it)."""
-        headers = {k: v for k, v in _headers(scope).items() if k in _AUTH_HEADERS}
+        headers = {k: v for k, v in scope_headers(scope).items() if k in _AUTH_HEADERS}
         headers[HOP_HEADER] = self.replica_id
         url = owner.url + scope.get("root_path", "") + "/cluster/handoff"
         name = owner.key.name
@@ -240,31 +263,25 @@ async def _relay(upstream: httpx.Response, send: Send, leaving: asyncio.Future[N
 
 async def _unavailable(send: Send, replica_id: str) -> None:
     """A typed 503: the mind's owners kept changing and none answered."""
-    body = json.dumps(
-        {"error": {"code": 503, "type": "unavailable_error", "retry_after_s": 1,
-                   "message": "the mind's owner could not be reached; retry the turn"}}
-    ).encode()  # fmt: skip
+    message = "the mind's owner could not be reached; retry the turn"
+    body = error_bytes(ErrorKind.UNAVAILABLE, message, retry_after_s=1)
     headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
                (REPLICA_HEADER.encode(), replica_id.encode())]  # fmt: skip
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-def _recording(receive: Receive, turn: TurnContext) -> Receive:
+def _recording(receive: Receive, chunks: list[bytes]) -> Receive:
     async def recorded() -> Message:
         message = await receive()
         if message["type"] == "http.request":
-            turn.body.append(bytes(message.get("body", b"")))
+            chunks.append(bytes(message.get("body", b"")))
         return message
 
     return recorded
 
 
-def _replaying(body: bytes, receive: Receive, turn: TurnContext) -> Receive:
+def _replaying(body: bytes, receive: Receive, chunks: list[bytes]) -> Receive:
     """The recorded body once, then the client's connection (its disconnect)."""
     sent = False
 
@@ -272,14 +289,8 @@ def _replaying(body: bytes, receive: Receive, turn: TurnContext) -> Receive:
         nonlocal sent
         if not sent:
             sent = True
-            turn.body.append(body)
+            chunks.append(body)
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
     return replayed
-
-
-async def _client_leaves(receive: Receive) -> None:
-    """Returns when the client disconnects (the body has been read already)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass

@@ -3,7 +3,8 @@
 Owns the final object (`server_task_result_cmpl_final::to_json_non_oaicompat`) and the stream
 chunks (`server_task_result_cmpl_partial::to_json_non_oaicompat`), including prompt-progress
 events. A batch of prompts answers with a list of finals, one per prompt, which the route
-builds. The native stream has no `[DONE]` event: it ends after the final object.
+builds. The native stream has no `[DONE]` event: it ends after the final object. In the shell,
+not `llama/`: an OpenAI final under `verbose` carries the native one too (`__verbose`).
 
 Pure: engine results in, JSON-able dicts out.
 """
