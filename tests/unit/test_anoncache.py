@@ -15,14 +15,8 @@ import numpy as np
 import pytest
 
 from kvswap.core.keys import PageKey, PageKind
+from kvswap.core.page import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
 from kvswap.engine.kv.buffers import BufferReady, new_buffer
-from kvswap.engine.kv.pagefmt import (
-    PageGeometry,
-    PageLayout,
-    plan_layout,
-    read_tokens,
-    write_tokens,
-)
 from kvswap.engine.kv.pagestore import PageStore, Reservation, close_now
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, AnonCache, Kept
 from kvswap.engine.slot import Slot, SlotTable

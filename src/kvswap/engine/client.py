@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.core.errors import KvswapError
+from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.snapshot import EngineSnapshot

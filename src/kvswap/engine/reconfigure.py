@@ -38,11 +38,10 @@ from kvswap.backend.context import ContextInitError
 from kvswap.backend.model import ModelInfo
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, engine_key
+from kvswap.core.page import plan_layout, read_tokens, state_of_page, write_tokens
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
 from kvswap.engine.kv.buffers import BufferWorker, new_buffer
-from kvswap.engine.kv.pagefmt import plan_layout, read_tokens, write_tokens
 from kvswap.engine.kv.pagestore import Page, PageStore
-from kvswap.engine.kv.slotstate import state_of_page
 from kvswap.engine.kv.spare import Spare
 from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.registry import MindRegistry

@@ -18,10 +18,10 @@ from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
+from kvswap.core.page import PageGeometry
 from kvswap.core.types import LoraSet
 from kvswap.engine.kv.checkpoints import CheckpointBudget
 from kvswap.engine.kv.memory import SlotMemory
-from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.slotstate import StateMover
 from kvswap.engine.kv.verbs import PageCounters, SlotVerbs

@@ -40,9 +40,9 @@ from pathlib import Path
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind
+from kvswap.core.page import PageGeometry
 from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
-from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.registry import DiskCopy
 from kvswap.files import FilesError, Publisher

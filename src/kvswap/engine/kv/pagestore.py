@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from kvswap.core.errors import PageNotFound, PageTooLarge, StoreFull
 from kvswap.core.keys import PageKey
-from kvswap.engine.kv.pagefmt import LoraRef, PageLayout
+from kvswap.core.page import LoraRef, PageLayout
 
 log = logging.getLogger("kvswap.engine")
 

@@ -31,10 +31,10 @@ from contextlib import asynccontextmanager
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind, mind_key
+from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import Nudge
-from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.minds.registry import MindView
 from kvswap.files import FilesError, Publisher, WrongModelError
 from kvswap.server.pages.cluster import ClusterGate

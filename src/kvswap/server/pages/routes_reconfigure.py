@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
-from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
+from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 from kvswap.server.guard import tenant_namespace
 from kvswap.server.openapi import body_schema
 from kvswap.server.requests.schemas import Body, parse_body

@@ -35,7 +35,7 @@ from typing import Final
 import redis
 
 from kvswap.core.keys import PageKey
-from kvswap.engine.kv.pagefmt import PageLayout
+from kvswap.core.page import PageLayout
 from kvswap.tiers.shared import manifest as mf
 from kvswap.tiers.shared import store_scripts as lua
 from kvswap.tiers.shared.budget import TierBudget
