@@ -24,6 +24,8 @@ from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
 from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.minds.flushes import FlushSchedule
+from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.snapshot import EngineSnapshot
@@ -66,11 +68,14 @@ class _Outbox:
 
 @dataclass(frozen=True)
 class PagesHandle:
-    """What the HTTP side and the tiers may touch of the engine's state directly: the page
-    store and the mind registry (both thread-safe owners)."""
+    """What the HTTP side and the tiers may touch of the engine's state directly (each a
+    thread-safe owner): the page store, the mind registry, the flush schedule and the
+    hand-offs to disk (the last two for the demoter)."""
 
     store: PageStore | None
     registry: MindRegistry
+    flushes: FlushSchedule
+    handoffs: Handoffs
 
 
 class EngineClient:
@@ -81,7 +86,7 @@ class EngineClient:
         self.loop = loop
         self._outbox = _Outbox(loop)
         self._ids = itertools.count(1)
-        self.pages = PagesHandle(engine.store, engine.registry)
+        self.pages = PagesHandle(engine.store, engine.registry, engine.flushes, engine.handoffs)
 
     @classmethod
     def start(

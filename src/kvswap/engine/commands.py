@@ -19,6 +19,7 @@ from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.page import PageLayout, SlotState
 from kvswap.core.types import EngineError, Event, GenerationRequest
+from kvswap.core.vocab import MindMove
 from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 
 T = TypeVar("T")
@@ -165,7 +166,7 @@ class MindVerb:
 
     req_id: int
     key: PageKey
-    action: str  # "to_slot" | "to_ram" | "erase"
+    action: MindMove
     reply: Reply[int]
     restore: SlotState | None = None  # to_slot: the state read from disk (a mind on disk only)
 

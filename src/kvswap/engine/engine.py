@@ -7,7 +7,7 @@ One loop, one step at a time:
 
 HTTP handlers reach it only through `EngineClient`, which posts commands to `inbox`. The engine
 owns the managers and hands each the narrow owners it uses (the runtime, the slot table, the page
-store, the mind registry); none of them imports or calls back into the engine. Does no file I/O:
+store, the mind registry and its neighbours); none of them imports or calls back into the engine. Does no file I/O:
 slot files are read and written by workers around `SlotCapture` and `SlotApply`.
 """
 
@@ -49,6 +49,8 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds.anoncache import AnonCache
+from kvswap.engine.minds.flushes import FlushSchedule
+from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seating
 from kvswap.engine.plan.scheduler import Job, WaitQueue
@@ -88,7 +90,8 @@ class Engine:
         self.inbox: queue.SimpleQueue[Command | BufferReady] = queue.SimpleQueue()
         self.buffers = BufferWorker(self.inbox.put)
         self.store = self._new_store(config)
-        self.registry = MindRegistry()
+        # A mind's bookkeeping, each shared with the HTTP side and the demoter (`PagesHandle`).
+        self.registry, self.flushes, self.handoffs = MindRegistry(), FlushSchedule(), Handoffs()
         self.runtime = rt = self._new_runtime()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
         # A client's slot verbs, and captures waiting for their buffer (the flush before exit).
@@ -144,6 +147,8 @@ class Engine:
             runtime=self.runtime,
             buffers=self.buffers,
             registry=self.registry,
+            flushes=self.flushes,
+            handoffs=self.handoffs,
             anon=self.anon,
         )
 

@@ -24,8 +24,11 @@ restart finds, and the spill before exit.
   survives a restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and
   RAM page not already current on disk.
 
-Owns the demoter thread and the ownership claims. File I/O happens here, on the demoter thread,
-the closing thread or the I/O executor, never on the engine thread or the event loop.
+Owns the demoter thread, its bell (attached to the engine's hand-offs, `engine.minds.handoffs`:
+the engine rings it when a hand-off waits or the store is short of room) and the ownership
+claims. It reads and writes the mind registry, the flush schedule and the hand-offs through the
+engine's `PagesHandle`. File I/O happens here, on the demoter thread, the closing thread or the
+I/O executor, never on the engine thread or the event loop.
 """
 
 from __future__ import annotations
@@ -81,13 +84,16 @@ class Demoter:
     ) -> None:
         self.store = pages.store
         self.registry = pages.registry
+        self.flushes = pages.flushes
+        self.handoffs = pages.handoffs
         self.post = post
         self.publisher = publisher  # the minds' folder (tiers.mindfiles)
         self.slot_files = slot_files  # the slot files, where earlier versions kept minds
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
-        self.registry.set_disk_tier(publisher is not None)
+        self._bell = threading.Event()  # the engine (or `close`) wakes the thread
+        self.handoffs.attach(self._bell.set, disk_tier=publisher is not None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._io = threading.Lock()  # one spill at a time: demoter and close never interleave
@@ -112,7 +118,7 @@ class Demoter:
         """A slot verb ended mind `key` (erase, page_out): its spilled files go too, so no
         tier holds it. Under the spill lock: no copy taken before this is written after it."""
         with self._io:
-            copy = self.registry.forget(key)
+            copy = self.registry.forget(key, also=self._forget_rest)
             if copy is not None and self.publisher is not None:
                 self.publisher.remove(file_name(key))
         self.settle(key)  # its claim goes too: it lives nowhere now
@@ -149,7 +155,13 @@ class Demoter:
         owners = self.owners
         if owners is not None:
             reg.when_not_live(key, in_ram, lambda: owners.release(file_name(key)))
-        reg.forget_if_gone(key, in_ram)
+        held = lambda k: in_ram(k) or self.handoffs.handing(k)  # noqa: E731
+        reg.forget_if_gone(key, held, also=self._forget_rest)
+
+    def _forget_rest(self, key: PageKey) -> None:
+        """The flush schedule's and the hand-offs' entries of a forgotten mind."""
+        self.flushes.forget(key)
+        self.handoffs.forget(key)
 
     def _list_spilled(self, geometry: PageGeometry) -> None:
         assert self.publisher is not None
@@ -191,7 +203,7 @@ class Demoter:
             return
         self._closed = True
         self._stop.set()
-        self.registry.need_room()  # wakes the thread so it sees the stop
+        self._bell.set()  # wakes the thread so it sees the stop
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -235,7 +247,7 @@ class Demoter:
 
     def _is_current(self, key: PageKey) -> bool:
         """Mind `key`'s disk copy holds its newest state (nothing changed since it was taken)."""
-        return self.registry.is_clean(key)
+        return self.registry.disk_copy(key) is not None and not self.flushes.is_dirty(key)
 
     def _spill_captured(self, key: PageKey, cap: Captured, t_copied: float | None = None) -> int:
         """Write a copy of mind `key` (taken at `t_copied`, if known) and close its buffer; 1
@@ -263,7 +275,8 @@ class Demoter:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.registry.wait_for_work(_POLL_S)
+            self._bell.wait(_POLL_S)  # woken by the engine, or it looks anyway
+            self._bell.clear()
             if self._stop.is_set():
                 return
             try:
@@ -285,7 +298,7 @@ class Demoter:
         window."""
         store, reg = self.store, self.registry
         assert store is not None
-        due = reg.due_for_flush(age_s)
+        due = self.flushes.due(age_s, busy=reg.busy())
         if not due:
             return
         for key in [k for k in due if store.has(k)]:
@@ -302,7 +315,7 @@ class Demoter:
             if not self._disk_room(key, cap.layout.n_bytes, may_drop=False):
                 cap.buffer.close()
             elif self._spill_captured(key, cap, t_asked):  # closes the buffer
-                reg.flushed(key, t_asked)
+                self.flushes.flushed(key, t_asked)
                 reg.count(flushes_total=1)
 
     def _flush_page(self, store: PageStore, key: PageKey) -> None:
@@ -321,7 +334,7 @@ class Demoter:
                     return
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
-            self.registry.flushed(key, t_held)
+            self.flushes.flushed(key, t_held)
             self.registry.count(flushes_total=1)
         except FilesError as err:
             self.registry.count(spill_failed_total=1)
@@ -331,14 +344,14 @@ class Demoter:
 
     def _write_handoffs(self) -> None:
         """Write the minds too large for the page store that the engine handed over."""
-        while (handoff := self.registry.take_handoff()) is not None:
+        while (handoff := self.handoffs.take()) is not None:
             key, cap, t_copied = handoff
             if self._disk_room(key, cap.layout.n_bytes):
                 written = self._spill_captured(key, cap, t_copied)
             else:
                 cap.buffer.close()
                 written = 0
-            self.registry.handoff_done(key, bool(written))
+            self.handoffs.done(key, bool(written))
             if written:
                 self.registry.count(spills_total=1)
 
@@ -348,7 +361,7 @@ class Demoter:
         store = self.store
         assert store is not None
         reg = self.registry
-        target = store.ceiling_bytes - reg.headroom_bytes(store.ceiling_bytes)
+        target = store.ceiling_bytes - store.headroom_bytes
         shed = True
         while store.charged_bytes > target and not self._stop.is_set():
             if shed and self._shed(store.charged_bytes - target) > 0:
@@ -401,7 +414,7 @@ class Demoter:
             with self._io:
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
-            self.registry.flushed(key, t_held)
+            self.flushes.flushed(key, t_held)
             if drop and reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
                 self.settle(key)  # on disk only now: another server may take it
             reg.count(spills_total=1)

@@ -33,6 +33,7 @@ from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind, mind_key
 from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, GenerationRequest
+from kvswap.core.vocab import MindTier
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import Nudge
 from kvswap.engine.minds.registry import MindView
@@ -274,12 +275,12 @@ class MindGate:
             copy = disk.get(key)
             if key in resident:
                 slot_id, n_tokens = resident[key]
-                tier, n_bytes = "slot", 0
+                tier, n_bytes = MindTier.SLOT, 0
             elif key in ram:
-                slot_id, (n_tokens, n_bytes), tier = -1, ram[key], "ram"
+                slot_id, (n_tokens, n_bytes), tier = -1, ram[key], MindTier.RAM
             else:
                 assert copy is not None
-                slot_id, n_tokens, n_bytes, tier = -1, copy.n_tokens, copy.n_bytes, "disk"
+                slot_id, n_tokens, n_bytes, tier = -1, copy.n_tokens, copy.n_bytes, MindTier.DISK
             out.append(
                 MindView(key, tier, slot_id, n_tokens, n_bytes, last.get(key, 0.0),
                          copy is not None, copy.n_tokens if copy is not None else 0)

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.page import SlotState
+from kvswap.core.vocab import MindMove
 from kvswap.engine.commands import MindVerb
 from kvswap.server.guard import tenant_namespace
 from kvswap.server.state import ServerState, get_state
@@ -52,11 +53,11 @@ async def mind_action(name: str, request: Request, action: str = "") -> JSONResp
         )
     async with minds.hold(key, read=action == "page_in") as restore:
         if action == "page_in":
-            await _mind_verb(state, request, key, "to_slot", restore)
+            await _mind_verb(state, request, key, MindMove.TO_SLOT, restore)
         elif action in ("page_out", "spill"):
-            await _mind_verb(state, request, key, "to_ram")
+            await _mind_verb(state, request, key, MindMove.TO_RAM)
         else:
-            await _mind_verb(state, request, key, "erase")
+            await _mind_verb(state, request, key, MindMove.ERASE)
             if state.store is not None:
                 state.store.remove(key)
     loop = asyncio.get_running_loop()
@@ -77,7 +78,7 @@ async def _mind_verb(
     state: ServerState,
     request: Request,
     key: PageKey,
-    action: str,
+    action: MindMove,
     restore: SlotState | None = None,
 ) -> int:
     seated: int = await state.client.call(

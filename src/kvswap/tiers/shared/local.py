@@ -26,6 +26,7 @@ from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.page import PageGeometry, PageLayout, SlotState, plan_layout, write_tokens
 from kvswap.core.restream import RestreamError, find_stream, stream_count
+from kvswap.core.vocab import MindTier
 from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, ForgetMind
 from kvswap.files import FilesError, Publisher
@@ -43,7 +44,7 @@ class PageCopy:
 
     view: memoryview
     layout: PageLayout
-    source: str  # "slot", "ram" or "disk"
+    source: MindTier  # where the copy was taken from
     release: Callable[[], None]
 
     def close(self) -> None:
@@ -89,7 +90,7 @@ class LocalMinds:
             assert not rest and isinstance(cap, Captured)
             buffer = cap.buffer
             return PageCopy(
-                memoryview(buffer)[: cap.layout.n_bytes], cap.layout, "slot", buffer.close
+                memoryview(buffer)[: cap.layout.n_bytes], cap.layout, MindTier.SLOT, buffer.close
             )
         if self.registry.resident_slot(key) is not None:
             return None  # in a slot that a turn holds
@@ -100,7 +101,7 @@ class LocalMinds:
             except KvswapError:
                 pass  # paged in or dropped meanwhile
             else:
-                return PageCopy(page.view(), page.layout, "ram", lambda: store.release(page))
+                return PageCopy(page.view(), page.layout, MindTier.RAM, lambda: store.release(page))
         if self.publisher is not None and self.registry.disk_copy(key) is not None:
             return self._from_disk(key)
         return None
@@ -116,7 +117,7 @@ class LocalMinds:
             buffer, layout = pack(read.state, self.geometry())
         finally:
             read.close()
-        return PageCopy(memoryview(buffer), layout, "disk", lambda: None)
+        return PageCopy(memoryview(buffer), layout, MindTier.DISK, lambda: None)
 
     def forget(self, key: PageKey) -> bool:
         """Drop every copy of the mind here; False when its slot is busy (nothing dropped)."""
