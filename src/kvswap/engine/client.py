@@ -1,6 +1,6 @@
 """The asyncio side of the engine: start it, post commands, await results, stream events.
 
-HTTP handlers use only this (and the snapshot and page handle it exposes); it is the one module
+HTTP handlers use only this (and the snapshot and the `handle.PagesHandle` it exposes); it is the one module
 above the engine that holds the `Engine`. Events cross from the engine thread to the event loop
 through an `_Outbox`, which wakes the loop once per batch (not once per token); nothing here
 blocks the loop. When the caller stops listening (client disconnect, task cancelled), the client
@@ -13,7 +13,6 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvswap.backend.lora import Adapters
@@ -23,10 +22,7 @@ from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
-from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.flushes import FlushSchedule
-from kvswap.engine.minds.handoffs import Handoffs
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.handle import PagesHandle
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.snapshot import EngineSnapshot
 
@@ -64,18 +60,6 @@ class _Outbox:
             items, self._items = self._items, []
         for queue, event in items:
             queue.put_nowait(event)
-
-
-@dataclass(frozen=True)
-class PagesHandle:
-    """What the HTTP side and the tiers may touch of the engine's state directly (each a
-    thread-safe owner): the page store, the mind registry, the flush schedule and the
-    hand-offs to disk (the last two for the demoter)."""
-
-    store: PageStore | None
-    registry: MindRegistry
-    flushes: FlushSchedule
-    handoffs: Handoffs
 
 
 class EngineClient:

@@ -30,13 +30,12 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
 
-from kvswap.backend.context import ContextInitError
-from kvswap.backend.model import ModelInfo
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ContextInitError, ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, engine_key
 from kvswap.core.page import plan_layout, read_tokens, state_of_page, write_tokens
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
@@ -53,9 +52,12 @@ from kvswap.engine.plan.reconfigure import (
     plan_seats,
     target_geometry,
 )
+from kvswap.engine.ports import RebuildRuntime
 from kvswap.engine.running import RunningRequest
-from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import SlotTable
+
+if TYPE_CHECKING:
+    from kvswap.backend.model import ModelInfo
 
 log = logging.getLogger("kvswap.reconfigure")
 
@@ -90,7 +92,7 @@ class Reconfigurer:
     def __init__(
         self,
         *,
-        runtime: Runtime,
+        runtime: RebuildRuntime,
         slots: SlotTable,
         store: PageStore | None,
         model_info: ModelInfo,

@@ -142,6 +142,15 @@ class Runtime:
         )
         self.verbs = SlotVerbs(ctx, self.mover, self.store)
 
+    @property
+    def n_shared_cells(self) -> int | None:
+        """The KV cells every slot draws on (a unified pool), or None when each slot has a
+        stream of its own, as large as its window, or a recurrent model holds one cell per
+        slot whatever its tokens."""
+        if not self.geometry.kv_unified or self.model.info.is_recurrent:
+            return None
+        return self.ctx.n_ctx
+
     def warm_up(self) -> None:
         """Decode BOS and EOS on sequence 0, then clear the memory (llama-server's `--warmup`):
         the weights are faulted in and the compute buffers allocated now, not on the first

@@ -6,9 +6,9 @@ restart finds, and the spill before exit.
   cache is the one owner of its eviction), then spills the least recently used idle mind pages
   to disk (crash-safe publication, off the engine thread) and drops them from RAM. Each pass
   ends with a `RoomReport` to the engine, which a mind switch waiting for room reads.
-- `--page-disk-bytes` bounds the disk tier: when full, a spill is refused (a typed reason the
-  waiting switch answers) unless `--page-disk-drop-lru` lets it drop the least recently used
-  spilled minds (logged, counted).
+- `--page-disk-bytes` bounds the disk tier (`tiers.diskbudget`): when full, a spill is refused
+  (a typed reason the waiting switch answers) unless `--page-disk-drop-lru` lets it drop the
+  least recently used spilled minds (logged, counted).
 - Ownership: a server owns each mind it serves live, in a slot or a RAM page, through a claim
   (`files.owners`: no descriptor per mind), so two servers sharing a save path never serve one
   mind twice. `settle` gives the claim up once the mind lives on disk only, and forgets a mind
@@ -24,7 +24,7 @@ restart finds, and the spill before exit.
   survives a restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and
   RAM page not already current on disk.
 
-Owns the demoter thread, its bell (attached to the engine's hand-offs, `engine.minds.handoffs`:
+Each pass of the thread is `run_pass`. Owns the demoter thread, its bell (attached to the engine's hand-offs, `engine.minds.handoffs`:
 the engine rings it when a hand-off waits or the store is short of room) and the ownership
 claims. It reads and writes the mind registry, the flush schedule and the hand-offs through the
 engine's `PagesHandle`. File I/O happens here, on the demoter thread, the closing thread or the
@@ -34,7 +34,6 @@ I/O executor, never on the engine thread or the event loop.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -44,13 +43,14 @@ from pathlib import Path
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.page import PageGeometry
-from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
+from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.registry import DiskCopy
 from kvswap.files import FilesError, Publisher
 from kvswap.files.owners import OwnerLocks
-from kvswap.tiers.mindfiles import file_name, key_of, migrate
+from kvswap.tiers.diskbudget import DiskBudget
+from kvswap.tiers.mindfiles import HEAD_BYTES, file_name, key_of, made_with, migrate, n_tokens_of
 from kvswap.tiers.slotfiles import publish_state
 
 log = logging.getLogger("kvswap.demoter")
@@ -92,6 +92,17 @@ class Demoter:
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
+        self.disk = (
+            DiskBudget(
+                bound_bytes=policy.page_disk_bytes,
+                drop_lru=policy.disk_drop_lru,
+                registry=self.registry,
+                publisher=publisher,
+                settle=self.settle,
+            )
+            if publisher is not None
+            else None
+        )
         self._bell = threading.Event()  # the engine (or `close`) wakes the thread
         self.handoffs.attach(self._bell.set, disk_tier=publisher is not None)
         self._stop = threading.Event()
@@ -172,7 +183,7 @@ class Demoter:
             if key is None:
                 continue
             if info.fingerprint != fingerprint:
-                what = _made_with(info.fingerprint, fingerprint)
+                what = made_with(info.fingerprint, fingerprint)
                 self.registry.record_foreign(key, what)
                 log.warning(
                     "spilled mind %s was made with %s: not served, its file is kept (requests "
@@ -186,7 +197,7 @@ class Demoter:
                 continue
             n_bytes = sum(f.n_bytes for f in info.files)
             try:
-                n_tokens = _n_tokens(self.publisher.read_head(info.name, 24))
+                n_tokens = n_tokens_of(self.publisher.read_head(info.name, HEAD_BYTES))
             except FilesError as err:
                 log.warning("spilled mind %s cannot be read: not served (%s)", key, err)
                 continue
@@ -279,17 +290,23 @@ class Demoter:
             self._bell.clear()
             if self._stop.is_set():
                 return
-            try:
-                self._write_handoffs()
-                self._demote()
-                if self.policy.flush_seconds > 0 and self.publisher is not None:
-                    self._flush_due(self._flush_age())
-            except Exception as err:
-                log.exception("the demoter failed; it retries")
-                self.registry.count(spill_failed_total=1)
-                self._refused = f"the demoter failed ({type(err).__name__})"
-            self._n_passes += 1
-            self.post(RoomReport(self._n_passes, self._refused))
+            self.post(self.run_pass())
+
+    def run_pass(self) -> RoomReport:
+        """One pass of the demoter thread: write the hand-offs, free the headroom, write the
+        minds due; what it reports to the engine (a failure is logged, and retried next pass).
+        The thread's, or a test's that drives the demoter without it."""
+        try:
+            self._write_handoffs()
+            self._demote()
+            if self.policy.flush_seconds > 0 and self.publisher is not None:
+                self._flush_due(self._flush_age())
+        except Exception as err:
+            log.exception("the demoter failed; it retries")
+            self.registry.count(spill_failed_total=1)
+            self._refused = f"the demoter failed ({type(err).__name__})"
+        self._n_passes += 1
+        return RoomReport(self._n_passes, self._refused)
 
     def _flush_due(self, age_s: float) -> None:
         """Write the idle minds changed `age_s` ago (RAM pages directly, resident minds through
@@ -431,66 +448,15 @@ class Demoter:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
     def _disk_room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> bool:
-        """Room for `n_bytes` more on disk (the mind's own old copy is replaced); `may_drop`:
-        --page-disk-drop-lru may make it (a scheduled flush never drops another mind)."""
-        bound = self.policy.page_disk_bytes
-        if bound is None:
+        """Room on disk for mind `key`'s copy (`diskbudget`); a refusal's reason is the pass's."""
+        disk = self.disk
+        assert disk is not None
+        if disk.room(key, n_bytes, may_drop):
             return True
-        reg = self.registry
-        assert self.publisher is not None
-        copies = reg.disk_copies()
-        used = sum(c.n_bytes for k, c in copies.items() if k != key)
-        if used + n_bytes <= bound:
-            return True
-        if not may_drop:
-            return False
-        if not self.policy.disk_drop_lru:
-            reg.count(disk_refused_total=1)
-            self._refused = (
-                f"the disk tier is full ({used} of --page-disk-bytes {bound} bytes; start with "
-                "--page-disk-drop-lru to drop the least recently used spilled minds)"
-            )
-            log.warning("spill of mind %s refused: %s", key, self._refused)
-            return False
-        for victim in reg.idle(k for k in copies if k != key):
-            if used + n_bytes <= bound:
-                break
-            copy = reg.forget_disk(victim)
-            if copy is None:
-                continue
-            self.publisher.remove(file_name(victim))
-            self.settle(victim)  # it lives nowhere now, unless in RAM meanwhile
-            used -= copy.n_bytes
-            reg.count(disk_dropped_total=1)
-            log.warning(
-                "disk tier full: dropped spilled mind %s (%d bytes, --page-disk-drop-lru)",
-                victim,
-                copy.n_bytes,
-            )
-        return used + n_bytes <= bound
-
-
-def _made_with(theirs: str, ours: str) -> str:
-    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
-    their_model, _, their_kv = theirs.partition(";")
-    our_model, _, _ = ours.partition(";")
-    if their_model != our_model:
-        return "another model"
-    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
-    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
+        if disk.refused:
+            self._refused = disk.refused
+        return False
 
 
 def _minds_in_ram(store: PageStore) -> list[PageKey]:
     return [i.key for i in store.infos() if i.in_store and i.key.kind is PageKind.MIND]
-
-
-def _n_tokens(head: bytes) -> int:
-    """The token count in a sequence file's header (its first 24 bytes), for /pages; 0 if
-    unreadable.
-
-    GGSQ, version, word count, then either the tokens or (packed, as kvswap writes) a -1
-    marker, a packing version and the token count."""
-    if len(head) < 24:
-        return 0
-    words = struct.unpack("<IIIiII", head[:24])
-    return int(words[5]) if words[3] == -1 else int(words[2])

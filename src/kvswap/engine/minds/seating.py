@@ -66,7 +66,7 @@ from kvswap.engine.minds.anoncache import AnonCache, Kept
 from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.runtime import Runtime
+from kvswap.engine.ports import SeatRuntime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -105,7 +105,7 @@ class Seating:
         *,
         store: PageStore | None,
         slots: SlotTable,
-        runtime: Runtime,
+        runtime: SeatRuntime,
         buffers: BufferWorker,
         registry: MindRegistry,
         flushes: FlushSchedule,
@@ -201,12 +201,10 @@ class Seating:
         pool every slot draws on one set of cells, so the least recently used idle residents
         move out (as a full pool moves them) until the state fits. Loading a state clears the
         slot's own cells first, so only the other slots' count."""
-        rt = self.runtime
-        if not rt.geometry.kv_unified or rt.model.info.is_recurrent:
-            # Each slot has a stream of its own, as large as its window; a recurrent model
-            # holds one cell per slot, whatever its tokens.
-            return
-        while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > rt.ctx.n_ctx:
+        n_cells = self.runtime.n_shared_cells
+        if n_cells is None:
+            return  # each slot has cells of its own
+        while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > n_cells:
             idle = [s for s in self.slots.idle_residents() if s is not slot]
             if not idle or self._move_out(idle[0]) is not PagedOut.MOVED:
                 raise NoRoomYet()  # running requests hold the cells, or a buffer is mapped
