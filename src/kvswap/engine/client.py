@@ -1,10 +1,10 @@
 """The asyncio side of the engine: start it, post commands, await results, stream events.
 
-HTTP handlers use only this (and the snapshot and the `handle.PagesHandle` it exposes); it is the one module
-above the engine that holds the `Engine`. Events cross from the engine thread to the event loop
-through an `_Outbox`, which wakes the loop once per batch (not once per token); nothing here
-blocks the loop. When the caller stops listening (client disconnect, task cancelled), the client
-posts `Cancel`, so the engine frees the slot or drops the waiting job.
+HTTP handlers use only this (and the snapshot and the `handle.PagesHandle` it exposes); it is the
+one module above the engine that holds the `Engine`. Events cross from the engine thread to the
+event loop through an `_Outbox`, which wakes the loop once per batch (not once per token);
+nothing here blocks the loop. When the caller stops listening (client disconnect, task
+cancelled), the client posts `Cancel`, so the engine frees the slot or drops the waiting job.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ One loop, one step at a time:
 
 HTTP handlers reach it only through `EngineClient`, which posts commands to `inbox`. The engine
 owns the managers and hands each the narrow owners it uses (the runtime, the slot table, the page
-store, the mind registry and its neighbours); none of them imports or calls back into the engine. Does no file I/O:
-slot files are read and written by workers around `SlotCapture` and `SlotApply`.
+store, the mind registry and its neighbours); none of them imports or calls back into the
+engine. Does no file I/O: slot files are read and written by workers around `SlotCapture` and
+`SlotApply`.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ restart finds, and the spill before exit.
   survives a restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and
   RAM page not already current on disk.
 
-Each pass of the thread is `run_pass`. Owns the demoter thread, its bell (attached to the engine's hand-offs, `engine.minds.handoffs`:
-the engine rings it when a hand-off waits or the store is short of room) and the ownership
-claims. It reads and writes the mind registry, the flush schedule and the hand-offs through the
-engine's `PagesHandle`. File I/O happens here, on the demoter thread, the closing thread or the
+Each pass of the thread is `run_pass`. Owns the demoter thread, its bell (attached to the
+engine's hand-offs, `engine.minds.handoffs`: the engine rings it when a hand-off waits or the
+store is short of room) and the ownership claims. It reads and writes the mind registry, the
+flush schedule and the hand-offs through the engine's `PagesHandle`. File I/O happens here, on the demoter thread, the closing thread or the
 I/O executor, never on the engine thread or the event loop.
 """
 
