@@ -166,7 +166,10 @@ class Demoter:
         owners = self.owners
         if owners is not None:
             reg.when_not_live(key, in_ram, lambda: owners.release(file_name(key)))
-        held = lambda k: in_ram(k) or self.handoffs.handing(k)  # noqa: E731
+
+        def held(k: PageKey) -> bool:  # its RAM page, or its copy on its way to disk
+            return in_ram(k) or self.handoffs.handing(k)
+
         reg.forget_if_gone(key, held, also=self._forget_rest)
 
     def _forget_rest(self, key: PageKey) -> None:

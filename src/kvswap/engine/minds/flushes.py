@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from kvswap.core.keys import PageKey
@@ -34,14 +34,15 @@ class _Mark:
 class FlushSchedule:
     """See the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock  # unix seconds (a test's own clock makes the windows exact)
         self._lock = threading.Lock()
         self._dirty: dict[PageKey, _Mark] = {}
 
     def changed(self, key: PageKey) -> None:
         """Mind `key` is used now: its state changes, so it is dirty until a disk copy taken
         after this is written (an earlier first change keeps its place in the schedule)."""
-        now = time.time()
+        now = self._clock()
         with self._lock:
             mark = self._dirty.get(key)
             if mark is None:
@@ -68,7 +69,7 @@ class FlushSchedule:
         """The dirty minds not in `busy` whose mark is at least `age_s` old, oldest first; each
         is postponed by `age_s` (a busy mind keeps its place: its turn changes it again)."""
         with self._lock:
-            now = time.time()
+            now = self._clock()
             due = [k for k, m in self._dirty.items() if m.first_s <= now - age_s and k not in busy]
             due.sort(key=lambda k: self._dirty[k].first_s)
             for key in due:
