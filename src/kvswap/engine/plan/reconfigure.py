@@ -7,14 +7,11 @@ state goes to. No libllama calls, no engine state: the procedure that uses them 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
+from kvswap.backend.info import ModelInfo
 from kvswap.config.values import KV_CACHE_TYPES
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
-
-if TYPE_CHECKING:
-    from kvswap.backend.model import ModelInfo
 
 
 def target_geometry(current: Geometry, spec: ReconfigureSpec) -> Geometry:
