@@ -17,7 +17,7 @@ import pytest
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
-from kvswap.engine.commands import RoomReport, SlotErase
+from kvswap.engine.commands import RoomReport, SlotErase, Submit
 from kvswap.engine.minds.registry import DiskCopy
 from kvswap.engine.minds.seating import NoRoomYet, NotYourMind
 from kvswap.engine.slot import Slot
@@ -159,19 +159,27 @@ def test_a_mind_larger_than_the_store_is_written_to_disk_before_its_slot_is_free
     assert _counts(side)["mind_too_large_total"] == 1
 
 
-def test_a_failed_write_of_a_mind_larger_than_the_store_fails_the_switch_and_keeps_it() -> None:
-    """Defect caught: a failed write losing the only copy. The switch fails, typed, naming
-    --page-ram-bytes, and the slot still holds the mind."""
-    side = engine_side(ceiling_bytes=8192)
-    big = _m("big")
+def _handed_over(side: EngineSide, big: PageKey) -> tuple[Submit, float]:
+    """Mind `big` (1000 tokens, more than the store) sits in slot 0 with a disk tier; a switch
+    for another mind hands its copy to the demoter, which takes it (its buffer closed here).
+    The switch, and when the copy was taken."""
     side.handoffs.attach(lambda: None, disk_tier=True)
     side.seated(0, big, 1000)
     cmd = submit(_m("bob"), tokens(5))[0]
     with pytest.raises(NoRoomYet):
         side.seating.seat(side.slots[0], cmd)
     taken = side.handoffs.take()
-    assert taken is not None
+    assert taken is not None and taken[0] == big
     taken[1].buffer.close()
+    return cmd, taken[2]
+
+
+def test_a_failed_write_of_a_mind_larger_than_the_store_fails_the_switch_and_keeps_it() -> None:
+    """Defect caught: a failed write losing the only copy. The switch fails, typed, naming
+    --page-ram-bytes, and the slot still holds the mind."""
+    side = engine_side(ceiling_bytes=8192)
+    big = _m("big")
+    cmd, _ = _handed_over(side, big)
     side.handoffs.done(big, written=False)
     with pytest.raises(KvswapError) as err:
         side.seating.seat(side.slots[0], cmd)
@@ -186,15 +194,8 @@ def test_a_mind_that_changed_while_its_copy_was_written_is_handed_over_again() -
     older state (the mind grew meanwhile) means another hand-off, never a lost turn."""
     side = engine_side(ceiling_bytes=8192)
     big = _m("big")
-    side.handoffs.attach(lambda: None, disk_tier=True)
-    side.seated(0, big, 1000)
-    cmd = submit(_m("bob"), tokens(5))[0]
-    with pytest.raises(NoRoomYet):
-        side.seating.seat(side.slots[0], cmd)
-    taken = side.handoffs.take()
-    assert taken is not None
-    taken[1].buffer.close()
-    side.registry.record_disk(big, DiskCopy(1, 999, taken[2]))  # an older, shorter state
+    cmd, t_copied = _handed_over(side, big)
+    side.registry.record_disk(big, DiskCopy(1, 999, t_copied))  # an older, shorter state
     side.handoffs.done(big, written=True)
     with pytest.raises(NoRoomYet):
         side.seating.seat(side.slots[0], cmd)
