@@ -123,3 +123,24 @@ def test_a_copy_taken_before_a_turn_never_makes_the_mind_clean() -> None:
     assert flushes.is_dirty(key)
     flushes.flushed(key, time.time())  # a copy taken after the turn
     assert not flushes.is_dirty(key)
+
+
+def test_the_flush_schedule_hands_out_due_minds_oldest_first_and_postpones_them() -> None:
+    """Decision: `due` gives the minds whose first change is `age_s` old, oldest first, and
+    postpones each by a window (a mind whose write is refused is not retried every pass); a
+    busy mind keeps its place (its turn changes it again) and is due as soon as it is idle."""
+    now = [0.0]
+    flushes = FlushSchedule(lambda: now[0])
+    a, b, c = _m("a"), _m("b"), _m("c")
+    for key, t in ((a, 0.0), (b, 5.0), (c, 20.0)):
+        now[0] = t
+        flushes.changed(key)
+    now[0] = 70.0
+    assert flushes.due(60.0, busy={a}) == [b]  # c changed 50 s ago: not yet
+    assert flushes.due(60.0, busy={a}) == []  # b postponed a window
+    now[0] = 80.0
+    assert flushes.due(60.0, busy=()) == [a, c]  # a's place kept while busy
+    now[0] = 130.0
+    assert flushes.due(60.0, busy=()) == [b]
+    flushes.flushed(b, 131.0)
+    assert not flushes.is_dirty(b) and flushes.is_dirty(a)

@@ -452,13 +452,11 @@ class Demoter:
 
     def _disk_room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> bool:
         """Room on disk for mind `key`'s copy (`diskbudget`); a refusal's reason is the pass's."""
-        disk = self.disk
-        assert disk is not None
-        if disk.room(key, n_bytes, may_drop):
-            return True
-        if disk.refused:
-            self._refused = disk.refused
-        return False
+        assert self.disk is not None
+        why = self.disk.room(key, n_bytes, may_drop)
+        if why:
+            self._refused = why
+        return why is None
 
 
 def _minds_in_ram(store: PageStore) -> list[PageKey]:

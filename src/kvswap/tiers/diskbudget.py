@@ -31,7 +31,8 @@ log = logging.getLogger("kvswap.demoter")
 
 
 class DiskBudget:
-    """See the module docstring."""
+    """See the module docstring. Threads: the demoter's (its thread, the closing thread, the I/O
+    executor for a client's spill); it keeps no state of its own between calls."""
 
     def __init__(
         self,
@@ -47,35 +48,34 @@ class DiskBudget:
         self.registry = registry
         self.publisher = publisher
         self.settle = settle  # a mind whose copy was dropped may live nowhere now
-        self.refused = ""  # why the last `room` refused (a full budget without drop-LRU)
 
-    def room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> bool:
-        """Room for a copy of `n_bytes` of mind `key` (its own old copy replaced); `may_drop`:
-        --page-disk-drop-lru may make it (`refused` then says why it did not, if it says)."""
-        self.refused = ""
+    def room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> str | None:
+        """None when a copy of `n_bytes` of mind `key` fits (its own old copy replaced), else
+        why not: a reason for the waiting switch, or "" (a quiet refusal: `may_drop` off, or
+        nothing left to drop). `may_drop`: --page-disk-drop-lru may make the room."""
         bound = self.bound_bytes
         if bound is None:
-            return True
+            return None
         reg = self.registry
         copies = reg.disk_copies()
         used = sum(c.n_bytes for k, c in copies.items() if k != key)
         if used + n_bytes <= bound:
-            return True
+            return None
         if not may_drop:
-            return False
+            return ""
         if not self.drop_lru:
             reg.count(disk_refused_total=1)
-            self.refused = (
+            why = (
                 f"the disk tier is full ({used} of --page-disk-bytes {bound} bytes; start with "
                 "--page-disk-drop-lru to drop the least recently used spilled minds)"
             )
-            log.warning("spill of mind %s refused: %s", key, self.refused)
-            return False
+            log.warning("spill of mind %s refused: %s", key, why)
+            return why
         for victim in reg.idle(k for k in copies if k != key):
             if used + n_bytes <= bound:
                 break
             used -= self._drop(victim)
-        return used + n_bytes <= bound
+        return None if used + n_bytes <= bound else ""
 
     def _drop(self, victim: PageKey) -> int:
         """Drop mind `victim`'s spilled copy; the bytes it held (0: gone meanwhile)."""

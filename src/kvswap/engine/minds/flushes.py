@@ -32,7 +32,9 @@ class _Mark:
 
 
 class FlushSchedule:
-    """See the module docstring."""
+    """See the module docstring. Threads: the engine thread (`changed`), the demoter thread
+    (`due`, `flushed`, `is_dirty`), the closing thread (`flushed`, `is_dirty`), the I/O executor
+    (`flushed` in a client's spill; `forget`, under the registry's lock)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock  # unix seconds (a test's own clock makes the windows exact)

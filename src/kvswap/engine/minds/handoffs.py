@@ -32,7 +32,10 @@ def _no_demoter() -> None:
 
 
 class Handoffs:
-    """See the module docstring."""
+    """See the module docstring. Threads: the engine thread (`hand_to_disk`, `state`, `end`,
+    `minds`, `first_too_large`, `call_demoter`), the demoter thread (`attach` at its building,
+    `take`, `done`), and whoever settles a mind (`handing` and `forget`, under the registry's
+    lock: the I/O executor or the demoter thread)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -98,7 +98,13 @@ class MindView:
 
 
 class MindRegistry:
-    """See the module docstring. Every field is private and read or written under one lock."""
+    """See the module docstring. Every field is private and read or written under one lock.
+
+    Threads: the engine thread (`seated`, `unseated`, `touch`, `restored`, `count`), the event
+    loop (`begin_use`, `set_busy`, `foreign`, the views), the demoter thread and the closing
+    thread (the disk index, `idle`, `busy`, `drop_if_idle`, `forgotten_after`), the I/O
+    executor (`forget`, `when_not_live`, `forget_if_gone` through the demoter's `settle`), and
+    the shared tier's workers (`idle`, `resident_slot`, `disk_copy`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
