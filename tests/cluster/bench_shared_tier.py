@@ -87,7 +87,7 @@ def delta(server: RedisServer) -> None:
 
     from kvswap.backend.liblog import route_libllama_logs
     from kvswap.backend.model import Model
-    from kvswap.engine.kv.pagefmt import PageGeometry
+    from kvswap.core.page import PageGeometry
     from kvswap.models import default_model_path
     from tests.cluster.states import capture, context, decode, prompt
 

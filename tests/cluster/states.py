@@ -7,7 +7,7 @@ import numpy.typing as npt
 
 from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+from kvswap.core.page import PageGeometry, PageLayout, plan_layout, write_tokens
 
 UBATCH = 256
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from kvswap.core.keys import mind_key
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout
+from kvswap.core.page import PageGeometry, PageLayout
 from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.kvstate import split_kv_state
 from kvswap.tiers.shared.lease import Lease, Leases

@@ -11,7 +11,7 @@ import numpy as np
 import redis
 
 from kvswap.cluster.procs import ManagedProcess, free_port, start_redis
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+from kvswap.core.page import PageGeometry, PageLayout, plan_layout, write_tokens
 from kvswap.tiers.shared.connection import connect
 from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.lease import Incarnation, Leases

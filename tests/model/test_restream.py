@@ -8,7 +8,7 @@ import pytest
 
 from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
-from kvswap.engine.kv.restream import RestreamError, restream
+from kvswap.core.restream import RestreamError, restream
 
 pytestmark = pytest.mark.model
 

@@ -9,23 +9,17 @@ at once on the test's thread; the store is the real PageStore.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from kvswap.core.keys import PageKey, PageKind
-from kvswap.engine.kv.buffers import BufferReady, new_buffer
-from kvswap.engine.kv.pagefmt import (
-    PageGeometry,
-    PageLayout,
-    plan_layout,
-    read_tokens,
-    write_tokens,
-)
-from kvswap.engine.kv.pagestore import PageStore, Reservation, close_now
+from kvswap.core.page import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
+from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.kv.pagestore import PageStore, Reservation
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, AnonCache, Kept
 from kvswap.engine.slot import Slot, SlotTable
+from tests.unit.standins import Worker
 
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=4096)
 B = BLOCK_TOKENS
@@ -67,34 +61,8 @@ class _Runtime:
         self.verbs = _Verbs(store)
 
 
-class _Worker:
-    """Maps at once (the real worker maps on its thread and the engine hands the buffer on);
-    `held` keeps the answers back until `deliver`, as a busy worker would."""
-
-    def __init__(self) -> None:
-        self.held: list[BufferReady] = []
-        self.hold = False
-        self.n_mapped = 0
-
-    def allocate(self, n_bytes: int, then: Callable[[BufferReady], None]) -> None:
-        self.n_mapped += 1
-        ready = BufferReady(new_buffer(n_bytes), then)
-        if self.hold:
-            self.held.append(ready)
-        else:
-            then(ready)
-
-    def deliver(self) -> None:
-        held, self.held = self.held, []
-        for ready in held:
-            ready.then(ready)
-
-    def dispose(self, buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
-        close_now(buffer, done)
-
-
 def _cache(
-    ceiling: int = 1 << 20, budget: int = -1, worker: _Worker | None = None
+    ceiling: int = 1 << 20, budget: int = -1, worker: Worker | None = None
 ) -> tuple[AnonCache, PageStore]:
     store = PageStore(ceiling)
     cache = AnonCache(
@@ -102,7 +70,7 @@ def _cache(
         runtime=_Runtime(store),
         slots=SlotTable(1, 4096),
         budget_bytes=budget,
-        buffers=worker or _Worker(),  # type: ignore[arg-type]
+        buffers=worker or Worker(),  # type: ignore[arg-type]
         cache_idle_slots=False,
     )
     return cache, store
@@ -197,7 +165,7 @@ def test_check_integrity_catches_an_entry_whose_page_is_gone() -> None:
 
 
 def test_no_prepared_buffer_means_no_save_and_one_is_mapped_for_the_next() -> None:
-    worker = _Worker()
+    worker = Worker()
     cache, store = _cache(worker=worker)
     worker.hold = True  # the worker has not answered yet
     slot = _slot(_toks(2 * B))
@@ -245,7 +213,7 @@ def test_adopt_and_drop_all() -> None:
 
 
 def test_a_paged_in_entry_becomes_the_next_saves_buffer() -> None:
-    worker = _Worker()
+    worker = Worker()
     cache, store = _cache(worker=worker)
     _save(cache, _slot(_toks(4 * B)))
     [entry] = [i for i in store.infos() if i.key.kind is PageKind.ANON]

@@ -10,7 +10,7 @@ import struct
 import numpy as np
 import pytest
 
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
+from kvswap.core.page import PageGeometry, PageLayout, plan_layout, write_tokens
 from kvswap.files.seqfile import STATE_MAGIC
 from kvswap.tiers.shared.kvstate import split_kv_state
 from kvswap.tiers.shared.segments import (

@@ -9,10 +9,10 @@ import pytest
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import page_key
+from kvswap.core.page import PageGeometry, plan_layout
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.checkpoints import Checkpoint, CheckpointBudget
 from kvswap.engine.kv.memory import SlotMemory
-from kvswap.engine.kv.pagefmt import PageGeometry, plan_layout
 from kvswap.engine.kv.pagestore import PageStore
 
 MiB = 1 << 20

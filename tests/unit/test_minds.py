@@ -10,7 +10,7 @@ from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, namespace_of, page_key, spare_key
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, block_hashes
-from kvswap.engine.minds.registry import DiskCopy, MindRegistry
+from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
 from kvswap.engine.slot import Slot
 from kvswap.tiers.mindfiles import file_name, key_of
@@ -112,15 +112,35 @@ def test_a_copy_taken_before_a_turn_never_makes_the_mind_clean() -> None:
     """A flush postpones a mind's dirty mark; a turn seated after the copy was taken must keep
     it dirty when that copy's write is recorded (else the spill before exit skipped it and a
     restart served the older copy)."""
-    reg = MindRegistry()
+    flushes = FlushSchedule()
     key = _m("ann")
-    reg.record_disk(key, DiskCopy(100, 10, 0.0))
-    reg.touch(key)
-    assert reg.due_for_flush(0.0) == [key]  # postponed: its mark is now
+    flushes.changed(key)
+    assert flushes.due(0.0, busy=()) == [key]  # postponed: its mark is now
     t_copied = time.time()
     time.sleep(0.01)
-    reg.touch(key)  # a turn after the copy was taken
-    reg.flushed(key, t_copied)
-    assert not reg.is_clean(key)
-    reg.flushed(key, time.time())  # a copy taken after the turn
-    assert reg.is_clean(key)
+    flushes.changed(key)  # a turn after the copy was taken
+    flushes.flushed(key, t_copied)
+    assert flushes.is_dirty(key)
+    flushes.flushed(key, time.time())  # a copy taken after the turn
+    assert not flushes.is_dirty(key)
+
+
+def test_the_flush_schedule_hands_out_due_minds_oldest_first_and_postpones_them() -> None:
+    """Decision: `due` gives the minds whose first change is `age_s` old, oldest first, and
+    postpones each by a window (a mind whose write is refused is not retried every pass); a
+    busy mind keeps its place (its turn changes it again) and is due as soon as it is idle."""
+    now = [0.0]
+    flushes = FlushSchedule(lambda: now[0])
+    a, b, c = _m("a"), _m("b"), _m("c")
+    for key, t in ((a, 0.0), (b, 5.0), (c, 20.0)):
+        now[0] = t
+        flushes.changed(key)
+    now[0] = 70.0
+    assert flushes.due(60.0, busy={a}) == [b]  # c changed 50 s ago: not yet
+    assert flushes.due(60.0, busy={a}) == []  # b postponed a window
+    now[0] = 80.0
+    assert flushes.due(60.0, busy=()) == [a, c]  # a's place kept while busy
+    now[0] = 130.0
+    assert flushes.due(60.0, busy=()) == [b]
+    flushes.flushed(b, 131.0)
+    assert not flushes.is_dirty(b) and flushes.is_dirty(a)

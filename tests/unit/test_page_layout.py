@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvswap.engine.kv.pagefmt import TOKEN_BYTES, PageGeometry, plan_layout
+from kvswap.core.page import TOKEN_BYTES, PageGeometry, plan_layout
 
 pytestmark = pytest.mark.timeout(30)
 

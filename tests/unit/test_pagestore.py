@@ -9,8 +9,8 @@ import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, namespace_of, page_key
+from kvswap.core.page import PageGeometry, plan_layout
 from kvswap.engine.kv.buffers import new_buffer
-from kvswap.engine.kv.pagefmt import PageGeometry, plan_layout
 from kvswap.engine.kv.pagestore import Page, PageStore
 
 MiB = 1 << 20

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.commands import ReconfigureSpec
-from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 from kvswap.engine.plan.reconfigure import Occupant, plan_seats, target_geometry
 
 CURRENT = Geometry(

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from kvswap.core.keys import PageKey, mind_key, namespace_of
+from kvswap.core.page import PageGeometry, plan_layout, write_tokens
 from kvswap.core.vocab import ResumeSource
-from kvswap.engine.kv.pagefmt import PageGeometry, plan_layout, write_tokens
 from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held

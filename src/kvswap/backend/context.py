@@ -22,6 +22,7 @@ import numpy.typing as npt
 from kvswap.backend.batch import Batch
 from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.model import Model
+from kvswap.core.errors import ContextInitError
 
 FLAGS_FULL = 0
 FLAGS_PARTIAL_ONLY = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
@@ -44,10 +45,6 @@ _FLASH_ATTN = {
     "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
     "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
-
-
-class ContextInitError(RuntimeError):
-    """libllama could not build a context with the requested geometry."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvswap.backend.bindings import llama_cpp
+from kvswap.backend.info import ModelInfo
 from kvswap.backend.vocab import Vocab
 
 # How much of the file the fingerprint hashes: the header and tensor table live at the front.
@@ -32,30 +33,6 @@ class ModelParams:
     n_gpu_layers: int = -1  # -1: all layers that fit, as llama-server's default
     use_mmap: bool = True
     use_mlock: bool = False
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts about the model that the rest of kvswap reads (never a pointer)."""
-
-    path: str
-    fingerprint: str  # identifies weights + vocabulary; pages and slot files carry it
-    desc: str
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_head: int
-    n_head_kv: int
-    n_params: int
-    size_bytes: int
-    n_vocab: int
-    n_swa: int
-    is_recurrent: bool
-    is_hybrid: bool
-    chat_template: str | None
-    architecture: str
-    ftype: str  # quantization, e.g. "Q4_1"
-    vocab_type: int  # enum llama_vocab_type
 
 
 def _meta_str(model: llama_cpp.llama_model_p, key: str) -> str | None:

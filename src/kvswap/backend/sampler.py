@@ -113,52 +113,54 @@ class SamplerChain:
             yield llama_cpp.llama_sampler_init_temp(p.temperature)
             yield llama_cpp.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta)
             return
-        repeat_last_n = n_ctx_slot if p.repeat_last_n < 0 else p.repeat_last_n
-        dry_last_n = n_ctx_slot if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
         for name in p.samplers:
-            if name == "penalties":
-                yield llama_cpp.llama_sampler_init_penalties(
-                    n_vocab,
-                    repeat_last_n,
-                    p.repeat_penalty,
-                    p.frequency_penalty,
-                    p.presence_penalty,
-                )
-            elif name == "dry":
-                breakers = [b.encode() for b in p.dry_sequence_breakers]
-                c_breakers = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
-                self._keepalive.append(c_breakers)
-                yield llama_cpp.llama_sampler_init_dry(
-                    vocab.ptr,
-                    p.dry_multiplier,
-                    p.dry_base,
-                    p.dry_allowed_length,
-                    dry_last_n,
-                    c_breakers,
-                    len(breakers),
-                )
-            elif name == "top_k":
-                yield llama_cpp.llama_sampler_init_top_k(p.top_k)
-            elif name == "top_p":
-                yield llama_cpp.llama_sampler_init_top_p(p.top_p, p.min_keep)
-            elif name == "top_n_sigma":
-                yield llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma)
-            elif name == "min_p":
-                yield llama_cpp.llama_sampler_init_min_p(p.min_p, p.min_keep)
-            elif name == "xtc":
-                yield llama_cpp.llama_sampler_init_xtc(
-                    p.xtc_probability, p.xtc_threshold, p.min_keep, seed
-                )
-            elif name == "typ_p":
-                yield llama_cpp.llama_sampler_init_typical(p.typical_p, p.min_keep)
-            elif name == "temperature":
-                yield llama_cpp.llama_sampler_init_temp_ext(
-                    p.temperature, p.dynatemp_range, p.dynatemp_exponent
-                )
+            stage = self._stage(name, vocab, p, n_ctx_slot, seed)
+            if stage is not None:
+                yield stage
         if "adaptive_p" in p.samplers:
             yield llama_cpp.llama_sampler_init_adaptive_p(p.adaptive_target, p.adaptive_decay, seed)
         else:
             yield llama_cpp.llama_sampler_init_dist(seed)
+
+    def _stage(
+        self, name: str, vocab: Vocab, p: SamplingParams, n_ctx_slot: int, seed: int
+    ) -> object | None:
+        """The sampler of one named stage of the chain (`samplers`, in llama-server's names);
+        None for a name that adds none here (`adaptive_p` is the chain's last stage)."""
+        n_vocab = vocab.n_tokens
+        if name == "penalties":
+            repeat_last_n = n_ctx_slot if p.repeat_last_n < 0 else p.repeat_last_n
+            return llama_cpp.llama_sampler_init_penalties(
+                n_vocab, repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            )
+        if name == "dry":
+            dry_last_n = n_ctx_slot if p.dry_penalty_last_n < 0 else p.dry_penalty_last_n
+            breakers = [b.encode() for b in p.dry_sequence_breakers]
+            c_breakers = (ctypes.c_char_p * max(1, len(breakers)))(*breakers)
+            self._keepalive.append(c_breakers)
+            return llama_cpp.llama_sampler_init_dry(
+                vocab.ptr, p.dry_multiplier, p.dry_base, p.dry_allowed_length, dry_last_n,
+                c_breakers, len(breakers),
+            )  # fmt: skip
+        if name == "top_k":
+            return llama_cpp.llama_sampler_init_top_k(p.top_k)
+        if name == "top_p":
+            return llama_cpp.llama_sampler_init_top_p(p.top_p, p.min_keep)
+        if name == "top_n_sigma":
+            return llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma)
+        if name == "min_p":
+            return llama_cpp.llama_sampler_init_min_p(p.min_p, p.min_keep)
+        if name == "xtc":
+            return llama_cpp.llama_sampler_init_xtc(
+                p.xtc_probability, p.xtc_threshold, p.min_keep, seed
+            )
+        if name == "typ_p":
+            return llama_cpp.llama_sampler_init_typical(p.typical_p, p.min_keep)
+        if name == "temperature":
+            return llama_cpp.llama_sampler_init_temp_ext(
+                p.temperature, p.dynatemp_range, p.dynatemp_exponent
+            )
+        return None
 
     def sample(self, ctx: Context, i: int) -> int:
         """Sample batch output `i` of `ctx` (the token is accepted into the chain and grammar)."""

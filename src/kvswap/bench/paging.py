@@ -125,57 +125,58 @@ def part1(cases: list[MindCase], threads: int, runs: int) -> list[str]:
 def part2(model: str, mind_tokens: int) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="kvswap-bench-") as save_dir:
         n_ctx = mind_tokens + 512
-        args = [
-            "-m",
-            model,
-            "-c",
-            str(2 * n_ctx),
-            "-np",
-            "2",
-            "-t",
-            "1",
-            "-tb",
-            "1",
-            "--slot-save-path",
-            save_dir,
-        ]
-        with BenchServer(args) as server:
+        args = ["-m", model, "-c", str(2 * n_ctx), "-np", "2", "-t", "1", "-tb", "1"]
+        with BenchServer([*args, "--slot-save-path", save_dir]) as server:
             _post(
                 server,
                 "/completion",
                 {"prompt": _mind_tokens(server, mind_tokens), "n_predict": 1, "id_slot": 1},
             )
-            stamps: list[float] = []
-            marks: dict[str, tuple[float, float]] = {}
-            started = threading.Event()
+            stamps, marks, out = _verbs_under_stream(server)
+    return _gap_table(stamps, marks, out)
 
-            def stream() -> None:
-                body = {
-                    "prompt": "Once upon a time",
-                    "n_predict": 400,
-                    "ignore_eos": True,
-                    "stream": True,
-                    "id_slot": 0,
-                }
-                with server.client.stream("POST", "/completion", json=body) as resp:
-                    for line in resp.iter_lines():
-                        if line.startswith("data: "):
-                            stamps.append(time.monotonic())
-                            if len(stamps) == 20:
-                                started.set()
 
-            t = threading.Thread(target=stream)
-            t.start()
-            started.wait(120)
-            time.sleep(0.5)
-            a = time.monotonic()
-            out = _post(server, "/slots/1?action=page_out&page=mind")
-            marks["page_out"] = (a, time.monotonic())
-            time.sleep(0.5)
-            a = time.monotonic()
-            _post(server, "/slots/1?action=spill&page=mind", {"filename": "mind.bin", "drop": True})
-            marks["spill"] = (a, time.monotonic())
-            t.join()
+def _verbs_under_stream(
+    server: BenchServer,
+) -> tuple[list[float], dict[str, tuple[float, float]], dict]:
+    """Page slot 1's mind out, then spill it, while slot 0 streams: the token arrival times,
+    each verb's (start, end), and the page_out's answer."""
+    stamps: list[float] = []
+    marks: dict[str, tuple[float, float]] = {}
+    started = threading.Event()
+
+    def stream() -> None:
+        body = {
+            "prompt": "Once upon a time",
+            "n_predict": 400,
+            "ignore_eos": True,
+            "stream": True,
+            "id_slot": 0,
+        }
+        with server.client.stream("POST", "/completion", json=body) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    stamps.append(time.monotonic())
+                    if len(stamps) == 20:
+                        started.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    started.wait(120)
+    time.sleep(0.5)
+    a = time.monotonic()
+    out = _post(server, "/slots/1?action=page_out&page=mind")
+    marks["page_out"] = (a, time.monotonic())
+    time.sleep(0.5)
+    a = time.monotonic()
+    _post(server, "/slots/1?action=spill&page=mind", {"filename": "mind.bin", "drop": True})
+    marks["spill"] = (a, time.monotonic())
+    t.join()
+    return stamps, marks, out
+
+
+def _gap_table(stamps: list[float], marks: dict[str, tuple[float, float]], out: dict) -> list[str]:
+    """Each verb's duration and the worst gap between tokens streamed while it ran."""
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     median = statistics.median(gaps) * 1e3
 

@@ -99,10 +99,7 @@ def rows_cost(model_path: str, threads: int) -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> int:
-    from kvswap.models import default_model_path
-    from kvswap.tiny import tiny_model_path
-
+def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="kvswap bench spec",
         description=__doc__,
@@ -112,40 +109,38 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--n-predict", type=int, default=96)
     p.add_argument("--n-max", type=int, default=3, help="--spec-draft-n-max of the draft sides")
-    args = p.parse_args(argv)
-    route_libllama_logs(logging.WARNING)
-    smollm2 = str(default_model_path())
-    tiny = str(tiny_model_path("llama", vocab="smollm2", n_embd=32, seed=3))
-    base = ["-m", smollm2, "-c", "2048", "-np", "1", "-t", str(args.threads)]
-    base += ["-tb", str(args.threads)]
-    sides = _sides(smollm2, tiny, args.n_max, args.threads)
-    prompts = {"free": FREE, "quoting": QUOTING}
-    servers = [BenchServer([*base, *s.args]) for s in sides]
-    try:
-        for run in range(args.runs):
-            order = list(range(len(sides)))
-            order = order[run % len(order) :] + order[: run % len(order)]
-            for i in order:
-                side, server = sides[i], servers[i]
-                proc = psutil.Process(server.proc.pid)
-                for name, prompt in prompts.items():
-                    body = {"prompt": prompt, "n_predict": args.n_predict, "temperature": 0}
-                    # A first pass caches the prompt (and the draft's): the measured pass then
-                    # evaluates one prompt token, so its CPU time is the generation's.
-                    server.completion({**body, "id_slot": 0, "n_predict": 1})
-                    time.sleep(0.5)
-                    cpu0 = proc.cpu_times()
-                    t = server.completion({**body, "id_slot": 0})["timings"]
-                    cpu1 = proc.cpu_times()
-                    cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-                    side.cpu_ms.setdefault(name, []).append(1e3 * cpu_s / t["predicted_n"])
-                    side.tok_s.setdefault(name, []).append(t["predicted_per_second"])
-                    side.drafted[name] = side.drafted.get(name, 0) + t.get("draft_n", 0)
-                    side.accepted[name] = side.accepted.get(name, 0) + t.get("draft_n_accepted", 0)
-                    side.n_predicted[name] = t["predicted_n"]
-    finally:
-        for server in servers:
-            server.close()
+    return p.parse_args(argv)
+
+
+def _measure(
+    sides: list[Side], servers: list[BenchServer], prompts: dict[str, str], args: argparse.Namespace
+) -> None:
+    """Each run asks every side every prompt, the sides in a rotated order (no side always
+    runs first), and records its decode rate, server CPU per token and drafts."""
+    for run in range(args.runs):
+        order = list(range(len(sides)))
+        order = order[run % len(order) :] + order[: run % len(order)]
+        for i in order:
+            side, server = sides[i], servers[i]
+            proc = psutil.Process(server.proc.pid)
+            for name, prompt in prompts.items():
+                body = {"prompt": prompt, "n_predict": args.n_predict, "temperature": 0}
+                # A first pass caches the prompt (and the draft's): the measured pass then
+                # evaluates one prompt token, so its CPU time is the generation's.
+                server.completion({**body, "id_slot": 0, "n_predict": 1})
+                time.sleep(0.5)
+                cpu0 = proc.cpu_times()
+                t = server.completion({**body, "id_slot": 0})["timings"]
+                cpu1 = proc.cpu_times()
+                cpu_s = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+                side.cpu_ms.setdefault(name, []).append(1e3 * cpu_s / t["predicted_n"])
+                side.tok_s.setdefault(name, []).append(t["predicted_per_second"])
+                side.drafted[name] = side.drafted.get(name, 0) + t.get("draft_n", 0)
+                side.accepted[name] = side.accepted.get(name, 0) + t.get("draft_n_accepted", 0)
+                side.n_predicted[name] = t["predicted_n"]
+
+
+def _report(sides: list[Side], prompts: dict[str, str], args: argparse.Namespace) -> None:
     print(
         f"# kvswap bench spec: SmolLM2-135M target, 1 slot, {args.threads} threads, "
         f"{args.n_predict} tokens, temperature 0, median of {args.runs} runs"
@@ -172,6 +167,27 @@ def main(argv: list[str]) -> int:
                 f"{drafted // args.runs} | "
                 f"{accepted // args.runs} | {rate} |"
             )
+
+
+def main(argv: list[str]) -> int:
+    from kvswap.models import default_model_path
+    from kvswap.tiny import tiny_model_path
+
+    args = _parse(argv)
+    route_libllama_logs(logging.WARNING)
+    smollm2 = str(default_model_path())
+    tiny = str(tiny_model_path("llama", vocab="smollm2", n_embd=32, seed=3))
+    base = ["-m", smollm2, "-c", "2048", "-np", "1", "-t", str(args.threads)]
+    base += ["-tb", str(args.threads)]
+    sides = _sides(smollm2, tiny, args.n_max, args.threads)
+    prompts = {"free": FREE, "quoting": QUOTING}
+    servers = [BenchServer([*base, *s.args]) for s in sides]
+    try:
+        _measure(sides, servers, prompts, args)
+    finally:
+        for server in servers:
+            server.close()
+    _report(sides, prompts, args)
     print()
     print(f"# what a verification costs: one SmolLM2 decode by rows, {args.threads} threads")
     for line in rows_cost(smollm2, args.threads):

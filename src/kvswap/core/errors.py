@@ -1,6 +1,7 @@
 """The typed errors of the domain: `ErrorKind` names llama-server's error types, and
 `KvswapError` carries one to the HTTP layer, which answers `{"error": {code, message, type}}`
-with the status `kind.code`. The bottom of the tree: imports nothing of kvswap.
+with the status `kind.code`; `ContextInitError` is the backend's refusal to build a context,
+which a reconfigure rolls back on. The bottom of the tree: imports nothing of kvswap.
 """
 
 from __future__ import annotations
@@ -97,3 +98,7 @@ class MindUnavailable(KvswapError):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(ErrorKind.UNAVAILABLE, message)
         self.retry_after_s = retry_after_s
+
+
+class ContextInitError(RuntimeError):
+    """libllama could not build a context with the requested geometry."""

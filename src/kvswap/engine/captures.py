@@ -1,5 +1,9 @@
-"""Captures waiting for their buffer: a client's page_out and save, and the copy of every idle
-resident mind before exit (`FlushMinds`).
+"""A client's slot verbs on their slot, and captures waiting for their buffer: a client's
+page_out and save, and the copy of every idle resident mind before exit (`FlushMinds`).
+
+`run` answers restore, erase and page_in at once on the slot the engine seated them on (a
+page_in of a page holding tokens only hands back the re-prefill request for the engine to
+admit, `engine.reprefill`), and starts a capture for page_out and save.
 
 A capture measures its slot and admits the bytes at once (`SlotVerbs.begin_page` or
 `begin_copy`), locks the slot (the step leaves it out and nothing else touches it) and asks the
@@ -8,7 +12,8 @@ only work (`finish_page`, `finish_copy`). A flush is a group of copies answered 
 the last one is in its buffer.
 
 Owns the captures in flight, and counts the client's page verbs where they end
-(`page_out_total`, `page_failed_total`; the engine's own moves are not page verbs). Engine
+(`page_out_total`, `page_in_total`, `page_failed_total`; the engine's own moves are not page
+verbs). Engine
 thread only; no file I/O.
 """
 
@@ -20,11 +25,23 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from kvswap.backend.lora import Adapters
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
-from kvswap.engine.commands import Captured, FlushMinds, PageOut, SlotCapture
+from kvswap.engine.commands import (
+    Captured,
+    FlushMinds,
+    PageOut,
+    SlotApply,
+    SlotCapture,
+    SlotErase,
+    SlotVerb,
+    Submit,
+)
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
+from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.verbs import PendingCapture
+from kvswap.engine.reprefill import is_token_only, reprefill_request
 from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import Slot
 
@@ -38,10 +55,18 @@ class Captures:
     """See the module docstring."""
 
     def __init__(
-        self, runtime: Runtime, buffers: BufferWorker, *, left: Callable[[Slot], PageKey | None]
+        self,
+        runtime: Runtime,
+        buffers: BufferWorker,
+        store: PageStore | None,
+        adapters: Adapters,
+        *,
+        left: Callable[[Slot], PageKey | None],
     ) -> None:
         self.runtime = runtime
         self.buffers = buffers
+        self.store = store
+        self.adapters = adapters
         self.left = left  # a page_out ended the slot's mind: the slot holds it no more
         self._pending: dict[int, tuple[PendingCapture, Fail]] = {}
         self._ids = itertools.count(1)
@@ -53,7 +78,37 @@ class Captures:
         """Slots whose capture waits for its buffer (their page layout is fixed)."""
         return {pending.slot.id for pending, _ in self._pending.values()}
 
-    # -- a client's page_out and save ---------------------------------------------------------
+    # -- a client's slot verbs ----------------------------------------------------------------
+
+    def run(self, cmd: SlotVerb, slot: Slot) -> Submit | None:
+        """Run the verb on its slot (answered now, or once a capture's buffer arrives); returns
+        the re-prefill request of a token-only page_in, for the engine to admit on `slot`."""
+        verbs, counters = self.runtime.verbs, self.runtime.counters
+        if isinstance(cmd, PageOut | SlotCapture):
+            self.start(cmd, slot)  # answered once its buffer has arrived
+            return None
+        try:
+            if isinstance(cmd, SlotApply):
+                cmd.reply(verbs.apply(cmd, slot))
+            elif isinstance(cmd, SlotErase):
+                erased = verbs.erase(cmd, slot)
+                cmd.reply(replace(erased, mind=self.left(slot)))
+            elif self.store is not None and is_token_only(self.store, cmd.key):
+                # A KV type change dropped its state: the slot re-prefills its tokens.
+                return reprefill_request(
+                    cmd, slot, self.store, self.adapters.infos, self.runtime.n_ctx_slot, counters
+                )
+            else:
+                try:
+                    cmd.reply(verbs.page_in(slot, cmd.key))
+                except KvswapError:
+                    counters.page_failed_total += 1
+                    raise
+                counters.page_in_total += 1
+            slot.t_last_used = time.monotonic()
+        except KvswapError as err:
+            cmd.reply(err)
+        return None
 
     def start(self, cmd: PageOut | SlotCapture, slot: Slot) -> None:
         """Admit the capture and ask for its buffer (a refusal is answered at once)."""

@@ -1,10 +1,10 @@
 """The asyncio side of the engine: start it, post commands, await results, stream events.
 
-HTTP handlers use only this (and the snapshot and page handle it exposes); it is the one module
-above the engine that holds the `Engine`. Events cross from the engine thread to the event loop
-through an `_Outbox`, which wakes the loop once per batch (not once per token); nothing here
-blocks the loop. When the caller stops listening (client disconnect, task cancelled), the client
-posts `Cancel`, so the engine frees the slot or drops the waiting job.
+HTTP handlers use only this (and the snapshot and the `handle.PagesHandle` it exposes); it is the
+one module above the engine that holds the `Engine`. Events cross from the engine thread to the
+event loop through an `_Outbox`, which wakes the loop once per batch (not once per token);
+nothing here blocks the loop. When the caller stops listening (client disconnect, task
+cancelled), the client posts `Cancel`, so the engine frees the slot or drops the waiting job.
 """
 
 from __future__ import annotations
@@ -13,18 +13,16 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.core.errors import KvswapError
+from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
-from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.slotstate import SlotState
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.handle import PagesHandle
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.snapshot import EngineSnapshot
 
@@ -64,15 +62,6 @@ class _Outbox:
             queue.put_nowait(event)
 
 
-@dataclass(frozen=True)
-class PagesHandle:
-    """What the HTTP side and the tiers may touch of the engine's state directly: the page
-    store and the mind registry (both thread-safe owners)."""
-
-    store: PageStore | None
-    registry: MindRegistry
-
-
 class EngineClient:
     """Posts typed commands to the engine thread and receives its events."""
 
@@ -81,7 +70,7 @@ class EngineClient:
         self.loop = loop
         self._outbox = _Outbox(loop)
         self._ids = itertools.count(1)
-        self.pages = PagesHandle(engine.store, engine.registry)
+        self.pages = PagesHandle(engine.store, engine.registry, engine.flushes, engine.handoffs)
 
     @classmethod
     def start(

@@ -17,11 +17,10 @@ from typing import TypeVar
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
+from kvswap.core.page import PageLayout, SlotState
 from kvswap.core.types import EngineError, Event, GenerationRequest
-from kvswap.engine.kv.buffers import BufferReady
-from kvswap.engine.kv.pagefmt import PageLayout
-from kvswap.engine.kv.slotstate import SlotState
-from kvswap.engine.plan.geometry import Geometry
+from kvswap.core.vocab import MindMove
+from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 
 T = TypeVar("T")
 Reply = Callable[[T | KvswapError], None]  # called once with a result or a KvswapError
@@ -98,20 +97,6 @@ class PageIn:
 
 
 @dataclass(frozen=True)
-class ReconfigureSpec:
-    """The body of POST /reconfigure; None keeps the current value."""
-
-    n_ctx: int | None = None
-    n_parallel: int | None = None
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
-    n_batch: int | None = None
-    n_ubatch: int | None = None
-    force: bool = False  # allow a KV type change (residents and pages become token-only)
-    drain_timeout_s: float = 30.0  # how long requests past the new n_parallel may drain
-
-
-@dataclass(frozen=True)
 class Reconfigure:
     """The engine command."""
 
@@ -181,7 +166,7 @@ class MindVerb:
 
     req_id: int
     key: PageKey
-    action: str  # "to_slot" | "to_ram" | "erase"
+    action: MindMove
     reply: Reply[int]
     restore: SlotState | None = None  # to_slot: the state read from disk (a mind on disk only)
 
@@ -300,9 +285,6 @@ def refuse(cmd: object, error: KvswapError) -> None:
     elif isinstance(cmd, Nudge):
         if cmd.reply is not None:
             cmd.reply(None)
-    elif isinstance(cmd, BufferReady):  # a buffer nobody will use now
-        if cmd.buffer is not None:
-            cmd.buffer.close()
     elif isinstance(cmd, ShedCache):
         cmd.reply(0)
     elif isinstance(cmd, (*SLOT_VERBS, MindVerb, Reconfigure, FlushMinds, ForgetMind)):

@@ -7,8 +7,9 @@ One loop, one step at a time:
 
 HTTP handlers reach it only through `EngineClient`, which posts commands to `inbox`. The engine
 owns the managers and hands each the narrow owners it uses (the runtime, the slot table, the page
-store, the mind registry); none of them imports or calls back into the engine. Does no file I/O:
-slot files are read and written by workers around `SlotCapture` and `SlotApply`.
+store, the mind registry and its neighbours); none of them imports or calls back into the
+engine. Does no file I/O: slot files are read and written by workers around `SlotCapture` and
+`SlotApply`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
@@ -37,15 +37,10 @@ from kvswap.engine.commands import (
     ForgetMind,
     MindVerb,
     Nudge,
-    PageOut,
     Reconfigure,
     RoomReport,
     ShedCache,
     Shutdown,
-    SlotApply,
-    SlotCapture,
-    SlotErase,
-    SlotVerb,
     Submit,
     refuse,
 )
@@ -55,11 +50,12 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds.anoncache import AnonCache
+from kvswap.engine.minds.flushes import FlushSchedule
+from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seating
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
-from kvswap.engine.reprefill import is_token_only, reprefill_request
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import EngineConfig, Runtime
 from kvswap.engine.slot import Slot, SlotTable
@@ -94,27 +90,15 @@ class Engine:
         self._last_run: dict[int, RunningRequest] = {}  # slot id -> its last request (for /slots)
         self.inbox: queue.SimpleQueue[Command | BufferReady] = queue.SimpleQueue()
         self.buffers = BufferWorker(self.inbox.put)
-        self.store = (
-            PageStore(config.page_ram_bytes, self.buffers.dispose)
-            if config.page_ram_bytes > 0
-            else None
-        )
-        self.registry = MindRegistry()
-        self.runtime = Runtime(
-            model=model,
-            config=config,
-            adapters=self.adapters,
-            spec=self.spec,
-            store=self.store,
-            budget=CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes),
-            counters=PageCounters(),
-        )
-        rt = self.runtime
-        if config.warmup:
-            rt.warm_up()
+        self.store = self._new_store(config)
+        # A mind's bookkeeping, each shared with the HTTP side and the demoter (`PagesHandle`).
+        self.registry, self.flushes, self.handoffs = MindRegistry(), FlushSchedule(), Handoffs()
+        self.runtime = rt = self._new_runtime()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
-        # Captures waiting for their buffer (page_out, save, the flush before exit).
-        self.captures = Captures(rt, self.buffers, left=lambda slot: self.seating.left(slot))
+        # A client's slot verbs, and captures waiting for their buffer (the flush before exit).
+        self.captures = Captures(
+            rt, self.buffers, self.store, self.adapters, left=lambda slot: self.seating.left(slot)
+        )
         self._stalled = False  # a full KV pool waits for a buffer: the next drain blocks
         self.anon = AnonCache(
             store=self.store,
@@ -124,24 +108,8 @@ class Engine:
             buffers=self.buffers,
             cache_idle_slots=config.cache_idle_slots,
         )
-        self.seating = Seating(
-            store=self.store,
-            slots=self.slots,
-            runtime=rt,
-            buffers=self.buffers,
-            registry=self.registry,
-            anon=self.anon,
-        )
-        self.reconfigurer = Reconfigurer(
-            runtime=rt,
-            slots=self.slots,
-            store=self.store,
-            model_info=model.info,
-            registry=self.registry,
-            anon=self.anon,
-            buffers=self.buffers,
-            fault_on_install=config.fault_on_install,
-        )
+        self.seating = self._new_seating()
+        self.reconfigurer = self._new_reconfigurer()
         self.stepper = Stepper(
             runtime=rt, slots=self.slots, vocab=self.vocab, metrics=self.metrics, spec=self.spec
         )
@@ -151,6 +119,51 @@ class Engine:
         self._snapshot = self._make_snapshot()
         self._changed = False  # something besides a running request's progress changed
         self._read = False  # `snapshot` was read since the last publish
+
+    def _new_store(self, config: EngineConfig) -> PageStore | None:
+        if config.page_ram_bytes <= 0:
+            return None
+        return PageStore(config.page_ram_bytes, self.buffers.dispose)
+
+    def _new_runtime(self) -> Runtime:
+        """The context and everything its geometry builds, warmed up when asked."""
+        config = self.config
+        rt = Runtime(
+            model=self.model,
+            config=config,
+            adapters=self.adapters,
+            spec=self.spec,
+            store=self.store,
+            budget=CheckpointBudget(config.ctx_checkpoints, config.ctx_checkpoints_bytes),
+            counters=PageCounters(),
+        )
+        if config.warmup:
+            rt.warm_up()
+        return rt
+
+    def _new_seating(self) -> Seating:
+        return Seating(
+            store=self.store,
+            slots=self.slots,
+            runtime=self.runtime,
+            buffers=self.buffers,
+            registry=self.registry,
+            flushes=self.flushes,
+            handoffs=self.handoffs,
+            anon=self.anon,
+        )
+
+    def _new_reconfigurer(self) -> Reconfigurer:
+        return Reconfigurer(
+            runtime=self.runtime,
+            slots=self.slots,
+            store=self.store,
+            model_info=self.model.info,
+            registry=self.registry,
+            anon=self.anon,
+            buffers=self.buffers,
+            fault_on_install=self.config.fault_on_install,
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -206,7 +219,11 @@ class Engine:
     def _refuse_forever(self, message: str) -> None:
         """After a crash: answer every command with a typed 500 until shutdown (no hang)."""
         while not isinstance(cmd := self.inbox.get(), Shutdown):
-            refuse(cmd, KvswapError(ErrorKind.SERVER, message))
+            if isinstance(cmd, BufferReady):  # a buffer nobody will use now
+                if cmd.buffer is not None:
+                    cmd.buffer.close()
+            else:
+                refuse(cmd, KvswapError(ErrorKind.SERVER, message))
 
     def _busy(self) -> bool:
         return bool(self.slots.busy()) or not self.reconfigurer.admission_open
@@ -316,40 +333,12 @@ class Engine:
                 assert job.prompt is not None
                 self._admit(cmd, job.prompt, slot)
             elif isinstance(cmd, SLOT_VERBS):
-                self._run_verb(cmd, slot)
+                reprefill = self.captures.run(cmd, slot)  # a token-only page_in re-prefills
+                if reprefill is not None:
+                    tokens = np.asarray(reprefill.request.prompt_tokens, dtype=np.int32)
+                    self._admit(reprefill, tokens, slot)
             elif isinstance(cmd, MindVerb):  # (seated, paged out or erased by `seat`)
                 cmd.reply(slot.id if slot.mind == cmd.key else -1)
-
-    def _run_verb(self, cmd: SlotVerb, slot: Slot) -> None:
-        verbs, counters = self.runtime.verbs, self.runtime.counters
-        if isinstance(cmd, PageOut | SlotCapture):
-            self.captures.start(cmd, slot)  # answered once its buffer has arrived
-            return
-        try:
-            if isinstance(cmd, SlotApply):
-                cmd.reply(verbs.apply(cmd, slot))
-            elif isinstance(cmd, SlotErase):
-                erased = verbs.erase(cmd, slot)
-                cmd.reply(replace(erased, mind=self.seating.left(slot)))
-            elif self.store is not None and is_token_only(self.store, cmd.key):
-                # A KV type change dropped its state: the slot re-prefills its tokens.
-                submit = reprefill_request(
-                    cmd, slot, self.store, self.adapters.infos, self.runtime.n_ctx_slot, counters
-                )
-                if submit is not None:
-                    tokens = np.asarray(submit.request.prompt_tokens, dtype=np.int32)
-                    self._admit(submit, tokens, slot)
-                return
-            else:
-                try:
-                    cmd.reply(verbs.page_in(slot, cmd.key))
-                except KvswapError:
-                    counters.page_failed_total += 1
-                    raise
-                counters.page_in_total += 1
-            slot.t_last_used = time.monotonic()
-        except KvswapError as err:
-            cmd.reply(err)
 
     def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
         req = cmd.request

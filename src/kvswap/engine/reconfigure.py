@@ -34,15 +34,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import psutil
 
-from kvswap.backend.context import ContextInitError
-from kvswap.backend.model import ModelInfo
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.backend.info import ModelInfo
+from kvswap.core.errors import ContextInitError, ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, engine_key
+from kvswap.core.page import plan_layout, read_tokens, state_of_page, write_tokens
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
 from kvswap.engine.kv.buffers import BufferWorker, new_buffer
-from kvswap.engine.kv.pagefmt import plan_layout, read_tokens, write_tokens
 from kvswap.engine.kv.pagestore import Page, PageStore
-from kvswap.engine.kv.slotstate import state_of_page
 from kvswap.engine.kv.spare import Spare
 from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.registry import MindRegistry
@@ -54,8 +52,8 @@ from kvswap.engine.plan.reconfigure import (
     plan_seats,
     target_geometry,
 )
+from kvswap.engine.ports import RebuildRuntime
 from kvswap.engine.running import RunningRequest
-from kvswap.engine.runtime import Runtime
 from kvswap.engine.slot import SlotTable
 
 log = logging.getLogger("kvswap.reconfigure")
@@ -91,7 +89,7 @@ class Reconfigurer:
     def __init__(
         self,
         *,
-        runtime: Runtime,
+        runtime: RebuildRuntime,
         slots: SlotTable,
         store: PageStore | None,
         model_info: ModelInfo,
@@ -242,24 +240,10 @@ class Reconfigurer:
     # -- the pause --------------------------------------------------------------------------
 
     def _run(self, p: _Pending, t_drained: float) -> ReconfigureReceipt:
-        rt, slots = self.runtime, self.slots
+        rt, slots, target = self.runtime, self.slots, p.target
         old = rt.geometry
-        target = p.target
         new_slot_ctx = target.n_ctx_slot(self.info.n_ctx_train)
-        occupants = [
-            Occupant(
-                s.id, s.running is not None, len(s.tokens) + (1 if s.running is not None else 0)
-            )
-            for s in slots
-            if s.running is not None or len(s.tokens) > 0
-        ]
-        for occ in occupants:
-            if occ.running and occ.n_tokens >= new_slot_ctx:
-                raise KvswapError(
-                    ErrorKind.INVALID_REQUEST,
-                    f"the request on slot {occ.slot_id} holds {occ.n_tokens} tokens, more than the "
-                    f"new window ({new_slot_ctx}): nothing is truncated, so nothing changed",
-                )
+        occupants = self._occupants(new_slot_ctx)
         plan = plan_seats(occupants, target.n_parallel, new_slot_ctx)
         kv_change = self._kv_type_changes(target)
         receipt = ReconfigureReceipt(old=old, new=target, n_ctx_slot=new_slot_ctx)
@@ -276,20 +260,9 @@ class Reconfigurer:
         rt.close()
         t2 = time.monotonic()
         timings["free_ms"] = (t2 - t1) * 1e3
-        try:
-            if self.fault_on_install:
-                raise ContextInitError("injected fault (KVSWAP_FAULT_RECONFIGURE)")
-            rt.install(target)
-            seats = plan.seats
-        except ContextInitError as err:
-            log.error("reconfigure: %s; rolling back to %s", err, old)
-            rt.install(old)  # the old geometry was built before: it builds again
-            seats = {o.slot_id: o.slot_id for o in occupants}
-            receipt.rolled_back, receipt.reason = True, str(err)
-            receipt.new = old
-            receipt.n_ctx_slot = rt.n_ctx_slot
-            kv_change = False
-            plan = SeatPlan(seats, {})
+        rollback = self._install(target, occupants, receipt)
+        if rollback is not None:
+            plan, kv_change = rollback, False  # every state goes back where it was
         t3 = time.monotonic()
         timings["init_ms"] = (t3 - t2) * 1e3
         if kv_change:
@@ -298,17 +271,59 @@ class Reconfigurer:
         slots.rebuild(rt.geometry.n_parallel, rt.n_ctx_slot)
 
         receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change)
-        for mind in minds.values():
-            self.registry.unseated(mind)
-        for fate in receipt.slots:  # a seated mind stays that mind's (engine.minds)
-            if fate.new_slot is not None and fate.old_slot in minds:
-                slots[fate.new_slot].mind = minds[fate.old_slot]
-                self.registry.seated(minds[fate.old_slot], fate.new_slot)
+        self._reseat_minds(minds, receipt.slots)
         t4 = time.monotonic()
         timings["page_in_ms"] = (t4 - t3) * 1e3
         timings["total_ms"] = (t4 - p.t_start) * 1e3
         log.info("reconfigure: %s -> %s in %.1f ms", old, rt.geometry, timings["total_ms"])
         return receipt
+
+    def _occupants(self, new_slot_ctx: int) -> list[Occupant]:
+        """The occupied slots; typed 400 when a running request would not fit the new window
+        (nothing is truncated, so nothing changes)."""
+        occupants = [
+            Occupant(
+                s.id, s.running is not None, len(s.tokens) + (1 if s.running is not None else 0)
+            )
+            for s in self.slots
+            if s.running is not None or len(s.tokens) > 0
+        ]
+        for occ in occupants:
+            if occ.running and occ.n_tokens >= new_slot_ctx:
+                raise KvswapError(
+                    ErrorKind.INVALID_REQUEST,
+                    f"the request on slot {occ.slot_id} holds {occ.n_tokens} tokens, more than the "
+                    f"new window ({new_slot_ctx}): nothing is truncated, so nothing changed",
+                )
+        return occupants
+
+    def _install(
+        self, target: Geometry, occupants: list[Occupant], receipt: ReconfigureReceipt
+    ) -> SeatPlan | None:
+        """Build `target`; when libllama cannot, build the old geometry again (it was built
+        before) and return the rollback's plan: every state back to its own slot."""
+        try:
+            if self.fault_on_install:
+                raise ContextInitError("injected fault (KVSWAP_FAULT_RECONFIGURE)")
+            self.runtime.install(target)
+            return None
+        except ContextInitError as err:
+            log.error("reconfigure: %s; rolling back to %s", err, receipt.old)
+            self.runtime.install(receipt.old)
+            receipt.rolled_back, receipt.reason = True, str(err)
+            receipt.new = receipt.old
+            receipt.n_ctx_slot = self.runtime.n_ctx_slot
+            return SeatPlan({o.slot_id: o.slot_id for o in occupants}, {})
+
+    def _reseat_minds(self, minds: Mapping[int, PageKey], fates: list[SlotFate]) -> None:
+        """A seated mind stays that mind's (engine.minds): the registry follows it to its new
+        slot; one left without a seat stays its own RAM page."""
+        for mind in minds.values():
+            self.registry.unseated(mind)
+        for fate in fates:
+            if fate.new_slot is not None and fate.old_slot in minds:
+                self.slots[fate.new_slot].mind = minds[fate.old_slot]
+                self.registry.seated(minds[fate.old_slot], fate.new_slot)
 
     def _page_out_all(
         self, occupants: list[Occupant], generation: int, spares: Mapping[int, Spare]

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from kvswap.backend.lora import AdapterInfo
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
+from kvswap.core.page import read_tokens
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.commands import PageIn, PageMoved, Submit
-from kvswap.engine.kv.pagefmt import read_tokens
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.plan.lora import resolve

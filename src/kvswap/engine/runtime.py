@@ -18,10 +18,10 @@ from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
+from kvswap.core.page import PageGeometry
 from kvswap.core.types import LoraSet
 from kvswap.engine.kv.checkpoints import CheckpointBudget
 from kvswap.engine.kv.memory import SlotMemory
-from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.slotstate import StateMover
 from kvswap.engine.kv.verbs import PageCounters, SlotVerbs
@@ -141,6 +141,15 @@ class Runtime:
             draft=self.spec.draft if self.spec is not None else None,
         )
         self.verbs = SlotVerbs(ctx, self.mover, self.store)
+
+    @property
+    def n_shared_cells(self) -> int | None:
+        """The KV cells every slot draws on (a unified pool), or None when each slot has a
+        stream of its own, as large as its window, or a recurrent model holds one cell per
+        slot whatever its tokens."""
+        if not self.geometry.kv_unified or self.model.info.is_recurrent:
+            return None
+        return self.ctx.n_ctx
 
     def warm_up(self) -> None:
         """Decode BOS and EOS on sequence 0, then clear the memory (llama-server's `--warmup`):

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvswap.core.keys import PageKey, PageKind
+from kvswap.core.page import PageGeometry
 from kvswap.core.types import GenerationRequest
-from kvswap.engine.kv.pagefmt import PageGeometry
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.metrics import EngineMetrics, MetricsSnapshot
 from kvswap.engine.minds.anoncache import AnonCache

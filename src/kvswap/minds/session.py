@@ -37,11 +37,11 @@ from typing import Protocol
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind
+from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.core.vocab import MindTier
 from kvswap.engine.commands import Command, Nudge
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.slotstate import SlotState
 from kvswap.engine.minds.registry import MindRegistry, MindView
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import FilesError, WrongModelError

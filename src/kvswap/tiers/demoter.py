@@ -6,9 +6,9 @@ restart finds, and the spill before exit.
   cache is the one owner of its eviction), then spills the least recently used idle mind pages
   to disk (crash-safe publication, off the engine thread) and drops them from RAM. Each pass
   ends with a `RoomReport` to the engine, which a mind switch waiting for room reads.
-- `--page-disk-bytes` bounds the disk tier: when full, a spill is refused (a typed reason the
-  waiting switch answers) unless `--page-disk-drop-lru` lets it drop the least recently used
-  spilled minds (logged, counted).
+- `--page-disk-bytes` bounds the disk tier (`tiers.diskbudget`): when full, a spill is refused
+  (a typed reason the waiting switch answers) unless `--page-disk-drop-lru` lets it drop the
+  least recently used spilled minds (logged, counted).
 - Ownership: a server owns each mind it serves live, in a slot or a RAM page, through a claim
   (`files.owners`: no descriptor per mind), so two servers sharing a save path never serve one
   mind twice. `settle` gives the claim up once the mind lives on disk only, and forgets a mind
@@ -24,14 +24,16 @@ restart finds, and the spill before exit.
   survives a restart); `close()` (SIGTERM, sleep, normal exit) spills every resident mind and
   RAM page not already current on disk.
 
-Owns the demoter thread and the ownership claims. File I/O happens here, on the demoter thread,
-the closing thread or the I/O executor, never on the engine thread or the event loop.
+Each pass of the thread is `run_pass`. Owns the demoter thread, its bell (attached to the
+engine's hand-offs, `engine.minds.handoffs`: the engine rings it when a hand-off waits or the
+store is short of room) and the ownership claims. It reads and writes the mind registry, the
+flush schedule and the hand-offs through the engine's `PagesHandle`. File I/O happens here, on the demoter thread, the closing thread or the
+I/O executor, never on the engine thread or the event loop.
 """
 
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -40,14 +42,15 @@ from pathlib import Path
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind
-from kvswap.engine.client import PagesHandle
+from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
-from kvswap.engine.kv.pagefmt import PageGeometry
+from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.registry import DiskCopy
 from kvswap.files import FilesError, Publisher
 from kvswap.files.owners import OwnerLocks
-from kvswap.tiers.mindfiles import file_name, key_of, migrate
+from kvswap.tiers.diskbudget import DiskBudget
+from kvswap.tiers.mindfiles import HEAD_BYTES, file_name, key_of, made_with, migrate, n_tokens_of
 from kvswap.tiers.slotfiles import publish_state
 
 log = logging.getLogger("kvswap.demoter")
@@ -81,13 +84,27 @@ class Demoter:
     ) -> None:
         self.store = pages.store
         self.registry = pages.registry
+        self.flushes = pages.flushes
+        self.handoffs = pages.handoffs
         self.post = post
         self.publisher = publisher  # the minds' folder (tiers.mindfiles)
         self.slot_files = slot_files  # the slot files, where earlier versions kept minds
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
-        self.registry.set_disk_tier(publisher is not None)
+        self.disk = (
+            DiskBudget(
+                bound_bytes=policy.page_disk_bytes,
+                drop_lru=policy.disk_drop_lru,
+                registry=self.registry,
+                publisher=publisher,
+                settle=self.settle,
+            )
+            if publisher is not None
+            else None
+        )
+        self._bell = threading.Event()  # the engine (or `close`) wakes the thread
+        self.handoffs.attach(self._bell.set, disk_tier=publisher is not None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._io = threading.Lock()  # one spill at a time: demoter and close never interleave
@@ -112,7 +129,7 @@ class Demoter:
         """A slot verb ended mind `key` (erase, page_out): its spilled files go too, so no
         tier holds it. Under the spill lock: no copy taken before this is written after it."""
         with self._io:
-            copy = self.registry.forget(key)
+            copy = self.registry.forget(key, also=self._forget_rest)
             if copy is not None and self.publisher is not None:
                 self.publisher.remove(file_name(key))
         self.settle(key)  # its claim goes too: it lives nowhere now
@@ -149,7 +166,16 @@ class Demoter:
         owners = self.owners
         if owners is not None:
             reg.when_not_live(key, in_ram, lambda: owners.release(file_name(key)))
-        reg.forget_if_gone(key, in_ram)
+
+        def held(k: PageKey) -> bool:  # its RAM page, or its copy on its way to disk
+            return in_ram(k) or self.handoffs.handing(k)
+
+        reg.forget_if_gone(key, held, also=self._forget_rest)
+
+    def _forget_rest(self, key: PageKey) -> None:
+        """The flush schedule's and the hand-offs' entries of a forgotten mind."""
+        self.flushes.forget(key)
+        self.handoffs.forget(key)
 
     def _list_spilled(self, geometry: PageGeometry) -> None:
         assert self.publisher is not None
@@ -160,7 +186,7 @@ class Demoter:
             if key is None:
                 continue
             if info.fingerprint != fingerprint:
-                what = _made_with(info.fingerprint, fingerprint)
+                what = made_with(info.fingerprint, fingerprint)
                 self.registry.record_foreign(key, what)
                 log.warning(
                     "spilled mind %s was made with %s: not served, its file is kept (requests "
@@ -174,7 +200,7 @@ class Demoter:
                 continue
             n_bytes = sum(f.n_bytes for f in info.files)
             try:
-                n_tokens = _n_tokens(self.publisher.read_head(info.name, 24))
+                n_tokens = n_tokens_of(self.publisher.read_head(info.name, HEAD_BYTES))
             except FilesError as err:
                 log.warning("spilled mind %s cannot be read: not served (%s)", key, err)
                 continue
@@ -191,7 +217,7 @@ class Demoter:
             return
         self._closed = True
         self._stop.set()
-        self.registry.need_room()  # wakes the thread so it sees the stop
+        self._bell.set()  # wakes the thread so it sees the stop
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -235,7 +261,7 @@ class Demoter:
 
     def _is_current(self, key: PageKey) -> bool:
         """Mind `key`'s disk copy holds its newest state (nothing changed since it was taken)."""
-        return self.registry.is_clean(key)
+        return self.registry.disk_copy(key) is not None and not self.flushes.is_dirty(key)
 
     def _spill_captured(self, key: PageKey, cap: Captured, t_copied: float | None = None) -> int:
         """Write a copy of mind `key` (taken at `t_copied`, if known) and close its buffer; 1
@@ -263,20 +289,27 @@ class Demoter:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.registry.wait_for_work(_POLL_S)
+            self._bell.wait(_POLL_S)  # woken by the engine, or it looks anyway
+            self._bell.clear()
             if self._stop.is_set():
                 return
-            try:
-                self._write_handoffs()
-                self._demote()
-                if self.policy.flush_seconds > 0 and self.publisher is not None:
-                    self._flush_due(self._flush_age())
-            except Exception as err:
-                log.exception("the demoter failed; it retries")
-                self.registry.count(spill_failed_total=1)
-                self._refused = f"the demoter failed ({type(err).__name__})"
-            self._n_passes += 1
-            self.post(RoomReport(self._n_passes, self._refused))
+            self.post(self.run_pass())
+
+    def run_pass(self) -> RoomReport:
+        """One pass of the demoter thread: write the hand-offs, free the headroom, write the
+        minds due; what it reports to the engine (a failure is logged, and retried next pass).
+        The thread's, or a test's that drives the demoter without it."""
+        try:
+            self._write_handoffs()
+            self._demote()
+            if self.policy.flush_seconds > 0 and self.publisher is not None:
+                self._flush_due(self._flush_age())
+        except Exception as err:
+            log.exception("the demoter failed; it retries")
+            self.registry.count(spill_failed_total=1)
+            self._refused = f"the demoter failed ({type(err).__name__})"
+        self._n_passes += 1
+        return RoomReport(self._n_passes, self._refused)
 
     def _flush_due(self, age_s: float) -> None:
         """Write the idle minds changed `age_s` ago (RAM pages directly, resident minds through
@@ -285,7 +318,7 @@ class Demoter:
         window."""
         store, reg = self.store, self.registry
         assert store is not None
-        due = reg.due_for_flush(age_s)
+        due = self.flushes.due(age_s, busy=reg.busy())
         if not due:
             return
         for key in [k for k in due if store.has(k)]:
@@ -302,7 +335,7 @@ class Demoter:
             if not self._disk_room(key, cap.layout.n_bytes, may_drop=False):
                 cap.buffer.close()
             elif self._spill_captured(key, cap, t_asked):  # closes the buffer
-                reg.flushed(key, t_asked)
+                self.flushes.flushed(key, t_asked)
                 reg.count(flushes_total=1)
 
     def _flush_page(self, store: PageStore, key: PageKey) -> None:
@@ -321,7 +354,7 @@ class Demoter:
                     return
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
-            self.registry.flushed(key, t_held)
+            self.flushes.flushed(key, t_held)
             self.registry.count(flushes_total=1)
         except FilesError as err:
             self.registry.count(spill_failed_total=1)
@@ -331,14 +364,14 @@ class Demoter:
 
     def _write_handoffs(self) -> None:
         """Write the minds too large for the page store that the engine handed over."""
-        while (handoff := self.registry.take_handoff()) is not None:
+        while (handoff := self.handoffs.take()) is not None:
             key, cap, t_copied = handoff
             if self._disk_room(key, cap.layout.n_bytes):
                 written = self._spill_captured(key, cap, t_copied)
             else:
                 cap.buffer.close()
                 written = 0
-            self.registry.handoff_done(key, bool(written))
+            self.handoffs.done(key, bool(written))
             if written:
                 self.registry.count(spills_total=1)
 
@@ -348,7 +381,7 @@ class Demoter:
         store = self.store
         assert store is not None
         reg = self.registry
-        target = store.ceiling_bytes - reg.headroom_bytes(store.ceiling_bytes)
+        target = store.ceiling_bytes - store.headroom_bytes
         shed = True
         while store.charged_bytes > target and not self._stop.is_set():
             if shed and self._shed(store.charged_bytes - target) > 0:
@@ -401,7 +434,7 @@ class Demoter:
             with self._io:
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
             self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
-            self.registry.flushed(key, t_held)
+            self.flushes.flushed(key, t_held)
             if drop and reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
                 self.settle(key)  # on disk only now: another server may take it
             reg.count(spills_total=1)
@@ -418,66 +451,13 @@ class Demoter:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
     def _disk_room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> bool:
-        """Room for `n_bytes` more on disk (the mind's own old copy is replaced); `may_drop`:
-        --page-disk-drop-lru may make it (a scheduled flush never drops another mind)."""
-        bound = self.policy.page_disk_bytes
-        if bound is None:
-            return True
-        reg = self.registry
-        assert self.publisher is not None
-        copies = reg.disk_copies()
-        used = sum(c.n_bytes for k, c in copies.items() if k != key)
-        if used + n_bytes <= bound:
-            return True
-        if not may_drop:
-            return False
-        if not self.policy.disk_drop_lru:
-            reg.count(disk_refused_total=1)
-            self._refused = (
-                f"the disk tier is full ({used} of --page-disk-bytes {bound} bytes; start with "
-                "--page-disk-drop-lru to drop the least recently used spilled minds)"
-            )
-            log.warning("spill of mind %s refused: %s", key, self._refused)
-            return False
-        for victim in reg.idle(k for k in copies if k != key):
-            if used + n_bytes <= bound:
-                break
-            copy = reg.forget_disk(victim)
-            if copy is None:
-                continue
-            self.publisher.remove(file_name(victim))
-            self.settle(victim)  # it lives nowhere now, unless in RAM meanwhile
-            used -= copy.n_bytes
-            reg.count(disk_dropped_total=1)
-            log.warning(
-                "disk tier full: dropped spilled mind %s (%d bytes, --page-disk-drop-lru)",
-                victim,
-                copy.n_bytes,
-            )
-        return used + n_bytes <= bound
-
-
-def _made_with(theirs: str, ours: str) -> str:
-    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
-    their_model, _, their_kv = theirs.partition(";")
-    our_model, _, _ = ours.partition(";")
-    if their_model != our_model:
-        return "another model"
-    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
-    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
+        """Room on disk for mind `key`'s copy (`diskbudget`); a refusal's reason is the pass's."""
+        assert self.disk is not None
+        why = self.disk.room(key, n_bytes, may_drop)
+        if why:
+            self._refused = why
+        return why is None
 
 
 def _minds_in_ram(store: PageStore) -> list[PageKey]:
     return [i.key for i in store.infos() if i.in_store and i.key.kind is PageKind.MIND]
-
-
-def _n_tokens(head: bytes) -> int:
-    """The token count in a sequence file's header (its first 24 bytes), for /pages; 0 if
-    unreadable.
-
-    GGSQ, version, word count, then either the tokens or (packed, as kvswap writes) a -1
-    marker, a packing version and the token count."""
-    if len(head) < 24:
-        return 0
-    words = struct.unpack("<IIIiII", head[:24])
-    return int(words[5]) if words[3] == -1 else int(words[2])

@@ -1,5 +1,6 @@
-"""Minds on disk: their own folder of the save path, their file names, and the one-time move of
-the minds an earlier version kept among the slot files.
+"""Minds on disk: their own folder of the save path, their file names, what a file says without
+being read (the model it was made with, its token count), and the one-time move of the minds
+an earlier version kept among the slot files.
 
 Every mind's generations live in `<save>/.kvswap-minds/` (published crash-safely by a
 `Publisher` of their own), named `<namespace>~<the mind's name in hex>`. A request's `filename`
@@ -17,6 +18,7 @@ Worker threads only (the loader's, at start): never the engine thread or the eve
 from __future__ import annotations
 
 import logging
+import struct
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,6 +29,7 @@ from kvswap.files.seqfile import file_parts
 log = logging.getLogger("kvswap.minds")
 
 MINDS_DIR: Final = ".kvswap-minds"
+HEAD_BYTES: Final = 24  # what `n_tokens_of` reads of a mind's sequence file
 _OLD_PREFIX: Final = "mind~"
 
 
@@ -45,6 +48,28 @@ def key_of(name: str) -> PageKey | None:
         return PageKey(PageKind.MIND, namespace, bytes.fromhex(hex_name).decode("utf-8"))
     except ValueError:
         return None
+
+
+def made_with(theirs: str, ours: str) -> str:
+    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
+    their_model, _, their_kv = theirs.partition(";")
+    our_model, _, _ = ours.partition(";")
+    if their_model != our_model:
+        return "another model"
+    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
+    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
+
+
+def n_tokens_of(head: bytes) -> int:
+    """The token count in a sequence file's header (its first `HEAD_BYTES`), for /pages; 0 if
+    unreadable.
+
+    GGSQ, version, word count, then either the tokens or (packed, as kvswap writes) a -1
+    marker, a packing version and the token count."""
+    if len(head) < HEAD_BYTES:
+        return 0
+    words = struct.unpack("<IIIiII", head[:HEAD_BYTES])
+    return int(words[5]) if words[3] == -1 else int(words[2])
 
 
 def open_minds(save_dir: Path, seam: OsAdapter | None = None) -> Publisher:

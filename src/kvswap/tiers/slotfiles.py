@@ -1,6 +1,6 @@
 """The one writer and reader of slot files and page files (SPEC §4), on worker threads.
 
-A captured slot and a page share one layout (`pagefmt.PageLayout`), so `save` and `spill`
+A captured slot and a page share one layout (`core.page.PageLayout`), so `save` and `spill`
 write through `publish_state` and `restore` reads through `read_state`: `F` in libllama's
 sequence-file format straight from the RAM bytes (no copy), sidecars for the parts libllama's
 file has no room for (`.ckpt` checkpoints, `.lora` the LoRA set), and the commit record with the
@@ -23,8 +23,14 @@ from typing import Any
 import psutil
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.kv.pagefmt import LoraRef, PageGeometry, PageLayout, read_tokens
-from kvswap.engine.kv.slotstate import CheckpointView, SlotState
+from kvswap.core.page import (
+    CheckpointView,
+    LoraRef,
+    PageGeometry,
+    PageLayout,
+    SlotState,
+    read_tokens,
+)
 from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
 from kvswap.files.seqfile import file_parts
 

@@ -22,6 +22,10 @@ Rules (SPEC §3):
   reserved (the copy then runs without a fallback); otherwise the old page lives until the new
   one is in.
 
+The store also keeps the headroom the demoter frees under the ceiling for the next mind switch,
+so that a switch stays a memcpy: a quarter of the store, or the largest mind page seen
+(`saw_mind_page`, told by the engine as a mind leaves its slot), whichever is larger.
+
 Closing a buffer (munmap) costs milliseconds per hundred MB, so it goes through `dispose`, which
 the engine points at a worker thread; the charge is released when the close is done. A close
 that fails (a view of the buffer still exists: a bug) keeps its bytes charged, since they are
@@ -45,7 +49,7 @@ from dataclasses import dataclass, field
 
 from kvswap.core.errors import PageNotFound, PageTooLarge, StoreFull
 from kvswap.core.keys import PageKey
-from kvswap.engine.kv.pagefmt import LoraRef, PageLayout
+from kvswap.core.page import LoraRef, PageLayout
 
 log = logging.getLogger("kvswap.engine")
 
@@ -148,6 +152,7 @@ class PageStore:
         self._reserved: Counter[PageKey] = Counter()  # bytes of open reservations, by key
         self._closing = 0  # bytes of buffers given to the disposer and not yet unmapped
         self._leaked = 0  # bytes of buffers whose close failed (still mapped, still charged)
+        self._largest_mind_page = 0  # bytes of the largest mind page seen (the headroom)
         self._ids = itertools.count(1)
 
     # -- reading ----------------------------------------------------------------------------
@@ -167,6 +172,30 @@ class PageStore:
         """Bytes of buffers that could not be unmapped: a gauge that must stay 0."""
         with self._lock:
             return self._leaked
+
+    # -- the headroom for a mind switch --------------------------------------------------------
+
+    def saw_mind_page(self, n_bytes: int) -> None:
+        """A mind left its slot as a page of `n_bytes`."""
+        with self._lock:
+            self._largest_mind_page = max(self._largest_mind_page, n_bytes)
+
+    @property
+    def largest_mind_page_bytes(self) -> int:
+        with self._lock:
+            return self._largest_mind_page
+
+    @property
+    def headroom_bytes(self) -> int:
+        """Free bytes the demoter keeps under the ceiling: room for a mind switch."""
+        ceiling = self.ceiling_bytes
+        return min(ceiling, max(ceiling // 4, self.largest_mind_page_bytes))
+
+    @property
+    def short_of_headroom(self) -> bool:
+        """More than the ceiling less the headroom is charged: the demoter has work."""
+        with self._lock:
+            return self._charged > self.ceiling_bytes - self.headroom_bytes
 
     def reservations(self) -> list[tuple[PageKey, int]]:
         """Open reservations (bytes admitted for copies in flight, prepared spare buffers)."""

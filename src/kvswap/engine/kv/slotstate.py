@@ -1,12 +1,11 @@
 """Moving a slot's whole state between the context and RAM buffers: one copy each way.
 
 `StateMover.measure` sizes what a slot holds (before any copy), `capture` writes it into a
-buffer laid out by `pagefmt.PageLayout` (a page's, or a save's), and `apply` loads a `SlotState`
-(views of a page or of a slot file) into a slot. Called only from the engine thread.
-On a failed load the slot is left empty, never holding half a state. A state carries the LoRA
-set it was computed under (by adapter hash); `apply` refuses one whose adapters are not loaded
-before touching the slot, and otherwise the slot takes that set.
-
+buffer laid out by `core.page.PageLayout` (a page's, or a save's), and `apply` loads a
+`core.page.SlotState` (views of a page or of a slot file) into a slot. Called only from the
+engine thread. On a failed load the slot is left empty, never holding half a state. A state
+carries the LoRA set it was computed under (by adapter hash); `apply` refuses one whose adapters
+are not loaded before touching the slot, and otherwise the slot takes that set.
 
 With a draft model, the slot's draft sequence travels too: `measure` first cuts it to its
 common prefix with the slot's tokens (its drafted tail is of no use later), and `apply` loads
@@ -18,84 +17,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-
-import numpy as np
-import numpy.typing as npt
+from dataclasses import replace
 
 from kvswap.backend.context import Context
 from kvswap.backend.lora import AdapterInfo
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.page import PageGeometry, PageLayout, SlotState, plan_layout, write_tokens
+from kvswap.core.restream import RestreamError, find_stream, restream, stream_count
 from kvswap.engine.kv.checkpoints import Checkpoint
 from kvswap.engine.kv.memory import SlotMemory
-from kvswap.engine.kv.pagefmt import (
-    LoraRef,
-    PageGeometry,
-    PageLayout,
-    plan_layout,
-    read_tokens,
-    write_tokens,
-)
-from kvswap.engine.kv.restream import RestreamError, find_stream, restream, stream_count
 from kvswap.engine.plan.lora import refs_of, resolve
 from kvswap.engine.slot import Slot
 from kvswap.engine.spec.draft import DraftContext
 
 log = logging.getLogger("kvswap.engine")
-
-
-@dataclass(frozen=True)
-class CheckpointView:
-    """A checkpoint in someone else's buffer (a page, a slot file)."""
-
-    n_tokens: int
-    pos_min: int
-    pos_max: int
-    data: memoryview
-
-
-@dataclass(frozen=True)
-class SlotState:
-    """A slot's state in RAM, ready to load (views of buffers that someone else owns)."""
-
-    tokens: npt.NDArray[np.int32]
-    target: memoryview  # libllama's 8-byte prefix + payload
-    draft: memoryview | None = None  # the draft model's state, with its 8-byte prefix
-    draft_n_tokens: int = 0  # the draft state holds the first this-many tokens
-    checkpoints: tuple[CheckpointView, ...] = field(default_factory=tuple)
-    stream: int | None = None  # the KV stream it was taken from; None: find it in the state
-    n_stream: int | None = None  # the stream count of the cache it was taken from, if known
-    lora: tuple[LoraRef, ...] = ()  # the LoRA set it was computed under (empty: none)
-
-    @property
-    def n_bytes(self) -> int:
-        return self.target.nbytes + (self.draft.nbytes if self.draft is not None else 0)
-
-    def release(self) -> None:
-        """Release every view (before the buffers they view are closed)."""
-        self.target.release()
-        if self.draft is not None:
-            self.draft.release()
-        for c in self.checkpoints:
-            c.data.release()
-
-
-def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
-    """Views of a page's parts (the caller keeps the page alive while they are used)."""
-    t, d = layout.target, layout.draft
-    return SlotState(
-        tokens=read_tokens(buffer, layout),
-        target=buffer[t.offset : t.end],
-        draft=buffer[d.offset : d.end] if d is not None else None,
-        draft_n_tokens=layout.draft_n_tokens,
-        stream=layout.stream,
-        n_stream=layout.geometry.n_stream,
-        lora=layout.lora,
-        checkpoints=tuple(
-            CheckpointView(c.n_tokens, c.pos_min, c.pos_max, buffer[c.span.offset : c.span.end])
-            for c in layout.checkpoints
-        ),
-    )
 
 
 class StateMover:

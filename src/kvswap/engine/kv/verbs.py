@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from kvswap.backend.context import Context
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey
+from kvswap.core.page import PageLayout, state_of_page
 from kvswap.engine.commands import (
     Applied,
     Captured,
@@ -34,9 +35,8 @@ from kvswap.engine.commands import (
     SlotErase,
 )
 from kvswap.engine.kv.buffers import new_buffer
-from kvswap.engine.kv.pagefmt import PageLayout
 from kvswap.engine.kv.pagestore import PageStore, Reservation
-from kvswap.engine.kv.slotstate import StateMover, state_of_page
+from kvswap.engine.kv.slotstate import StateMover
 from kvswap.engine.plan.lora import resolve
 from kvswap.engine.slot import Slot
 

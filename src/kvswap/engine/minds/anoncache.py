@@ -42,7 +42,7 @@ from kvswap.core.keys import PageKey, PageKind, anon_key
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly
-from kvswap.engine.runtime import Runtime
+from kvswap.engine.ports import CacheRuntime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -89,7 +89,7 @@ class AnonCache:
         self,
         *,
         store: PageStore | None,
-        runtime: Runtime,
+        runtime: CacheRuntime,
         slots: SlotTable,
         budget_bytes: int,
         buffers: BufferWorker,

@@ -5,7 +5,8 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   page store), so no request, named or anonymous, and no restore or page_in ever destroys a
   mind. A mind larger than the whole page store cannot have a page: with a disk tier it is
   copied out and handed to the demoter, which writes it as the mind's spilled file (the
-  registry holds the copy until it is on disk); without one its state is dropped, logged once
+  hand-off holds the copy until it is on disk, `minds.handoffs`); without one its state is
+  dropped, logged once
   (a mind's state is a cache of the conversation its next request carries whole, so that
   request re-prefills it), and the slot serves the waiting work;
 - `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
@@ -34,8 +35,9 @@ anonymous cache, where it is found by its prefix and evicted like any entry, or,
 cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
 buffer, or that nothing can move. Nothing the engine makes here is a page that lives forever.
 
-Owns the spare and the wait for room; slots carry their mind, the registry the rest. Called only
-by the engine thread; does no file I/O.
+Owns the spare and the wait for room; slots carry their mind, the registry where each mind lives,
+the flush schedule what changed, the hand-offs what goes to disk. Called only by the engine
+thread; does no file I/O.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import numpy as np
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey
+from kvswap.core.vocab import MindMove
 from kvswap.engine.commands import (
     MindVerb,
     PageOut,
@@ -60,8 +63,10 @@ from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly
 from kvswap.engine.minds.anoncache import AnonCache, Kept
+from kvswap.engine.minds.flushes import FlushSchedule
+from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.runtime import Runtime
+from kvswap.engine.ports import SeatRuntime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -100,9 +105,11 @@ class Seating:
         *,
         store: PageStore | None,
         slots: SlotTable,
-        runtime: Runtime,
+        runtime: SeatRuntime,
         buffers: BufferWorker,
         registry: MindRegistry,
+        flushes: FlushSchedule,
+        handoffs: Handoffs,
         anon: AnonCache,
     ) -> None:
         self.store = store
@@ -110,6 +117,8 @@ class Seating:
         self.runtime = runtime
         self.buffers = buffers
         self.registry = registry
+        self.flushes = flushes
+        self.handoffs = handoffs
         self.anon = anon
         self._n_reported = 0  # the last demoter pass that reported
         self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
@@ -127,10 +136,10 @@ class Seating:
             if cmd.namespace is not None and slot.mind.namespace != cmd.namespace:
                 raise NotYourMind(slot.id)
             return
-        if isinstance(cmd, MindVerb) and cmd.action != "to_slot":
+        if isinstance(cmd, MindVerb) and cmd.action != MindMove.TO_SLOT:
             if slot.mind != cmd.key:
                 return  # the mind is in no slot: nothing to do
-            if cmd.action == "to_ram":
+            if cmd.action == MindMove.TO_RAM:
                 self.evict(slot)
             else:  # erase: the mind ends here (the caller forgets its other copies)
                 self.runtime.verbs.clear(slot)
@@ -148,6 +157,7 @@ class Seating:
             return
         reg = self.registry
         reg.touch(mind)
+        self.flushes.changed(mind)
         if slot.mind == mind:
             reg.count(hits_slot_total=1)
             return
@@ -191,12 +201,10 @@ class Seating:
         pool every slot draws on one set of cells, so the least recently used idle residents
         move out (as a full pool moves them) until the state fits. Loading a state clears the
         slot's own cells first, so only the other slots' count."""
-        rt = self.runtime
-        if not rt.geometry.kv_unified or rt.model.info.is_recurrent:
-            # Each slot has a stream of its own, as large as its window; a recurrent model
-            # holds one cell per slot, whatever its tokens.
-            return
-        while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > rt.ctx.n_ctx:
+        n_cells = self.runtime.n_shared_cells
+        if n_cells is None:
+            return  # each slot has cells of its own
+        while sum(len(s.tokens) for s in self.slots if s is not slot) + n_tokens > n_cells:
             idle = [s for s in self.slots.idle_residents() if s is not slot]
             if not idle or self._move_out(idle[0]) is not PagedOut.MOVED:
                 raise NoRoomYet()  # running requests hold the cells, or a buffer is mapped
@@ -235,29 +243,27 @@ class Seating:
         self._room_ticket, self._room_refused = None, ""
         self._left(slot, mind)
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
-        self.registry.saw_page(layout.n_bytes)
+        store.saw_mind_page(layout.n_bytes)
         self.ask_spare()  # the next switch's buffer, mapped meanwhile
-        if store.charged_bytes > store.ceiling_bytes - self.registry.headroom_bytes(
-            store.ceiling_bytes
-        ):
-            self.registry.need_room()
+        if store.short_of_headroom:
+            self.handoffs.call_demoter()
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
     def _too_large(self, slot: Slot, mind: PageKey, n_bytes: int) -> None:
         """The mind's state is larger than the whole page store: it can never be a page. With
         a disk tier a copy goes to the demoter and the job waits until the mind's file holds
         the slot's state, then the slot is freed; without one the state is dropped."""
-        reg, verbs = self.registry, self.runtime.verbs
+        handoffs, verbs = self.handoffs, self.runtime.verbs
         ceiling = self._store().ceiling_bytes
-        if reg.has_disk_tier:
-            if not reg.handing(mind):
-                reg.hand_to_disk(mind, verbs.copy_out(slot))
+        if handoffs.has_disk_tier:
+            if not handoffs.handing(mind):
+                handoffs.hand_to_disk(mind, verbs.copy_out(slot))
                 self._log_too_large(mind, n_bytes, ceiling, "written to disk")
                 raise NoRoomYet()  # the slot keeps the mind until its file holds it
-            written = reg.handoff_state(mind)
+            written = handoffs.state(mind)
             if written is None:
                 raise NoRoomYet()  # being written
-            reg.end_handoff(mind)
+            handoffs.end(mind)
             if not written:
                 raise KvswapError(
                     ErrorKind.UNAVAILABLE,
@@ -265,7 +271,7 @@ class Seating:
                     f"{ceiling}), could not be written to disk to free its slot (see the server "
                     "log); raise --page-ram-bytes",
                 )
-            copy = reg.disk_copy(mind)
+            copy = self.registry.disk_copy(mind)
             if copy is None or copy.n_tokens != len(slot.tokens):
                 self._too_large(slot, mind, n_bytes)  # it changed meanwhile: hand it over again
                 return
@@ -278,10 +284,10 @@ class Seating:
             )
         verbs.clear(slot)
         self._left(slot, mind)
-        reg.count(too_large_total=1)
+        self.registry.count(too_large_total=1)
 
     def _log_too_large(self, mind: PageKey, n_bytes: int, ceiling: int, how: str) -> None:
-        if self.registry.first_too_large(mind):
+        if self.handoffs.first_too_large(mind):
             log.warning(
                 "%s holds %d bytes, more than the whole page store (--page-ram-bytes %d): it "
                 "leaves its slot %s; raise --page-ram-bytes to keep it in RAM",
@@ -302,7 +308,7 @@ class Seating:
         if mind is None:
             return None
         self._left(slot, mind)
-        self.registry.end_handoff(mind)  # a copy on its way to disk is the ended mind's
+        self.handoffs.end(mind)  # a copy on its way to disk is the ended mind's
         return mind
 
     # -- a full KV pool ---------------------------------------------------------------------
@@ -367,7 +373,7 @@ class Seating:
             raise KvswapError(ErrorKind.UNAVAILABLE, message) from err
         if self._room_ticket is None:
             self._room_ticket = self._n_reported + 1
-        self.registry.need_room()
+        self.handoffs.call_demoter()
         raise NoRoomYet() from err
 
     def on_room_report(self, report: RoomReport) -> None:
@@ -381,7 +387,9 @@ class Seating:
 
     def ask_spare(self) -> None:
         """Have a spare buffer prepared for the next switch (when the store has room for it)."""
-        largest = self.registry.largest_page_bytes
+        if self.store is None:
+            return
+        largest = self.store.largest_mind_page_bytes
         if self.spare is not None and largest > 0:
             ask_quietly(self.spare, largest)
 
@@ -422,7 +430,7 @@ class Seating:
         to disk (too large for the store) still holds its slot until its file is written."""
         seated = {s.mind: s.id for s in self.slots if s.mind is not None}
         assert self.registry.residents() == seated, (self.registry.residents(), seated)
-        for key in self.registry.handoff_keys():
+        for key in self.handoffs.minds():
             assert key in seated, f"mind {key} on its way to disk left its slot first"
 
     def _store(self) -> PageStore:

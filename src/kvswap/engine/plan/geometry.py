@@ -1,4 +1,5 @@
-"""Context geometry: pool size, slot count, unified KV and each slot's window.
+"""Context geometry: pool size, slot count, unified KV and each slot's window, and a change of
+it that a client asks for (`ReconfigureSpec`, the body of POST /reconfigure).
 
 Pure arithmetic on the settings and the model's training context, following llama-server:
 `-np` auto means 4 slots with unified KV; `--kv-unified-per-slot N` without `-c` sizes the pool
@@ -93,3 +94,17 @@ def resolve_geometry(
     if reason is not None:
         raise ValueError(reason)
     return geometry
+
+
+@dataclass(frozen=True)
+class ReconfigureSpec:
+    """The body of POST /reconfigure; None keeps the current value."""
+
+    n_ctx: int | None = None
+    n_parallel: int | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    n_batch: int | None = None
+    n_ubatch: int | None = None
+    force: bool = False  # allow a KV type change (residents and pages become token-only)
+    drain_timeout_s: float = 30.0  # how long requests past the new n_parallel may drain

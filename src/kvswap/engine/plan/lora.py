@@ -3,7 +3,7 @@
 A `LoraSet` is the canonical form of "which adapters at which scales": (adapter id, scale)
 pairs sorted by id, zero scales dropped (libllama ignores them, so they change nothing). Two
 requests share KV, and a batch, only when their sets are equal. Inside the process adapters are
-named by id (load order); pages and slot files name them by content (`pagefmt.LoraRef`: SHA-256
+named by id (load order); pages and slot files name them by content (`core.page.LoraRef`: SHA-256
 and path), and `resolve` maps those back onto whatever ids the running server gave the same
 files.
 
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 
 from kvswap.backend.lora import AdapterInfo
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.page import LoraRef
 from kvswap.core.types import LoraSet
-from kvswap.engine.kv.pagefmt import LoraRef
 
 STEPS_PER_TURN = 8
 

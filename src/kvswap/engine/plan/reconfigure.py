@@ -1,17 +1,17 @@
-"""The pure part of a reconfigure (SPEC §7): the target geometry, the memory check, and which
-new slot each occupied slot's state goes to. No libllama calls, no engine state: the
-procedure that uses them is `engine.reconfigure`.
+"""The pure part of a reconfigure (SPEC §7): the target geometry of what a client asks for
+(`plan.geometry.ReconfigureSpec`), the memory check, and which new slot each occupied slot's
+state goes to. No libllama calls, no engine state: the procedure that uses them is
+`engine.reconfigure`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvswap.backend.context import KV_CACHE_TYPES
-from kvswap.backend.model import ModelInfo
+from kvswap.backend.info import ModelInfo
+from kvswap.config.values import KV_CACHE_TYPES
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.commands import ReconfigureSpec
-from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 
 
 def target_geometry(current: Geometry, spec: ReconfigureSpec) -> Geometry:

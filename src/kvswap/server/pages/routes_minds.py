@@ -23,9 +23,9 @@ from fastapi.responses import JSONResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key
+from kvswap.core.page import SlotState
 from kvswap.core.vocab import MindAction, MindMove, MindTier
 from kvswap.engine.commands import MindVerb
-from kvswap.engine.kv.slotstate import SlotState
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.state import ServerState, get_state
 

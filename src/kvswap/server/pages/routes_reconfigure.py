@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, model_validator
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, ReconfigureSpec, SlotFate
-from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
+from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.formats import KvGeometry, kv_geometry_json
 from kvswap.server.openapi import body_schema

@@ -24,12 +24,11 @@ import numpy as np
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
+from kvswap.core.page import PageGeometry, PageLayout, SlotState, plan_layout, write_tokens
+from kvswap.core.restream import RestreamError, find_stream, stream_count
 from kvswap.core.vocab import MindTier
-from kvswap.engine.client import PagesHandle
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, ForgetMind
-from kvswap.engine.kv.pagefmt import PageGeometry, PageLayout, plan_layout, write_tokens
-from kvswap.engine.kv.restream import RestreamError, find_stream, stream_count
-from kvswap.engine.kv.slotstate import SlotState
+from kvswap.engine.handle import PagesHandle
 from kvswap.files import FilesError, Publisher
 from kvswap.tiers.mindfiles import file_name
 from kvswap.tiers.slotfiles import read_state

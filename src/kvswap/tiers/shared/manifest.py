@@ -2,7 +2,7 @@
 
 The manifest is written last, by the publish script, and names everything a reader needs: the
 generation and fence that wrote it, the token count, the file fingerprint (model and KV types),
-the page layout (`engine.pagefmt.PageLayout`, as a dict), each referenced blob's chunks with
+the page layout (`core.page.PageLayout`, as a dict), each referenced blob's chunks with
 their lengths and CRC-32s, and the plan that rebuilds the page from those blobs (`segments`).
 A tokens-only manifest (over budget, or a page with no state) keeps the layout and token count
 and references no blob.
@@ -18,13 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kvswap.engine.kv.pagefmt import (
-    CheckpointSpan,
-    LoraRef,
-    PageGeometry,
-    PageLayout,
-    Span,
-)
+from kvswap.core.page import CheckpointSpan, LoraRef, PageGeometry, PageLayout, Span
 from kvswap.tiers.shared.segments import Extent, Literal, PagePlan, Section, SectionPlan
 
 FORMAT: Final = "kvswap-shared-page"

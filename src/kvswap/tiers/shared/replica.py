@@ -30,9 +30,9 @@ import numpy.typing as npt
 
 from kvswap.config.settings import ClusterSettings
 from kvswap.core.keys import PageKey
-from kvswap.engine.client import PagesHandle
+from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Command
-from kvswap.engine.kv.pagefmt import PageGeometry
+from kvswap.engine.handle import PagesHandle
 from kvswap.files import Publisher
 from kvswap.tiers.shared.connection import connect
 from kvswap.tiers.shared.errors import TierUnavailable, translating

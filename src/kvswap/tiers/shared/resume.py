@@ -29,10 +29,9 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.core.keys import PageKey
+from kvswap.core.page import PageGeometry, SlotState, state_of_page
 from kvswap.core.vocab import ResumeSource
 from kvswap.engine.kv.buffers import new_buffer
-from kvswap.engine.kv.pagefmt import PageGeometry
-from kvswap.engine.kv.slotstate import SlotState, state_of_page
 from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings

@@ -1,6 +1,6 @@
 """A page cut into sections, and generations that rewrite only the sections' new columns.
 
-A page (`engine.pagefmt.PageLayout`: tokens | target state | draft state | checkpoints) is
+A page (`core.page.PageLayout`: tokens | target state | draft state | checkpoints) is
 split into **sections**, each `n_rows` rows of `row_bytes` at an offset: the tokens, every
 section of the target and draft states found by `kvstate.split_kv_state` (the cells' metadata,
 each layer's K and V), and each checkpoint whole. What lies between sections (state headers) is
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvswap.engine.kv.pagefmt import PageLayout, Span
+from kvswap.core.page import PageLayout, Span
 from kvswap.tiers.shared.kvstate import split_kv_state
 
 MAX_LITERAL_BYTES = 4096  # a gap wider than this between sections is stored as a section

@@ -12,10 +12,10 @@ Publishing a page (`SharedStore.publish`, by the mind's lease holder):
    chunks, writes the manifest, and unlinks chunks no longer referenced, all at once.
 
 A reader (`fetch`) takes the manifest, then the chunks, verifying each chunk's length and
-CRC-32, so it rebuilds a whole generation or reports a `Miss`; no exception escapes a read.
-(The token log is `token_log.TokenLog`.) The tier's byte budget is enforced here after each publish: the
-least recently used minds are degraded to tokens-only (manifest first, its chunks unlinked in
-the same script), never left half-deleted.
+CRC-32, so it rebuilds a whole generation or reports a `Miss`; no exception escapes a read. (The
+token log is `token_log.TokenLog`.) The tier's byte budget is enforced here after each publish:
+the least recently used minds are degraded to tokens-only (manifest first, its chunks unlinked
+in the same script), never left half-deleted.
 
 Owns `SharedStore` and its counters. Thread-safe. Raises `StaleOwner` and `TierUnavailable`
 (kvswap.tiers.shared.errors) from mutations.
@@ -35,19 +35,13 @@ from typing import Final
 import redis
 
 from kvswap.core.keys import PageKey
-from kvswap.engine.kv.pagefmt import PageLayout
+from kvswap.core.page import PageLayout
 from kvswap.tiers.shared import manifest as mf
 from kvswap.tiers.shared import store_scripts as lua
 from kvswap.tiers.shared.budget import TierBudget
 from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
 from kvswap.tiers.shared.connection import as_bytes
-from kvswap.tiers.shared.errors import (
-    Miss,
-    MissReason,
-    StaleOwner,
-    TierUnavailable,
-    translating,
-)
+from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable, translating
 from kvswap.tiers.shared.keys import MindKeys, TierKeys, mind_id
 from kvswap.tiers.shared.lease import Lease
 from kvswap.tiers.shared.segments import (
@@ -235,19 +229,7 @@ class SharedStore:
         written = self._write_generation(keys, gen, page, layout, base, whole)
         if self._after_chunks is not None:
             self._after_chunks(gen)
-        record = mf.Manifest(
-            mind_key=mind_id(mind_key),
-            gen=gen,
-            fence=lease.fence,
-            replica_id=lease.holder.replica_id,
-            n_tokens=layout.n_tokens,
-            fingerprint=layout.geometry.file_fingerprint(),
-            layout=layout,
-            tokens_only=written.plan is None,
-            plan=written.plan,
-            blobs=written.blobs,
-            t_unix_ms=int(time.time() * 1000),
-        )
+        record = _manifest(lease, mind_key, gen, layout, written)
         body = mf.encode(record)
         kept = {b.gen for b in written.blobs}
         drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept]
@@ -264,9 +246,17 @@ class SharedStore:
                     f"lease on {keys.tag} lost before the commit (fence {lease.fence})"
                 )
             return None  # BASE_MOVED (an eviction) or CHUNK_LOST (expired): plan again
-        n_degraded = self._settle_budget(keys.tag, record.n_bytes_stored)
+        return self._committed(keys.tag, record, len(body), written, t0)
+
+    def _committed(
+        self, tag: str, record: mf.Manifest, n_body: int, written: _Written, t0: float
+    ) -> PublishReceipt:
+        """A generation committed: the budget settled (least recently used minds degraded),
+        counted, and its receipt."""
+        n_degraded = self._settle_budget(tag, record.n_bytes_stored)
         seconds = time.perf_counter() - t0
         n_reused = written.n_reused_bytes
+        layout = record.layout
         self._count(
             n_publish=1,
             n_publish_delta=int(n_reused > 0),
@@ -276,12 +266,12 @@ class SharedStore:
             publish_s=seconds,
         )
         return PublishReceipt(
-            gen=gen,
-            fence=lease.fence,
+            gen=record.gen,
+            fence=record.fence,
             n_tokens=layout.n_tokens,
             n_bytes_page=layout.n_bytes,
             n_bytes_written=written.n_blob_bytes,
-            n_bytes_manifest=len(body),
+            n_bytes_manifest=n_body,
             n_bytes_reused=n_reused,
             n_chunks=len(written.chunk_keys),
             delta=n_reused > 0,
@@ -476,6 +466,25 @@ def _decode_or_none(body: bytes | None) -> mf.Manifest | None:
         return mf.decode(body)
     except mf.ManifestError:
         return None
+
+
+def _manifest(
+    lease: Lease, mind_key: PageKey, gen: int, layout: PageLayout, written: _Written
+) -> mf.Manifest:
+    """The commit record of generation `gen`, written under `lease`."""
+    return mf.Manifest(
+        mind_key=mind_id(mind_key),
+        gen=gen,
+        fence=lease.fence,
+        replica_id=lease.holder.replica_id,
+        n_tokens=layout.n_tokens,
+        fingerprint=layout.geometry.file_fingerprint(),
+        layout=layout,
+        tokens_only=written.plan is None,
+        plan=written.plan,
+        blobs=written.blobs,
+        t_unix_ms=int(time.time() * 1000),
+    )
 
 
 def _chunk_keys(keys: MindKeys, record: mf.Manifest | None) -> list[str]:

@@ -1,15 +1,19 @@
-"""What a page (or a captured slot) holds, and where each part lies in its one buffer.
+"""What a page (or a captured slot) holds, where each part lies in its one buffer, and the
+views of those parts that a slot loads.
 
 A page is one flat buffer laid out as
 
     [ tokens (int32 x n_tokens) | target state | draft state | checkpoint 0 | checkpoint 1 | ... ]
 
 with `PageLayout` saying where each part is, plus what has no bytes: the geometry (model
-fingerprint, KV types, stream count) and the LoRA set the state was computed under. The same layout describes a slot captured for
-`save`, so page files and slot files have one writer (`pagefiles`). States carry libllama's
-8-byte RAM prefix, ready for `llama_state_seq_set_data`.
+fingerprint, KV types, stream count) and the LoRA set the state was computed under. The same
+layout describes a slot captured for `save`, so page files and slot files have one writer
+(`tiers.slotfiles`). States carry libllama's 8-byte RAM prefix, ready for
+`llama_state_seq_set_data`. `SlotState` is such a state as views of someone else's buffer (a
+page, a slot file, a shared-tier page), ready for the engine's `StateMover.apply`.
 
-Pure: offsets and sizes only.
+The page format is every tier's vocabulary: the engine writes and loads it, the disk and shared
+tiers store it. Pure: offsets, sizes and views only.
 """
 
 from __future__ import annotations
@@ -143,3 +147,57 @@ def read_tokens(buffer: memoryview, layout: PageLayout) -> npt.NDArray[np.int32]
 def write_tokens(buffer: memoryview, layout: PageLayout, tokens: npt.NDArray[np.int32]) -> None:
     span = layout.tokens
     buffer[span.offset : span.end] = np.ascontiguousarray(tokens, dtype=np.int32).tobytes()
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """A checkpoint in someone else's buffer (a page, a slot file)."""
+
+    n_tokens: int
+    pos_min: int
+    pos_max: int
+    data: memoryview
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A slot's state in RAM, ready to load (views of buffers that someone else owns)."""
+
+    tokens: npt.NDArray[np.int32]
+    target: memoryview  # libllama's 8-byte prefix + payload
+    draft: memoryview | None = None  # the draft model's state, with its 8-byte prefix
+    draft_n_tokens: int = 0  # the draft state holds the first this-many tokens
+    checkpoints: tuple[CheckpointView, ...] = field(default_factory=tuple)
+    stream: int | None = None  # the KV stream it was taken from; None: find it in the state
+    n_stream: int | None = None  # the stream count of the cache it was taken from, if known
+    lora: tuple[LoraRef, ...] = ()  # the LoRA set it was computed under (empty: none)
+
+    @property
+    def n_bytes(self) -> int:
+        return self.target.nbytes + (self.draft.nbytes if self.draft is not None else 0)
+
+    def release(self) -> None:
+        """Release every view (before the buffers they view are closed)."""
+        self.target.release()
+        if self.draft is not None:
+            self.draft.release()
+        for c in self.checkpoints:
+            c.data.release()
+
+
+def state_of_page(buffer: memoryview, layout: PageLayout) -> SlotState:
+    """Views of a page's parts (the caller keeps the page alive while they are used)."""
+    t, d = layout.target, layout.draft
+    return SlotState(
+        tokens=read_tokens(buffer, layout),
+        target=buffer[t.offset : t.end],
+        draft=buffer[d.offset : d.end] if d is not None else None,
+        draft_n_tokens=layout.draft_n_tokens,
+        stream=layout.stream,
+        n_stream=layout.geometry.n_stream,
+        lora=layout.lora,
+        checkpoints=tuple(
+            CheckpointView(c.n_tokens, c.pos_min, c.pos_max, buffer[c.span.offset : c.span.end])
+            for c in layout.checkpoints
+        ),
+    )

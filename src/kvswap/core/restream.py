@@ -14,7 +14,8 @@ source's stream count and its stream index (the empty streams around it are one 
 Only for models whose memory is one plain KV cache: hybrid, recurrent and sliding-window
 memories write several sections and are refused by the caller.
 
-Pure: bytes in, bytes out (one copy).
+Read by the engine (a state loaded under another stream count) and by the shared tier (which
+stream a page's state holds). Pure: bytes in, bytes out (one copy).
 """
 
 from __future__ import annotations

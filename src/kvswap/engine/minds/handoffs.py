@@ -1,0 +1,129 @@
+"""What the engine hands the demoter: minds too large for the page store on their way to disk,
+and its call when it needs the demoter now.
+
+A mind larger than the whole page store never has a page. With a disk tier the engine copies
+it out and hands the copy over (`hand_to_disk`); the demoter takes it (`take`), writes it as
+the mind's spilled file and says how that went (`done`); the engine frees the slot once the
+file holds the slot's state (`state`, then `end`). A slot verb that ends the mind meanwhile
+ends its hand-off too. Each such mind is logged once (`first_too_large`) until it is forgotten.
+
+The demoter attaches its bell (`attach`): `call_demoter` rings it when a hand-off waits, the
+store is short of its headroom, or a mind switch waits for room. Before that (or with no
+demoter) the call rings nothing.
+
+An owner with one private lock. Threads: the engine thread hands over, reads the state, ends
+hand-offs and calls the demoter; the demoter thread takes and reports; the demoter's `settle`
+(on the I/O executor or the demoter thread) asks whether a mind is being handed over, under the
+registry's lock. It calls nothing while it holds its lock. No libllama, no files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from kvswap.core.keys import PageKey
+from kvswap.engine.commands import Captured
+
+
+def _no_demoter() -> None:
+    """The bell before a demoter attaches its own: nobody to wake."""
+
+
+class Handoffs:
+    """See the module docstring. Threads: the engine thread (`hand_to_disk`, `state`, `end`,
+    `minds`, `first_too_large`, `call_demoter`), the demoter thread (`attach` at its building,
+    `take`, `done`), and whoever settles a mind (`handing` and `forget`, under the registry's
+    lock: the I/O executor or the demoter thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bell: Callable[[], None] = _no_demoter
+        self._disk_tier = False  # the demoter has a save path to write minds to
+        # key -> the copy to write (None: being written), then True (written) or False (the
+        # write failed)
+        self._handoffs: dict[PageKey, Captured | bool | None] = {}
+        self._handed_at: dict[PageKey, float] = {}  # key -> when its copy was taken
+        self._too_large: set[PageKey] = set()  # minds whose size was logged
+
+    # -- the demoter's side -------------------------------------------------------------------
+
+    def attach(self, bell: Callable[[], None], *, disk_tier: bool) -> None:
+        """The demoter rings `bell` to wake itself; `disk_tier`: it can write minds to disk."""
+        with self._lock:
+            self._bell = bell
+            self._disk_tier = disk_tier
+
+    def take(self) -> tuple[PageKey, Captured, float] | None:
+        """A copy to write and when it was taken (the demoter then owns its buffer), or None."""
+        with self._lock:
+            for key, value in self._handoffs.items():
+                if value is not None and not isinstance(value, bool):
+                    self._handoffs[key] = None
+                    return key, value, self._handed_at[key]
+            return None
+
+    def done(self, key: PageKey, written: bool) -> None:
+        """The copy of mind `key` was written (`written`) or could not be."""
+        with self._lock:
+            if key in self._handoffs:  # not ended by a slot verb meanwhile
+                self._handoffs[key] = written
+
+    # -- the engine's side --------------------------------------------------------------------
+
+    @property
+    def has_disk_tier(self) -> bool:
+        with self._lock:
+            return self._disk_tier
+
+    def call_demoter(self) -> None:
+        """Wake the demoter (a hand-off waits, the store is short of its headroom, or a switch
+        waits for room)."""
+        with self._lock:
+            bell = self._bell
+        bell()
+
+    def hand_to_disk(self, key: PageKey, captured: Captured) -> None:
+        """Hand a copy of mind `key`, too large for the store, to the demoter."""
+        with self._lock:
+            assert key not in self._handoffs, key
+            self._handoffs[key] = captured
+            self._handed_at[key] = time.time()
+        self.call_demoter()
+
+    def state(self, key: PageKey) -> bool | None:
+        """True: the copy is on disk; False: its write failed; None: none asked or under way
+        (`handing` tells those apart)."""
+        with self._lock:
+            value = self._handoffs.get(key)
+            return value if isinstance(value, bool) else None
+
+    def handing(self, key: PageKey) -> bool:
+        """Mind `key` is on its way to disk (its slot keeps it until `end`)."""
+        with self._lock:
+            return key in self._handoffs
+
+    def end(self, key: PageKey) -> None:
+        """The hand-off of mind `key` is over (its slot is free, or a slot verb ended it)."""
+        with self._lock:
+            self._handoffs.pop(key, None)
+            self._handed_at.pop(key, None)
+
+    def minds(self) -> set[PageKey]:
+        """The minds on their way to disk (a copy)."""
+        with self._lock:
+            return set(self._handoffs)
+
+    def first_too_large(self, key: PageKey) -> bool:
+        """True the first time mind `key` is found too large for the store (log it once)."""
+        with self._lock:
+            if key in self._too_large:
+                return False
+            self._too_large.add(key)
+            return True
+
+    def forget(self, key: PageKey) -> None:
+        """Mind `key` is forgotten: the next time it is too large is logged again."""
+        with self._lock:
+            self._too_large.discard(key)
