@@ -17,7 +17,7 @@ from kvswap.config.errors import ConfigError
 from kvswap.config.sizes import parse_size
 from kvswap.config.values import read_float, read_int
 
-VALUE, KVSWAP = Kind.VALUE, Group.KVSWAP
+VALUE, KVSWAP = Kind.VALUE, Group.CLUSTER
 _REPLICA_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 # Flags that configure the shared tier: each needs --shared-tier (primary names).
