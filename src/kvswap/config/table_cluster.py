@@ -4,7 +4,7 @@ Owns the entries and setters of `--shared-tier`, `--replica-id`, `--advertise-ur
 `--shared-tier-bytes`, the write-behind bound (`--shared-tier-rpo-tokens`,
 `--shared-tier-rpo-seconds`) and `--shared-tier-lease-ms`, and `check`, run once parsing is done:
 the flags that only mean something with a shared tier need `--shared-tier`, and a shared tier
-needs a replica id, an advertised URL and the page store. Defaults: CLUSTER-RESEARCH.md §6.
+needs a replica id, an advertised URL and the page store. Defaults: docs/CLUSTER.md.
 """
 
 from __future__ import annotations
