@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.server.browser import Browser, open_browser
+from tests.server.browser import Browser
 from tests.server.harness import ServerProcess
 from tests.server.test_web_page import open_page
 
@@ -65,12 +64,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     proc = ServerProcess([*ARGS, "--slot-save-path", str(save)], log)
     yield proc
     proc.stop()
-
-
-@pytest.fixture()
-def browser(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Browser]:
-    with open_browser(tmp_path, request.node.name.removeprefix("test_")) as b:
-        yield b
 
 
 def _texts(b: Browser, selector: str) -> list[str]:
