@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.server.harness import ServerProcess
+
+if TYPE_CHECKING:
+    from tests.server.browser import Browser
 
 # A small, fast default: 4 slots of 1024 tokens, one stream each, 2 threads.
 SMALL_ARGS = ("-c", "4096", "-np", "4", "-t", "2", "-tb", "2", "-ub", "128", "--metrics")
@@ -81,3 +85,28 @@ def agent_server(server_factory: Callable[..., ServerProcess]) -> ServerProcess:
     from tests.server.agent_util import SMALL
 
     return server_factory(*SMALL)
+
+
+@pytest.fixture(scope="session")
+def shots(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Path]:
+    """The folder of the web page tests' screenshots, printed at the end of the run."""
+    folder = tmp_path_factory.mktemp("webui-screenshots")
+    yield folder
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            n_shots = len(list(folder.glob("*.png")))
+            reporter.write_line(f"\nweb page screenshots ({n_shots}): {folder}")
+
+
+@pytest.fixture()
+def browser(shots: Path, request: pytest.FixtureRequest) -> Iterator[Browser]:
+    """A headless Chromium for one test; its screenshots are named after the test."""
+    from tests.server.browser import open_browser  # selenium, only for the web page's tests
+
+    with open_browser(shots, request.node.name.removeprefix("test_")) as b:
+        yield b

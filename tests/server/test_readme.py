@@ -1,11 +1,16 @@
 """Every command of the README runs as written, on a fresh checkout (what CI has).
 
-The README's `sh` blocks are read in order and each line is run with bash in a new folder that
-holds only `.venv` (a fresh clone's, as `scripts/setup.sh` made it): a `kvswap serve` line starts
-a server (on a free port instead of 8080, which the `curl` lines after it are pointed at) and
-waits for /health, as a `kvswap cluster up` line does on its HAProxy port; every other line must
-exit 0, and an answer must not be an error. The two lines CI runs itself are not run here:
-`scripts/setup.sh` (CI ran it first) and `scripts/test.sh` (the suite this test belongs to).
+The README's `sh` and `python` blocks are read in order and run in a new folder that holds only
+`.venv` (a fresh clone's, as `scripts/setup.sh` made it): each `sh` line with bash, each `python`
+block with the venv's Python. A `kvswap serve` line starts a server (on a free port instead of
+8080, which the lines after it are pointed at, and with one thread for this small machine) and
+waits for /health, as a `kvswap cluster up` line does on its HAProxy port; every other line and
+block must exit 0, and an answer must not be an error. The two lines CI runs itself are not run
+here: `scripts/setup.sh` (CI ran it first) and `scripts/test.sh` (the suite this test belongs to).
+
+The "Using it" server is the one a user copies to chat with minds, so its geometry must hold a
+long conversation: a 2,500-token chat through it succeeds, and its next turn prefills only the
+new tokens.
 """
 
 from __future__ import annotations
@@ -27,18 +32,30 @@ pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
 SETUP = "bash scripts/setup.sh && "
 SUITE = "bash scripts/test.sh"
+SERVER_LINE = re.compile(r"kvswap (serve|cluster up)(?!.*--help)")
 
 
-def readme_commands() -> list[str]:
-    """The command lines of the README's `sh` blocks, comments cut, in order."""
+def readme_blocks() -> list[tuple[str, str]]:
+    """(language, text) of the README's `sh` and `python` blocks, in order."""
     text = (REPO / "README.md").read_text()
-    lines = []
-    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
-        for line in block.splitlines():
-            line = re.sub(r"\s{2,}#.*$", "", line).strip()
-            if line:
-                lines.append(line)
-    return lines
+    return re.findall(r"```(sh|python)\n(.*?)```", text, re.S)
+
+
+def sh_lines(block: str) -> list[str]:
+    """The command lines of an `sh` block, comments cut."""
+    lines = (re.sub(r"\s{2,}#.*$", "", line).strip() for line in block.splitlines())
+    return [line for line in lines if line]
+
+
+def using_it_server() -> str:
+    """The README's "Using it" server line: the first one that keeps minds on disk."""
+    return next(
+        line
+        for lang, block in readme_blocks()
+        if lang == "sh"
+        for line in sh_lines(block)
+        if SERVER_LINE.search(line) and "--slot-save-path" in line
+    )
 
 
 class Shell:
@@ -55,15 +72,21 @@ class Shell:
             line = line.removeprefix(SETUP)
         if line == SUITE:
             return
-        if re.search(r"kvswap (serve|cluster up)(?!.*--help)", line):
+        if SERVER_LINE.search(line):
             self.serve(line)
             return
-        line = line.replace("localhost:8080", f"localhost:{self.port}")
-        run = subprocess.run(
-            ["bash", "-c", line], cwd=self.cwd, capture_output=True, text=True, timeout=300
-        )
-        assert run.returncode == 0, (line, run.stdout[-2000:], run.stderr[-2000:])
-        assert '"error"' not in run.stdout, (line, run.stdout[-2000:])
+        self.check(["bash", "-c", self.here(line)], line)
+
+    def python(self, block: str) -> None:
+        self.check([str(REPO / ".venv" / "bin" / "python"), "-c", self.here(block)], block)
+
+    def here(self, text: str) -> str:
+        return text.replace("localhost:8080", f"localhost:{self.port}")
+
+    def check(self, argv: list[str], what: str) -> None:
+        run = subprocess.run(argv, cwd=self.cwd, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, (what, run.stdout[-2000:], run.stderr[-2000:])
+        assert '"error"' not in run.stdout, (what, run.stdout[-2000:])
         self.n_run += 1
 
     def serve(self, line: str) -> None:
@@ -75,7 +98,7 @@ class Shell:
         else:
             line = f"{line} --port {self.port}"
         self.server = subprocess.Popen(
-            ["bash", "-c", line],
+            ["bash", "-c", f"{line} -t 1"],
             cwd=self.cwd,
             stdout=open(self.cwd / f"server-{self.port}.log", "wb"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
@@ -117,11 +140,64 @@ def shell(tmp_path: Path) -> Iterator[Shell]:
 
 
 def test_every_readme_command_runs_as_written(shell: Shell) -> None:
-    commands = readme_commands()
-    assert len(commands) > 20  # the blocks were found
-    for line in commands:
-        shell.run(line)
-    assert shell.n_run == len(commands) - 1  # all but the suite itself
+    blocks = readme_blocks()
+    n_python = sum(lang == "python" for lang, _ in blocks)
+    n_lines = sum(len(sh_lines(block)) for lang, block in blocks if lang == "sh")
+    assert n_lines > 20 and n_python >= 2  # the blocks were found
+    for lang, block in blocks:
+        if lang == "python":
+            shell.python(block)
+            continue
+        for line in sh_lines(block):
+            shell.run(line)
+    assert shell.n_run == n_lines + n_python - 1  # all but the suite itself
     for made in ("tiny-lfm2.gguf", "tiny-llama.gguf", "tiny-lora.gguf", "tiny-draft.gguf"):
         assert (shell.cwd / made).stat().st_size > 0, made
     assert (shell.cwd / "slots" / "alice.bin").stat().st_size > 0  # the page block's spill
+
+
+def long_chat(n_turns: int) -> list[dict[str, str]]:
+    """A conversation of about 83 tokens (SmolLM2) per turn pair, ending with a user turn."""
+    messages = []
+    for i in range(n_turns):
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Day {i}: I walked to the harbour, counted {i * 7} boats, "
+                "bought bread, and wrote the tide times in my notebook. "
+                "Please remember every detail of this day for later.",
+            }
+        )
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Noted for day {i}: the harbour walk, {i * 7} boats, the bread "
+                "and the tide times in your notebook. I will remember them.",
+            }
+        )
+    messages.append({"role": "user", "content": "How many boats did I count on day 3?"})
+    return messages
+
+
+def test_a_long_chat_fits_the_using_it_geometry(shell: Shell) -> None:
+    """The README's minds server holds a 2,500-token mind, and its next turn reuses it all."""
+    (shell.cwd / "slots").mkdir()
+    shell.serve(using_it_server().removeprefix("mkdir -p slots && "))
+    client = httpx.Client(base_url=f"http://127.0.0.1:{shell.port}", timeout=300)
+    messages = long_chat(30)
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0}
+    first = client.post("/v1/chat/completions", json=body, headers={"X-Mind-Id": "diary"})
+    assert first.status_code == 200, first.text
+    n_prompt = first.json()["usage"]["prompt_tokens"]
+    assert 2400 <= n_prompt <= 2700, n_prompt
+    answer = first.json()["choices"][0]["message"]["content"]
+    messages += [
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And on day 4?"},
+    ]
+    second = client.post(
+        "/v1/chat/completions", json={**body, "messages": messages}, headers={"X-Mind-Id": "diary"}
+    )
+    assert second.status_code == 200, second.text
+    timings = second.json()["timings"]
+    assert timings["cache_n"] >= n_prompt and timings["prompt_n"] < 64, timings

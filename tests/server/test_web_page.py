@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.keys import Keys
 
-from tests.server.browser import Browser, open_browser
+from tests.server.browser import Browser
 from tests.server.harness import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(150)]
@@ -30,21 +29,6 @@ pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(150)]
 PAGE_ARGS = ("-c", "2048", "-np", "1", "-t", "1", "-tb", "1", "--metrics")
 KEYED_ARGS = ("-c", "1024", "-np", "1", "-t", "1", "--api-key", "right-key,other-key")
 FIRST_LOAD_LIMIT_BYTES = 300_000
-
-
-@pytest.fixture(scope="session")
-def shots(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Iterator[Path]:
-    folder = tmp_path_factory.mktemp("webui-screenshots")
-    yield folder
-    plugins = request.config.pluginmanager
-    reporter = plugins.get_plugin("terminalreporter")
-    capture = plugins.get_plugin("capturemanager")
-    if reporter is not None and capture is not None:
-        with capture.global_and_fixture_disabled():
-            n_shots = len(list(folder.glob("*.png")))
-            reporter.write_line(f"\nweb page screenshots ({n_shots}): {folder}")
 
 
 def _server(tmp_path_factory: pytest.TempPathFactory, args: Sequence[str]) -> ServerProcess:
@@ -56,12 +40,6 @@ def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     server = _server(tmp_path_factory, PAGE_ARGS)  # stopped with the module, not the session
     yield server
     server.stop()
-
-
-@pytest.fixture()
-def browser(shots: Path, request: pytest.FixtureRequest) -> Iterator[Browser]:
-    with open_browser(shots, request.node.name.removeprefix("test_")) as b:
-        yield b
 
 
 def open_page(b: Browser, server: ServerProcess, path: str = "/") -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from kvswap.config import (
     format_help,
     parse_serve_args,
 )
+from kvswap.config.flags import all_flags
 
 HOST = MachineInfo(physical_ram_bytes=16 << 30, n_cpu_physical=4, n_cpu_logical=8)
 
@@ -402,6 +404,44 @@ def test_format_help_lists_flags_envs_and_sections() -> None:
         "-mm, --mmproj",
     ):
         assert needle in text
+
+
+def _help_sections() -> list[tuple[str, str]]:
+    """(heading, body) of each `----- heading -----` section of the help, in order."""
+    parts = re.split(r"^----- (.+) -----$", format_help(), flags=re.M)
+    return list(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_help_starts_with_kvswaps_own_flags_in_groups() -> None:
+    """A minds user reads kvswap's flags first: every flag llama-server lacks (its variable is
+    KVSWAP_ARG_*) is in the first sections, headed as kvswap's, each about minds."""
+    sections = _help_sections()
+    n_own = next(i for i, (heading, _) in enumerate(sections) if not heading.endswith("(kvswap)"))
+    own, rest = sections[:n_own], sections[n_own:]
+    assert len(own) >= 3 and all("minds" in h or "request" in h for h, _ in own), own
+    own_text = "".join(body for _, body in own)
+    rest_text = "".join(body for _, body in rest)
+    kvswap_flags = [f for f in all_flags() if f.env and f.env.startswith("KVSWAP_ARG_")]
+    assert len(kvswap_flags) >= 13
+    for f in kvswap_flags:
+        assert re.search(rf"^{re.escape(f.primary)}\b", own_text, re.M), f.primary
+        assert not re.search(rf"^{re.escape(f.primary)}\b", rest_text, re.M), f.primary
+    # Next, llama-server's flags that decide how far a mind grows and where it waits.
+    heading, body = rest[0]
+    assert heading == "llama-server's flags that matter to minds"
+    for spelling in ("-c, --ctx-size", "-np, --parallel", "-kvu, --kv-unified", "--slot-save-path"):
+        entry = body[body.index(spelling) :].split("\n\n")[0]
+        assert "mind" in entry, entry
+    # The example server is above the first section, the help's first screen.
+    head = format_help().split("-----")[0]
+    assert "kvswap serve -c 8192 -np 4 -kvu --slot-save-path ./slots" in head
+
+
+def test_every_flag_is_in_the_help_once() -> None:
+    text = format_help()
+    for f in all_flags():
+        head = ", ".join(f.names + f.neg)
+        assert len(re.findall(rf"^{re.escape(head)}(?: |$)", text, re.M)) == 1, head
 
 
 def test_jinja_is_what_kvswap_does_and_is_not_reported_ignored() -> None:

@@ -36,16 +36,24 @@ class Kind(enum.Enum):
 
 
 class Group(enum.Enum):
-    """The help section a flag is listed in."""
+    """The help section a flag is listed in, in the help's order: kvswap's own sections first."""
 
+    PAGES = "minds: the RAM page store, the disk tier and checkpoints (kvswap)"
+    CLUSTER = "cluster: replicas that share minds through Redis (kvswap)"
+    LIMITS = "request limits (kvswap)"
+    MINDS = "llama-server's flags that matter to minds"
+    INFO = "print and exit"
     COMMON = "common params"
     SAMPLING = "sampling params"
     SPEC = "speculative params"
     SERVER = "server params"
-    KVSWAP = "kvswap params (not in llama-server)"
-    INFO = "print and exit"
     REMOVED = "removed params (fail, naming the replacement)"
     IGNORED = "accepted for llama-server compatibility, ignored by kvswap"
+
+    @property
+    def kvswap_only(self) -> bool:
+        """A section of flags llama-server does not have (their variables are KVSWAP_ARG_*)."""
+        return self in (Group.PAGES, Group.CLUSTER, Group.LIMITS)
 
 
 @dataclass

@@ -65,17 +65,6 @@ _INFO_FLAGS: tuple[Flag, ...] = (
 )
 # fmt: on
 
-_HELP_ORDER = (
-    Group.INFO,
-    Group.COMMON,
-    Group.SAMPLING,
-    Group.SPEC,
-    Group.SERVER,
-    Group.KVSWAP,
-    Group.REMOVED,
-    Group.IGNORED,
-)
-
 
 def all_flags() -> tuple[Flag, ...]:
     """Every flag `kvswap serve` accepts (implemented, removed, ignored), in env-scan order."""
@@ -119,18 +108,25 @@ def parse_serve_args(
 
 
 def format_help() -> str:
-    """The `--help` text: every flag by section, with its default and environment variable."""
+    """The `--help` text: every flag by section (kvswap's own first, in `Group`'s order), with
+    its default and environment variable."""
     lines = [
         "usage: kvswap serve [options]",
         "",
-        "Flags, aliases, defaults and environment variables are those of the pinned",
-        "llama-server; a later flag beats an earlier one, and flags beat environment variables.",
-        "Sizes take k/M/G/T (powers of 1024) or plain numbers such as 20e9.",
+        'kvswap keeps many long conversations ("minds") warm in a few slots: a mind moves',
+        "between its slot, a RAM page and disk at memcpy cost. A server for minds:",
+        "",
+        "  kvswap serve -c 8192 -np 4 -kvu --slot-save-path ./slots",
+        "",
+        "kvswap's own flags come first (their variables are KVSWAP_ARG_*), then the flags of the",
+        "pinned llama-server, with its aliases, defaults and LLAMA_ARG_* variables. A later flag",
+        "beats an earlier one, and flags beat environment variables. Sizes take k/M/G/T (powers",
+        "of 1024) or plain numbers such as 20e9.",
     ]
-    by_group: dict[Group, list[Flag]] = {group: [] for group in _HELP_ORDER}
+    by_group: dict[Group, list[Flag]] = {group: [] for group in Group}
     for entry in all_flags():
         by_group[entry.group].append(entry)
-    for group in _HELP_ORDER:
+    for group in Group:
         lines += ["", f"----- {group.value} -----", ""]
         lines += [_help_entry(entry) for entry in by_group[group]]
     return "\n".join(lines) + "\n"
@@ -145,7 +141,7 @@ def _help_entry(entry: Flag) -> str:
     text = entry.help
     if entry.env:
         text = f"{text} (env: {entry.env})".strip()
-    body = textwrap.wrap(text, 60) or [""]
+    body = textwrap.wrap(text, 60, break_on_hyphens=False) or [""]
     pad = " " * 40
     if len(head) > 37:
         return "\n".join([head] + [pad + line for line in body])

@@ -4,7 +4,7 @@ Owns the entries and setters of `--shared-tier`, `--replica-id`, `--advertise-ur
 `--shared-tier-bytes`, the write-behind bound (`--shared-tier-rpo-tokens`,
 `--shared-tier-rpo-seconds`) and `--shared-tier-lease-ms`, and `check`, run once parsing is done:
 the flags that only mean something with a shared tier need `--shared-tier`, and a shared tier
-needs a replica id, an advertised URL and the page store. Defaults: CLUSTER-RESEARCH.md §6.
+needs a replica id, an advertised URL and the page store. Defaults: docs/CLUSTER.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kvswap.config.errors import ConfigError
 from kvswap.config.sizes import parse_size
 from kvswap.config.values import read_float, read_int
 
-VALUE, KVSWAP = Kind.VALUE, Group.KVSWAP
+VALUE, KVSWAP = Kind.VALUE, Group.CLUSTER
 _REPLICA_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 # Flags that configure the shared tier: each needs --shared-tier (primary names).

@@ -71,9 +71,11 @@ FLAGS: tuple[Flag, ...] = (
          help="CPU threads for generation (default: physical cores; <= 0: all logical CPUs)"),
     flag("-tb --threads-batch", VALUE, COMMON, _set_threads_batch, hint="N",
          help="threads for batch and prompt processing (default: same as --threads)"),
-    flag("-c --ctx-size", VALUE, COMMON, set_int("context", "n_ctx", lo=0),
+    flag("-c --ctx-size", VALUE, Group.MINDS, set_int("context", "n_ctx", lo=0),
          env="LLAMA_ARG_CTX_SIZE", hint="N",
-         help="size of the KV pool in tokens (default: 0 = loaded from model)"),
+         help="size of the KV pool in tokens (default: 0 = loaded from model); with -kvu one "
+         "mind may grow to all of it (up to the model's training context), without it each of "
+         "the -np slots gets an equal share"),
     flag("-n --predict --n-predict", VALUE, COMMON, set_int("sampling", "n_predict", lo=-1),
          env="LLAMA_ARG_N_PREDICT", hint="N",
          help="default number of tokens to predict (default: -1 = infinity)"),
@@ -130,6 +132,7 @@ FLAGS: tuple[Flag, ...] = (
 )
 
 # -np is a server flag in llama-server's help; defined here with the other geometry flags.
-PARALLEL = flag("-np --parallel", VALUE, Group.SERVER, _set_parallel, env="LLAMA_ARG_N_PARALLEL",
-                hint="N", help="number of server slots (default: -1 = auto)")
+PARALLEL = flag("-np --parallel", VALUE, Group.MINDS, _set_parallel, env="LLAMA_ARG_N_PARALLEL",
+                hint="N", help="number of server slots (default: -1 = auto: 4, sharing one KV "
+                "pool): the minds served at once; the others wait in RAM pages or on disk")
 # fmt: on

@@ -27,7 +27,8 @@ from kvswap.config.sizes import parse_size
 from kvswap.config.values import read_float, read_int, read_on_off_auto, split_csv
 
 VALUE, VOID, TOGGLE = Kind.VALUE, Kind.VOID, Kind.TOGGLE
-SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
+SERVER, MINDS = Group.SERVER, Group.MINDS
+PAGES, LIMITS = Group.PAGES, Group.LIMITS
 
 
 def _comma_words(v: str) -> set[str]:
@@ -135,14 +136,15 @@ def _set_max_body_bytes(b: Builder, v: str) -> None:
 
 # fmt: off
 FLAGS: tuple[Flag, ...] = (
-    flag("--kv-unified-per-slot", VALUE, SERVER,
+    flag("--kv-unified-per-slot", VALUE, MINDS,
          set_int("context", "kv_unified_per_slot", lo=0), env="LLAMA_ARG_KV_UNIFIED_PER_SLOT",
-         hint="N", help="context limit per parallel slot (default: 0 = unset); without "
-         "-c/--ctx-size the shared KV pool is sized to n_parallel*N"),
-    flag("-kvu --kv-unified", TOGGLE, SERVER, set_bool("context", "kv_unified"),
+         hint="N", help="context limit per parallel slot, the most one mind may hold (default: "
+         "0 = unset); without -c/--ctx-size the shared KV pool is sized to n_parallel*N"),
+    flag("-kvu --kv-unified", TOGGLE, MINDS, set_bool("context", "kv_unified"),
          neg="-no-kvu --no-kv-unified", env="LLAMA_ARG_KV_UNIFIED",
-         help="single unified KV buffer shared across all sequences (default: enabled if the "
-         "number of slots is auto)"),
+         help="single unified KV buffer shared across all sequences, so one mind may grow to "
+         "the whole -c (default: enabled if the number of slots is auto; an explicit -np N "
+         "without -kvu splits -c into N fixed windows)"),
     flag("-ctxcp --ctx-checkpoints --swa-checkpoints", VALUE, SERVER,
          set_int("context", "ctx_checkpoints", lo=0), env="LLAMA_ARG_CTX_CHECKPOINTS",
          hint="N", help="max number of context checkpoints per slot (default: 32)"),
@@ -150,9 +152,10 @@ FLAGS: tuple[Flag, ...] = (
          env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", hint="N",
          help="minimum spacing between context checkpoints in tokens (default: 8192, "
          "0 = no minimum)"),
-    flag("-cram --cache-ram", VALUE, SERVER, set_int("paging", "cache_ram_mib", lo=-1),
+    flag("-cram --cache-ram", VALUE, MINDS, set_int("paging", "cache_ram_mib", lo=-1),
          env="LLAMA_ARG_CACHE_RAM", hint="N",
-         help="maximum prompt cache size in MiB (default: 8192, -1 - no limit, 0 - disable)"),
+         help="maximum prompt cache size in MiB (default: 8192, -1 - no limit, 0 - disable): "
+         "the anonymous cache of requests that name no mind; it never takes a mind's page"),
     flag("--cache-idle-slots", TOGGLE, SERVER, set_bool("paging", "cache_idle_slots"),
          neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
          help="save idle slots to the prompt cache (clearing them with unified KV) when a "
@@ -175,10 +178,12 @@ FLAGS: tuple[Flag, ...] = (
     flag("--path", VALUE, SERVER, lambda b, v: b.update("http", static_path=v or None),
          env="LLAMA_ARG_STATIC_PATH", hint="PATH",
          help="path to serve static files from, instead of kvswap's page (default: none)"),
-    flag("--ui --webui", TOGGLE, SERVER, set_bool("http", "webui"), neg="--no-ui --no-webui",
-         env="LLAMA_ARG_UI", help="whether to enable the Web UI (default: enabled)"),
-    flag("--api-key", VALUE, SERVER, _add_api_keys, env="LLAMA_API_KEY", hint="KEY",
-         help="API key for authentication, several as a comma-separated list (default: none)"),
+    flag("--ui --webui", TOGGLE, MINDS, set_bool("http", "webui"), neg="--no-ui --no-webui",
+         env="LLAMA_ARG_UI", help="whether to enable the Web UI (default: enabled): kvswap's "
+         "page at / to chat with minds and see where each one lives"),
+    flag("--api-key", VALUE, MINDS, _add_api_keys, env="LLAMA_API_KEY", hint="KEY",
+         help="API key for authentication, several as a comma-separated list (default: none); "
+         "each key is a tenant with minds and pages of its own"),
     flag("--api-key-file", VALUE, SERVER, _add_api_key_file, env="LLAMA_ARG_API_KEY_FILE",
          hint="FNAME", help="file of API keys, one per line, '#' starts a comment line"),
     flag("-to --timeout", VALUE, SERVER, set_int("http", "timeout_s", lo=0),
@@ -196,8 +201,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("--slots", TOGGLE, SERVER, set_bool("http", "slots_endpoint"), neg="--no-slots",
          env="LLAMA_ARG_ENDPOINT_SLOTS",
          help="expose slots monitoring endpoint (default: enabled)"),
-    flag("--slot-save-path", VALUE, SERVER, _set_slot_save_path, hint="PATH",
-         help="path to save slot kv cache (default: disabled)"),
+    flag("--slot-save-path", VALUE, MINDS, _set_slot_save_path, hint="PATH",
+         help="path to save slot kv cache (default: disabled), and kvswap's disk tier: minds "
+         "spill there under RAM pressure, are flushed there (--page-flush-seconds) and at exit, "
+         "and a restart serves them again; without it, minds are lost at exit"),
     flag("--chat-template", VALUE, SERVER, _set_chat_template, env="LLAMA_ARG_CHAT_TEMPLATE",
          hint="JINJA_TEMPLATE",
          help="set custom jinja chat template (default: template taken from model's metadata)"),
@@ -233,33 +240,39 @@ FLAGS: tuple[Flag, ...] = (
          "slot (default: 0.10, 0.0 = disabled)"),
     flag("--lora-init-without-apply", VOID, SERVER, set_bool("model", "lora_init_without_apply"),
          help="load LoRA adapters without applying them (apply later via POST /lora-adapters)"),
-    flag("--sleep-idle-seconds", VALUE, SERVER, _set_sleep_idle, hint="SECONDS",
-         help="seconds of idleness after which the server sleeps (default: -1 = disabled)"),
-    flag("--ctx-checkpoints-bytes", VALUE, KVSWAP,
+    flag("--sleep-idle-seconds", VALUE, MINDS, _set_sleep_idle, hint="SECONDS",
+         help="seconds of idleness after which the server sleeps (default: -1 = disabled); "
+         "it spills every mind first and wakes with all of them"),
+    flag("--ctx-checkpoints-bytes", VALUE, PAGES,
          set_size("context", "ctx_checkpoints_bytes", "--ctx-checkpoints-bytes"),
          env="KVSWAP_ARG_CTX_CHECKPOINTS_BYTES", hint="SIZE",
-         help="one byte budget over all slots' context checkpoints (default: 0 = off)"),
-    flag("--page-ram-bytes", VALUE, KVSWAP,
+         help="one byte budget over all slots' context checkpoints, which let a mind of a "
+         "recurrent, hybrid or sliding-window model that diverges mid-way resume near the "
+         "divergence instead of from zero (default: 0 = off)"),
+    flag("--page-ram-bytes", VALUE, PAGES,
          set_size("paging", "page_ram_bytes", "--page-ram-bytes"),
          env="KVSWAP_ARG_PAGE_RAM_BYTES", hint="SIZE",
-         help="ceiling of the RAM page store (default: min(25% of RAM, 8G); 0 = no store)"),
-    flag("--page-disk-bytes", VALUE, KVSWAP,
+         help="ceiling of the RAM page store, where minds out of their slots wait (default: "
+         "min(25% of RAM, 8G); 0 = no store); to keep room under it, the least recently used "
+         "are spilled to --slot-save-path"),
+    flag("--page-disk-bytes", VALUE, PAGES,
          set_size("paging", "page_disk_bytes", "--page-disk-bytes"),
          env="KVSWAP_ARG_PAGE_DISK_BYTES", hint="SIZE",
-         help="bound on the bytes of spilled pages (default: no bound)"),
-    flag("--page-disk-drop-lru", VOID, KVSWAP, set_bool("paging", "page_disk_drop_lru"),
+         help="bound on the bytes of minds and pages spilled to --slot-save-path (default: no "
+         "bound)"),
+    flag("--page-disk-drop-lru", VOID, PAGES, set_bool("paging", "page_disk_drop_lru"),
          env="KVSWAP_ARG_PAGE_DISK_DROP_LRU",
          help="when --page-disk-bytes is full, drop the least recently used spilled minds "
          "(logged and counted) instead of refusing new spills"),
-    flag("--page-flush-seconds", VALUE, KVSWAP, _set_page_flush_seconds,
+    flag("--page-flush-seconds", VALUE, PAGES, _set_page_flush_seconds,
          env="KVSWAP_ARG_PAGE_FLUSH_SECONDS", hint="SECONDS",
          help="with --slot-save-path, write each mind changed this many seconds ago to disk "
          "when it is idle, so a SIGKILL loses at most that window (default: 30; 0 = only under "
          "RAM pressure and at exit)"),
-    flag("--max-body-bytes", VALUE, KVSWAP, _set_max_body_bytes,
+    flag("--max-body-bytes", VALUE, LIMITS, _set_max_body_bytes,
          env="KVSWAP_ARG_MAX_BODY_BYTES", hint="SIZE",
          help="largest request body accepted (default: 32M)"),
-    flag("--max-n-predict", VALUE, KVSWAP, set_int("http", "max_n_predict", lo=-1),
+    flag("--max-n-predict", VALUE, LIMITS, set_int("http", "max_n_predict", lo=-1),
          env="KVSWAP_ARG_MAX_N_PREDICT", hint="N",
          help="cap on every request's n_predict (default: -1 = only the slot's window)"),
 )

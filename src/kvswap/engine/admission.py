@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kvswap.config.advice import WindowShape, exceeds_context_message
 from kvswap.core.errors import ErrorKind
 from kvswap.core.types import EngineError, GenerationRequest
 
@@ -21,8 +22,10 @@ def check_request(
     n_ctx_slot: int,
     n_adapters: int,
     valid_token: Callable[[int], bool],
+    shape: WindowShape | None = None,
 ) -> EngineError | None:
-    """The typed refusal of `req`, or None when it may wait for a slot."""
+    """The typed refusal of `req`, or None when it may wait for a slot; a prompt too long for
+    the window is told which flags of `shape` would make it fit."""
     n = len(req.prompt_tokens)
     if not -1 <= req.id_slot < n_slots:
         return EngineError(req_id, ErrorKind.INVALID_REQUEST, f"Invalid slot ID: {req.id_slot}")
@@ -32,8 +35,7 @@ def check_request(
         return EngineError(
             req_id,
             ErrorKind.EXCEED_CONTEXT,
-            f"request ({n} tokens) exceeds the available context size ({n_ctx_slot} tokens), "
-            "try increasing it",
+            exceeds_context_message(n, n_ctx_slot, shape),
             {"n_prompt_tokens": n, "n_ctx": n_ctx_slot},
         )
     if any(not 0 <= i < n_adapters for i, _ in req.lora):

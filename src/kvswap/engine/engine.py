@@ -311,6 +311,7 @@ class Engine:
             n_ctx_slot=self.runtime.n_ctx_slot,
             n_adapters=len(self.adapters),
             valid_token=self.vocab.valid,
+            shape=self.runtime.geometry,
         )
 
     # -- admission --------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def generation_requests(
             cfg.sampling,
             prompt_tokens=tokens,
             n_ctx_slot=snap.n_ctx_slot,
+            shape=snap.geometry,
             max_n_predict=max_n_predict,
             n_parallel=len(snap.slots),
             n_vocab=state.vocab.n_tokens,

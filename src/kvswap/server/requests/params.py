@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from kvswap.config.advice import WindowShape, exceeds_context_message
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.sampling import SAMPLER_ALIASES, SAMPLER_CHARS, SamplingParams
 from kvswap.core.types import GenerationRequest
@@ -279,6 +280,7 @@ def build_generation(
     n_vocab: int | None = None,
     tokenize: Tokenize | None = None,
     max_n_probs: int = MAX_N_PROBS,
+    shape: WindowShape | None = None,
 ) -> GenerationRequest:
     """One engine request for one (tokenized) prompt of `body`.
 
@@ -296,8 +298,7 @@ def build_generation(
     if n_prompt >= n_ctx_slot:
         raise KvswapError(
             ErrorKind.EXCEED_CONTEXT,
-            f"request ({n_prompt} tokens) exceeds the available context size "
-            f"({n_ctx_slot} tokens), try increasing it",
+            exceeds_context_message(n_prompt, n_ctx_slot, shape),
             n_prompt_tokens=n_prompt,
             n_ctx=n_ctx_slot,
         )

@@ -1,5 +1,8 @@
-// The page's start: reach the server (/props; ask for the API key when it answers 401, wait
-// while the model loads), then wire the minds list, the chat and the live view together.
+// The page's start. Its first paint waits for no answer: the layout, the minds this browser
+// knows, the plot's frame and an explicit "connecting" state. Then it reaches the server
+// (/props, which names the model; it asks for the API key when the server answers 401 and
+// waits while the model loads), wires the chat and the live view, and the first poll fills in
+// the rest and says "connected".
 
 import { ApiError, apiKey, getJson, namespace, setApiKey } from "./api.js";
 import { ChatView } from "./chat.js";
@@ -11,9 +14,10 @@ import { knownMinds, lastMind } from "./store.js";
 const POLL_MS = 1000;
 const conn = document.getElementById("conn");
 
-function showConn(text, bad = false) {
+function showConn(text, { bad = false, waiting = false } = {}) {
   conn.textContent = text;
   conn.classList.toggle("bad", bad);
+  conn.classList.toggle("waiting", waiting);
 }
 
 const pause = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -25,7 +29,7 @@ function askKey(why) {
   const input = document.getElementById("key-input");
   const error = document.getElementById("key-error");
   error.textContent = why;
-  showConn("API key needed", true);
+  showConn("API key needed", { bad: true });
   return new Promise((resolve) => {
     const onSubmit = async (event) => {
       event.preventDefault();
@@ -64,15 +68,48 @@ async function connect() {
         setApiKey("");
         return askKey(why);
       }
-      showConn(err.status === 503 ? `${err.message}…` : `${err.describe()}, retrying…`, true);
+      const why = err.status === 503 ? `${err.message}…` : `${err.describe()}, retrying…`;
+      showConn(why, { bad: true });
       await pause(err.status === 503 ? 500 : 2000);
     }
   }
 }
 
+// What the first paint shows, before any answer.
+const plot = new Plot(document.getElementById("plot"), document.getElementById("plot-caption"), {
+  metrics: null, // known once /props answers
+});
+plot.draw();
+let chat = null;
+let poller = null;
+let wanted = ""; // a mind opened before the server answered: opened once it does
+const minds = new MindsView({
+  namespace: namespace(),
+  onOpen: (name) => {
+    minds.setCurrent(name);
+    if (chat) chat.open(name);
+    else wanted = name;
+  },
+  onActed: () => poller && poller.refresh(),
+  knownMinds: () => knownMinds(minds.namespace),
+});
+minds.renderList();
+showConn(`connecting to ${location.host}…`, { waiting: true });
+
+document.getElementById("new-mind").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const input = document.getElementById("new-mind-name");
+  const name = input.value.trim();
+  if (!name) return;
+  input.value = "";
+  minds.onOpen(name);
+});
+
 function start(props) {
-  const ns = namespace();
+  const ns = namespace(); // an API key may have been given meanwhile
+  minds.setNamespace(ns);
   document.getElementById("model").textContent = props.model_alias || "";
+  showConn(`reached ${location.host}, reading where minds live…`, { waiting: true });
   const keyButton = document.getElementById("key-button");
   keyButton.hidden = !apiKey();
   keyButton.addEventListener("click", () => {
@@ -80,26 +117,14 @@ function start(props) {
     location.reload();
   });
 
-  const plot = new Plot(document.getElementById("plot"), document.getElementById("plot-caption"), {
-    metrics: Boolean(props.endpoint_metrics),
-  });
-  plot.draw();
-  const poller = new Poller({ intervalMs: POLL_MS, metrics: Boolean(props.endpoint_metrics) });
-  let chat = null;
-  const minds = new MindsView({
-    namespace: ns,
-    onOpen: (name) => {
-      chat.open(name);
-      minds.setCurrent(name);
-    },
-    onActed: () => poller.refresh(),
-    knownMinds: () => knownMinds(ns),
-  });
+  const metrics = Boolean(props.endpoint_metrics);
+  plot.setMetrics(metrics);
+  poller = new Poller({ intervalMs: POLL_MS, metrics });
   chat = new ChatView({
     namespace: ns,
     tierOf: (name) => minds.tierOf(name),
     refresh: () => poller.refresh(),
-    metrics: Boolean(props.endpoint_metrics),
+    metrics,
     plot,
   });
 
@@ -118,22 +143,13 @@ function start(props) {
     const down = Object.values(snapshot.errors).find(
       (e) => e && (e.status === 0 || e.status === 503),
     );
-    if (down) showConn(down.describe(), true);
+    if (down) showConn(down.describe(), { bad: true });
     else showConn(`connected · ${props.total_slots} slot${props.total_slots === 1 ? "" : "s"}`);
   });
 
-  document.getElementById("new-mind").addEventListener("submit", (event) => {
-    event.preventDefault();
-    const input = document.getElementById("new-mind-name");
-    const name = input.value.trim();
-    if (!name) return;
-    input.value = "";
-    minds.onOpen(name);
-  });
-
   poller.start();
-  const last = lastMind(ns);
-  if (last) minds.onOpen(last);
+  const first = wanted || lastMind(ns);
+  if (first) minds.onOpen(first);
 }
 
 connect().then(start);

@@ -7,6 +7,8 @@
 
 import { ApiError, mindAction } from "./api.js";
 
+const UNKNOWN = "unknown"; // a mind's tier before the first /pages answer
+
 const ACTIONS = [
   { action: "page_out", label: "Page out", effect: "moves from its slot into a RAM page" },
   { action: "page_in", label: "Page in", effect: "moves into a free slot" },
@@ -40,8 +42,19 @@ function cell(text, className) {
 function tierBadge(tier) {
   const span = document.createElement("span");
   span.className = `tier tier-${tier}`;
-  span.textContent = tier;
+  span.textContent = tier === UNKNOWN ? "…" : tier;
+  if (tier === UNKNOWN) span.title = "waiting for the server's first answer";
   return span;
+}
+
+// One row across a table: what it shows before the first poll, or when there is nothing.
+function placeholderRow(text, colSpan) {
+  const tr = document.createElement("tr");
+  tr.className = "placeholder";
+  const td = cell(text);
+  td.colSpan = colSpan;
+  tr.append(td);
+  return tr;
 }
 
 // Ask before acting; resolves true on Confirm, false on Cancel or Escape.
@@ -78,6 +91,7 @@ export class MindsView {
     this.onActed = onActed; // () => void: poll again now
     this.knownMinds = knownMinds; // () => [name]: minds this browser has messages of
     this.current = "";
+    this.loaded = false; // a /pages answer came
     this.minds = new Map(); // name -> the /pages entry, this namespace only
     this.signatures = {};
     this.status = document.getElementById("action-status");
@@ -85,7 +99,14 @@ export class MindsView {
 
   tierOf(name) {
     const mind = this.minds.get(name);
-    return mind ? mind.tier : "new";
+    if (mind) return mind.tier;
+    return this.loaded ? "new" : UNKNOWN;
+  }
+
+  // The namespace the server answered under (an API key may have been given meanwhile).
+  setNamespace(namespace) {
+    this.namespace = namespace;
+    this.renderList();
   }
 
   setCurrent(name) {
@@ -98,6 +119,7 @@ export class MindsView {
     const pagesError = document.getElementById("pages-error");
     pagesError.textContent = errors.pages ? `/pages: ${errors.pages.describe()}` : "";
     if (pages) {
+      this.loaded = true;
       const own = (pages.minds || []).filter((m) => m.namespace === this.namespace);
       this.minds = new Map(own.map((m) => [m.mind, m]));
       this.renderBars(pages);
@@ -162,13 +184,18 @@ export class MindsView {
     const diskText = document.getElementById("disk-text");
     const used = pages.disk_n_bytes || 0;
     const ceiling = pages.disk_ceiling_bytes;
-    disk.hidden = !ceiling;
-    if (ceiling) {
+    disk.hidden = !ceiling || pages.disk_tier === false;
+    if (pages.disk_tier === false) {
+      diskText.textContent = "no disk tier (start with --slot-save-path)";
+    } else if (ceiling) {
       disk.max = ceiling;
       disk.value = used;
       diskText.textContent = `${formatBytes(used)} of ${formatBytes(ceiling)} (--page-disk-bytes)`;
-    } else {
+    } else if (pages.disk_tier) {
       diskText.textContent = `${formatBytes(used)} spilled (no --page-disk-bytes bound)`;
+    } else {
+      // Until /pages says whether there is a disk tier (`disk_tier`), claim nothing about it.
+      diskText.textContent = `${formatBytes(used)} on disk`;
     }
   }
 
@@ -203,6 +230,9 @@ export class MindsView {
       tr.append(cell(lastUse), actionsCell);
       return tr;
     });
+    if (!rows.length) {
+      rows.push(placeholderRow("no minds yet: open one, or name one in a request (X-Mind-Id)", 6));
+    }
     const signature = JSON.stringify(
       minds.map((m) => [m.mind, m.tier, m.id_slot, m.n_tokens, m.n_bytes, m.last_used_unix_s]),
     );
@@ -211,10 +241,8 @@ export class MindsView {
 
   renderSlots(slots, error) {
     if (!slots) {
-      const tr = document.createElement("tr");
-      const td = cell(error ? `/slots: ${error.describe()}` : "—", "error");
-      td.colSpan = 5;
-      tr.append(td);
+      const tr = placeholderRow(error ? `/slots: ${error.describe()}` : "—", 5);
+      tr.className = "error";
       this.replaceRows("slots-table", [tr], `error:${error && error.message}`);
       return;
     }

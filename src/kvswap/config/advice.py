@@ -1,0 +1,80 @@
+"""What a request too long for its slot is told: llama-server's words, then the flags that fix it.
+
+Owns `exceeds_context_message` and `WindowShape` (what it reads of a context geometry: the
+engine's `Geometry` fits it). A slot's window is capped by whichever of four limits binds first,
+and each has its own remedy:
+
+- the model's training context (no flag lifts it: a model trained on longer contexts does);
+- `--kv-unified-per-slot N`, a cap per slot;
+- `-np N` without `-kvu`: the pool `-c` is split into N fixed windows, so a mind can never grow
+  past `-c / N` even while the other slots are empty (llama-server turns unified KV on only
+  when `-np` is auto);
+- the pool `-c` itself.
+
+The message starts with llama-server's own sentence (clients and llama.cpp's test suite match
+"exceeds the available context size"); the advice follows it, naming the flags for a restart
+and the `POST /reconfigure` fields for a live server. Pure: no I/O, no libllama.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class WindowShape(Protocol):
+    """The part of a context geometry a slot's window comes from."""
+
+    @property
+    def n_ctx(self) -> int: ...  # the KV pool (-c)
+
+    @property
+    def n_parallel(self) -> int: ...  # slots (-np)
+
+    @property
+    def kv_unified(self) -> bool: ...  # -kvu
+
+    @property
+    def kv_unified_per_slot(self) -> int: ...  # --kv-unified-per-slot; 0 = no cap
+
+    def n_ctx_seq(self) -> int: ...  # cells one sequence may use, as libllama computes it
+
+
+def exceeds_context_message(n_prompt: int, n_ctx_slot: int, shape: WindowShape | None) -> str:
+    """The refusal of a prompt of `n_prompt` tokens in slots of `n_ctx_slot`; without a shape,
+    llama-server's sentence alone."""
+    head = (
+        f"request ({n_prompt} tokens) exceeds the available context size "
+        f"({n_ctx_slot} tokens), try increasing it"
+    )
+    if shape is None:
+        return head
+    return f"{head}: {_advice(n_prompt, n_ctx_slot, shape)}"
+
+
+def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape) -> str:
+    per_slot = shape.kv_unified_per_slot
+    if n_ctx_slot < shape.n_ctx_seq() and not 0 < per_slot <= n_ctx_slot:
+        return (
+            f"the model was trained on {n_ctx_slot} tokens, the most one slot takes whatever "
+            "-c is; a longer conversation needs a model trained on a longer context"
+        )
+    if 0 < per_slot <= n_ctx_slot:
+        return (
+            f"--kv-unified-per-slot {per_slot} caps every slot; start with a larger value, "
+            "or without it"
+        )
+    if not shape.kv_unified and shape.n_parallel > 1:
+        return (
+            f"-np {shape.n_parallel} without -kvu splits the pool (-c {shape.n_ctx}) into "
+            f"{shape.n_parallel} fixed windows; start with -kvu so that one slot may use the "
+            f"whole pool, or with -c above {n_prompt * shape.n_parallel}; on this server: "
+            f'POST /reconfigure {{"n_parallel": 1}} or a larger "n_ctx"'
+        )
+    return (
+        f"the whole KV pool is -c {shape.n_ctx} tokens; start with -c above {n_prompt}, or "
+        f'on this server: POST /reconfigure {{"n_ctx": {_round_up(n_prompt + 1)}}}'
+    )
+
+
+def _round_up(n_tokens: int, step: int = 1024) -> int:
+    return -(-n_tokens // step) * step

@@ -1,0 +1,74 @@
+"""A prompt too long for its slot is told which flags would fit it (`config.advice`).
+
+Each case builds the geometry the engine builds from the flags (`resolve_geometry`), so the
+advice is checked against the windows a server really has.
+"""
+
+from __future__ import annotations
+
+from kvswap.config.advice import exceeds_context_message
+from kvswap.engine.plan.geometry import Geometry, resolve_geometry
+
+LLAMA_SERVER = (
+    "request (2531 tokens) exceeds the available context size ({} tokens), try increasing it"
+)
+
+
+def _geometry(
+    n_ctx: int, n_parallel: int, *, kvu: bool | None = None, per_slot: int = 0
+) -> Geometry:
+    return resolve_geometry(
+        n_ctx=n_ctx,
+        n_parallel=n_parallel,
+        kv_unified=kvu,
+        kv_unified_per_slot=per_slot,
+        n_batch=2048,
+        n_ubatch=512,
+        cache_type_k="f16",
+        cache_type_v="f16",
+        n_ctx_train=8192,
+    )
+
+
+def _refusal(geometry: Geometry, n_ctx_train: int = 8192) -> str:
+    n_ctx_slot = geometry.n_ctx_slot(n_ctx_train)
+    assert n_ctx_slot <= 2531  # each case is one the prompt does not fit
+    message = exceeds_context_message(2531, n_ctx_slot, geometry)
+    assert message.startswith(LLAMA_SERVER.format(n_ctx_slot) + ": "), message
+    return message.split(": ", 1)[1]
+
+
+def test_without_a_geometry_the_message_is_llama_servers() -> None:
+    assert exceeds_context_message(2531, 2048, None) == LLAMA_SERVER.format(2048)
+
+
+def test_slots_of_a_split_pool_are_told_to_unify_it() -> None:
+    """-c 8192 -np 4 (no -kvu): four fixed windows of 2048; -kvu lets one slot use all 8192."""
+    advice = _refusal(_geometry(8192, 4))
+    assert "-np 4 without -kvu splits the pool (-c 8192) into 4 fixed windows" in advice
+    assert "start with -kvu" in advice and "-c above 10124" in advice
+    assert 'POST /reconfigure {"n_parallel": 1}' in advice
+    assert _geometry(8192, 4, kvu=True).n_ctx_slot(8192) == 8192  # the fix it names does fit
+
+
+def test_a_whole_pool_too_small_is_told_a_larger_c() -> None:
+    for geometry in (_geometry(2048, 4, kvu=True), _geometry(2048, 1), _geometry(2048, -1)):
+        advice = _refusal(geometry)
+        assert advice == (
+            "the whole KV pool is -c 2048 tokens; start with -c above 2531, or on this server: "
+            'POST /reconfigure {"n_ctx": 3072}'
+        )
+
+
+def test_a_per_slot_cap_is_named() -> None:
+    advice = _refusal(_geometry(8192, 4, kvu=True, per_slot=2048))
+    assert advice.startswith("--kv-unified-per-slot 2048 caps every slot")
+
+
+def test_the_training_context_is_not_a_flag() -> None:
+    advice = _refusal(_geometry(8192, 1), n_ctx_train=2048)
+    assert advice.startswith("the model was trained on 2048 tokens")
+    assert "-kvu" not in advice and "-c above" not in advice
+    # A per-slot cap above the training context does not bind: the training context does.
+    capped = _refusal(_geometry(8192, 1, per_slot=4096), n_ctx_train=2048)
+    assert capped.startswith("the model was trained on 2048 tokens")
