@@ -148,8 +148,12 @@ def make_plan(
                 f"{word}: set by `kvswap cluster up` for each replica; remove it "
                 "(--port sets HAProxy's port, replicas take the ports after it)"
             )
+    as_replica = [  # the flags the cluster adds, so a shared-tier flag given is checked too
+        "--port", str(port + 1), "--shared-tier", f"redis://{HOST}:{port}/0",
+        "--replica-id", "r1", "--advertise-url", f"http://{HOST}:{port + 1}",
+    ]  # fmt: skip
     try:
-        parse_serve_args([*serve_flags, "--port", str(port + 1)], {})
+        parse_serve_args([*serve_flags, *as_replica], {})
     except (ConfigError, HelpRequested) as err:
         raise ClusterUpError(f"serve flags: {err}") from err
     redis_port = port + n_replicas + 1 if redis_port is None else redis_port
