@@ -157,30 +157,20 @@ class FaultProxy:
         *,
         upstream: bool,
     ) -> None:
-        """One direction of one connection, under the current mode, until either side ends."""
-        # either side reset or closed: the link ends (`_accept` closes the other side)
+        """One direction of one connection, under the current mode, until either side ends
+        (a reset or a close of either: `_accept` then closes the other side)."""
         with contextlib.suppress(ConnectionError, OSError):
-            await self._pass_on(reader, writer, link, upstream=upstream)
-
-    async def _pass_on(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        link: _Link,
-        *,
-        upstream: bool,
-    ) -> None:
-        while chunk := await reader.read(_CHUNK_BYTES):
-            mode = self.mode
-            if mode is Mode.BLACKHOLE:
-                continue  # swallowed; the connection stays open
-            if mode is Mode.DELAY:
-                await asyncio.sleep(self.delay_ms / 1000)
-            if mode is Mode.DROP_REPLY and not upstream:
-                self.n_replies_dropped += 1
-                _reset(link.client)
-                return
-            writer.write(chunk)
-            await writer.drain()
-            if upstream:
-                self.n_requests_up += 1
+            while chunk := await reader.read(_CHUNK_BYTES):
+                mode = self.mode
+                if mode is Mode.BLACKHOLE:
+                    continue  # swallowed; the connection stays open
+                if mode is Mode.DELAY:
+                    await asyncio.sleep(self.delay_ms / 1000)
+                if mode is Mode.DROP_REPLY and not upstream:
+                    self.n_replies_dropped += 1
+                    _reset(link.client)
+                    return
+                writer.write(chunk)
+                await writer.drain()
+                if upstream:
+                    self.n_requests_up += 1

@@ -10,6 +10,8 @@ and is steered from another terminal (`kvswap cluster status`, `drain`, `ready`)
   the killed replica is restarted by `cluster up` (`status` shows it up again, restarts 1, a new
   pid, last exit -9); the mind's next turn succeeds and prefills only its new tokens (its
   cache_n and prompt_n equal a fault-free run of the same conversation).
+- SIGKILL of HAProxy, then of Redis: each is one line on `cluster up`'s output and restarted
+  (`status`: up again, restarts 1, a new pid), and minds are served through the endpoint again.
 - `cluster up` right after a stop, on the same ports and folder (sockets in TIME-WAIT): it
   comes up and serves.
 """
@@ -159,6 +161,36 @@ def test_a_killed_replica_is_restarted_and_its_mind_resumes(up: ClusterUp) -> No
     assert resumed.text == control[(0, 3)].text
     after = workload.chat_turn(client, mind, 4)  # and the mind goes on
     assert after.cache_n > 0
+
+
+def _restarted(up: ClusterUp, name: str, old_pid: int) -> bool:
+    child = up.status()[name]
+    return child["state"] == "up" and child["pid"] not in (None, old_pid)
+
+
+@pytest.mark.parametrize("name", ["haproxy", "redis"])
+def test_haproxy_and_redis_deaths_are_one_line_and_a_restart(up: ClusterUp, name: str) -> None:
+    before = up.status()[name]
+    psutil.Process(before["pid"]).kill()
+    wait_until(lambda: _restarted(up, name, before["pid"]), 120, f"{name} to be restarted")
+    after = up.status()[name]
+    assert after["n_restarts"] == before["n_restarts"] + 1 and after["last_exit_status"] == -9
+    program = "haproxy" if name == "haproxy" else "redis-server"
+    deaths = [
+        line for line in up.output().splitlines()
+        if line.startswith(f"cluster: {program} (pid {before['pid']}) exited")
+    ]  # fmt: skip
+    assert len(deaths) == 1 and "status -9 (SIGKILL)" in deaths[0], deaths
+    socket = up.state()["haproxy"]["socket"]
+    wait_until(
+        lambda: all(s.startswith("UP") for s in server_status(socket).values()),
+        60,
+        "HAProxy to see every replica UP",
+    )
+    conv = Conversation(7, f"after-{name}")
+    client = ChatClient(up.url)  # the OpenAI client's one retry: Redis may be loading its AOF
+    assert workload.chat_turn(client, conv, 1).text
+    assert workload.chat_turn(client, conv, 2).cache_n > 0
 
 
 def test_cluster_up_starts_again_right_after_a_stop(tmp_path: Path) -> None:

@@ -15,12 +15,21 @@ from typing import Any
 
 import psutil
 
-from kvswap.cluster.procs import free_port
+from kvswap.cluster.procs import free_port, port_is_free
 from kvswap.tiny import tiny_model_path
 from tests.cluster.util import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 READY = "kvswap cluster up: ready"
+
+
+def free_block(n_ports: int) -> int:
+    """A port P with P..P+n_ports-1 all free (`cluster up` puts its replicas after HAProxy's)."""
+    for _ in range(100):
+        port = free_port()
+        if port + n_ports <= 65536 and all(port_is_free(port + i) for i in range(n_ports)):
+            return port
+    raise AssertionError(f"no {n_ports} free ports in a row")
 
 
 def gone(pid: int) -> bool:
@@ -43,8 +52,10 @@ class ClusterUp:
         redis_port: int | None = None,
     ) -> None:
         self.state_dir = state_dir
-        self.port = port or free_port()
-        self.redis_port = redis_port or free_port()
+        self.port = port or free_block(n_replicas + 1)
+        self.redis_port = redis_port or free_block(1)
+        while self.port <= self.redis_port <= self.port + n_replicas:
+            self.redis_port = free_block(1)
         model = tiny_model_path("llama", seed=7, vocab="tiny")
         self.argv = [
             sys.executable, "-m", "kvswap", "cluster", "up", "--replicas", str(n_replicas),
