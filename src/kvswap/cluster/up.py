@@ -145,7 +145,7 @@ def make_plan(
     for word in serve_flags:
         if word.split("=", 1)[0] in owned:
             raise ClusterUpError(
-                f"{word}: set by `kvswap cluster up` for each replica; remove it "
+                f"{word.split('=', 1)[0]}: set by `kvswap cluster up` for each replica; remove it "
                 "(--port sets HAProxy's port, replicas take the ports after it)"
             )
     as_replica = [  # the flags the cluster adds, so a shared-tier flag given is checked too
