@@ -152,7 +152,9 @@ def test_a_killed_replica_is_restarted_and_its_mind_resumes(up: ClusterUp) -> No
     assert {t.replica for t in other.done} == {survivor}
     print(
         f"resumed turn 3 on {resumed.replica}: cache_n {resumed.cache_n} prompt_n "
-        f"{resumed.prompt_n} (fault-free: {control[(0, 3)].cache_n} / {control[(0, 3)].prompt_n})"
+        f"{resumed.prompt_n} (fault-free: {control[(0, 3)].cache_n} / {control[(0, 3)].prompt_n}), "
+        f"{resumed.n_attempts} request(s) (a request that reaches the dying replica's listen "
+        "queue is cut, and the OpenAI client sends it again)"
     )
     assert (resumed.cache_n, resumed.prompt_n) == (
         control[(0, 3)].cache_n,
