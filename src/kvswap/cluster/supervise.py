@@ -72,9 +72,10 @@ class Supervised:
         say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        starting: bool = False,
     ) -> None:
-        """`proc` has been started and found ready; `death` says what its death means for the
-        cluster (one clause of the log line)."""
+        """`proc` has been started and found ready (`starting`: not yet, see `became_ready`);
+        `death` says what its death means for the cluster (one clause of the log line)."""
         self.proc = proc
         self.ready = ready
         self.policy = policy
@@ -82,7 +83,7 @@ class Supervised:
         self.say = say
         self.clock = clock
         self.wall = wall
-        self.state = ChildState.UP
+        self.state = ChildState.STARTING if starting else ChildState.UP
         self.n_restarts = 0
         self.n_in_row = 0
         self.last_exit_status: int | None = None
@@ -138,6 +139,10 @@ class Supervised:
         else:
             return False
         return True
+
+    def became_ready(self) -> None:
+        """Its first start, waited for by `cluster up` itself, is done."""
+        self._set(ChildState.UP)
 
     def stopped(self) -> None:
         """`cluster up` stopped it (or it had exited): it is not restarted any more."""

@@ -290,15 +290,22 @@ class Cluster:
         )
         for r, proc in zip(plan.replicas, procs, strict=True):
             self.replicas.append(
-                self._supervised(
+                Supervised(
                     proc,
                     functools.partial(healthy, r.url, 1.0),
-                    "HAProxy sends its minds to the other replicas, which take them over from "
-                    "the tier",
+                    plan.policy,
+                    death="HAProxy sends its minds to the other replicas, which take them over "
+                    "from the tier",
+                    starting=True,
                 )
             )
-        for r, proc in zip(plan.replicas, procs, strict=True):
-            proc.wait_for(functools.partial(healthy, r.url), ready_timeout_s, "healthy", stopped)
+        self.write_state(running=True)  # `status` works while the replicas load
+        for r, child in zip(plan.replicas, self.replicas, strict=True):
+            child.proc.wait_for(
+                functools.partial(healthy, r.url), ready_timeout_s, "healthy", stopped
+            )
+            child.became_ready()
+            self.write_state(running=True)
             print(f"cluster: {r.replica_id} {r.url} healthy", flush=True)
         front.wait_for(
             lambda: _all_up(plan.socket_path, len(plan.replicas)), 60, "seeing every replica UP",
