@@ -21,6 +21,8 @@ command -v chromedriver >/dev/null 2>&1 || need_debs+=(chromium-driver)
 # are not used.
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_debs+=(haproxy)
 command -v redis-server >/dev/null 2>&1 || need_debs+=(redis-server)
+# The shared tier's TLS test makes its certificates with openssl.
+command -v openssl >/dev/null 2>&1 || need_debs+=(openssl)
 if [ ${#need_debs[@]} -gt 0 ]; then
   echo "setup: installing ${need_debs[*]} (libllama's build tools, the browser test's chromium, the cluster's haproxy and redis-server)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

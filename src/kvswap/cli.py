@@ -16,7 +16,8 @@ commands:
                     `kvswap serve --help` lists them). With no -m, serves SmolLM2-135M-Instruct.
   make-tiny-model   write a tiny random-weight GGUF model (tests, drafts, benchmarks)
   bench             run a benchmark (`kvswap bench --help` lists them)
-  cluster           replicas behind HAProxy: `haproxy-config`, `up` (`kvswap cluster --help`)
+  cluster           replicas behind HAProxy: `haproxy-config`, `up`, `status`, `drain`,
+                    `ready` (`kvswap cluster --help`)
 
 options:
   --version         print kvswap's version

@@ -40,6 +40,9 @@ class TurnResult:
     prompt_n: int  # prompt tokens it prefilled
     n_attempts: int
     t_end: float = field(default_factory=time.monotonic)  # when its answer was complete
+    # when its (last) request was sent: a turn sent after a replica died never reaches it,
+    # while one that replica answered just before may still be read after its death
+    t_sent: float = 0.0
 
 
 @dataclass
@@ -101,6 +104,7 @@ def chat_turn(
     """One turn of `conv` (appended to it)."""
     messages = _messages(conv, turn)
     n_sent = client.n_sent
+    t_sent = time.monotonic()
     try:
         raw = _send(client, conv, messages, n_predict, stream=False)
     except openai.APIError as err:
@@ -111,7 +115,7 @@ def chat_turn(
     conv.messages = [*messages, {"role": "assistant", "content": text}]
     return TurnResult(
         conv.index, turn, text, raw.headers["x-kvswap-replica"], int(timings["cache_n"]),
-        int(timings["prompt_n"]), client.n_sent - n_sent,
+        int(timings["prompt_n"]), client.n_sent - n_sent, t_sent=t_sent,
     )  # fmt: skip
 
 
@@ -134,6 +138,7 @@ def stream_turn(
         if attempt:
             time.sleep(CLIENT_BACKOFF_S)
         text, timings, replica = "", {}, ""
+        t_sent = time.monotonic()
         try:
             raw = _send(client, conv, messages, n_predict, stream=True)
             replica = raw.headers["x-kvswap-replica"]
@@ -150,7 +155,7 @@ def stream_turn(
         conv.messages = [*messages, {"role": "assistant", "content": text}]
         return TurnResult(
             conv.index, turn, text, replica, int(timings["cache_n"]), int(timings["prompt_n"]),
-            client.n_sent - n_sent,
+            client.n_sent - n_sent, t_sent=t_sent,
         )  # fmt: skip
     raise BrokenTurn(f"mind {conv.name} turn {turn}: {errors}")
 

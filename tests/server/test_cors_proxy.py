@@ -1,7 +1,7 @@
 """/cors-proxy forwards only the headers a page names, and answers 403 unless enabled.
 
-A real target server on loopback records what reaches it; a real `kvswap serve` with an API
-key stands between. The key, cookies and proxy credentials the browser sent never reach the
+A real target server on loopback (allowed with `--ui-mcp-proxy-allow`) records what reaches
+it; a real `kvswap serve` with an API key stands between. The key, cookies and proxy credentials the browser sent never reach the
 target; `X-Llama-Server-Proxy-Header-NAME` arrives as `NAME`; a POST body and the target's
 status, headers and body pass through.
 """
@@ -76,7 +76,7 @@ def _server(tmp_path: Path, *flags: str) -> ServerProcess:
 def test_only_explicit_headers_reach_the_target(
     tmp_path: Path, target: ThreadingHTTPServer
 ) -> None:
-    server = _server(tmp_path, "--ui-mcp-proxy")
+    server = _server(tmp_path, "--ui-mcp-proxy", "--ui-mcp-proxy-allow", "127.0.0.1")
     try:
         url = f"http://127.0.0.1:{target.server_port}/mcp?session=1"
         res = server.client.post(

@@ -48,6 +48,7 @@ SAMPLES = {
     "--page-ram-bytes": "1M",
     "--page-disk-bytes": "1M",
     "--max-body-bytes": "1M",
+    "--ui-mcp-proxy-allow": "127.0.0.1,10.0.0.0/8",
     "-sps": "0.5",
     "--shared-tier": "redis://127.0.0.1:6379/0",
     "--replica-id": "r1",

@@ -9,7 +9,9 @@ no route key and is balanced round robin. Every server has a fixed HAProxy `id` 
 its replica id (not from its position in the list), so reordering the list, or running several
 HAProxies on the same list, gives the same ring. Health: `GET /health` (kvswap answers 503
 while loading). Retries only when the connection failed (a request that reached a replica is
-never replayed). Generation streams get 15-minute timeouts. Each answer carries
+never replayed); each request gets its own server connection (`http-server-close`), so one
+sent right after a replica died is redispatched rather than lost on a connection the dead
+replica left behind. Generation streams get 15-minute timeouts. Each answer carries
 `X-Kvswap-Replica: <replica id>`: the replica's own header when it sets one (kvswap does, naming
 the owner of a forwarded turn), else the server's name. The runtime API socket (admin level) drains a replica:
 `set server replicas/<id> state drain`.
@@ -145,6 +147,10 @@ defaults
     retries 2
     option redispatch 1
     retry-on conn-failure
+    # a fresh server connection per request (clients keep theirs): a request right after a
+    # replica died fails to connect and is redispatched, instead of being sent on a kept
+    # connection the dead replica left behind (the client would get no answer at all)
+    option http-server-close
 {resolvers}
 frontend kvswap
     bind {cfg.bind}:{cfg.port}

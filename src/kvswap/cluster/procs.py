@@ -16,13 +16,16 @@ client logic beyond readiness probes.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -34,6 +37,22 @@ _PR_SET_PDEATHSIG: Final = 1  # linux/prctl.h
 
 class ProcessError(RuntimeError):
     """A child failed to start, exited early or did not become ready."""
+
+
+class Interrupted(ProcessError):
+    """A stop was asked for (a signal) while waiting for a child."""
+
+
+def exit_text(status: int | None) -> str:
+    """`status 1`, `status -9 (SIGKILL)`: how a child's exit status reads in a log line."""
+    if status is None:
+        return "no status (still running)"
+    if status < 0:
+        try:
+            return f"status {status} ({signal.Signals(-status).name})"
+        except ValueError:
+            return f"status {status}"
+    return f"status {status}"
 
 
 def find_binary(name: str) -> str:
@@ -54,7 +73,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """No socket listens on `port`. Bound with SO_REUSEADDR, as redis-server, HAProxy and the
+    replicas bind theirs: connections of a cluster just stopped, in TIME-WAIT, do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -78,22 +100,32 @@ class ManagedProcess:
         self.argv = list(argv)
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
         libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the child only calls it
 
         def die_with_parent() -> None:  # in the child, before exec
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
                 self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})},
-                cwd=cwd,
+                env=self.env,
+                cwd=self.cwd,
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
+
+    def respawn(self) -> None:
+        """Start the same program again (same argv, environment and log) after it exited."""
+        assert not self.alive(), f"{self.name} is still running"
+        self.proc = self._spawn()
 
     @property
     def pid(self) -> int:
@@ -109,13 +141,21 @@ class ManagedProcess:
             return ""
         return data[-n_bytes:].decode("utf-8", "replace")
 
-    def wait_for(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
-        """Poll `ready()` until true; ProcessError when the child exits or time runs out."""
+    def wait_for(
+        self,
+        ready: Callable[[], bool],
+        timeout_s: float,
+        what: str,
+        stopped: threading.Event | None = None,
+    ) -> None:
+        """Poll `ready()` until true; ProcessError when the child exits or time runs out,
+        `Interrupted` as soon as `stopped` is set (Ctrl-C while the cluster starts)."""
         deadline = time.monotonic() + timeout_s
+        stopped = stopped or threading.Event()
         while True:
             if not self.alive():
                 raise ProcessError(
-                    f"{self.name} exited with status {self.proc.returncode} before {what}; "
+                    f"{self.name} exited with {exit_text(self.proc.returncode)} before {what}; "
                     f"{self.log_path}:\n{self.log_tail()}"
                 )
             if ready():
@@ -125,7 +165,8 @@ class ManagedProcess:
                     f"{self.name} not {what} after {timeout_s:.0f} s; {self.log_path}:\n"
                     f"{self.log_tail()}"
                 )
-            time.sleep(POLL_S)
+            if stopped.wait(POLL_S):
+                raise Interrupted(f"stopped while waiting for {self.name} to be {what}")
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -142,52 +183,102 @@ class ManagedProcess:
         return self.proc.wait()
 
 
+@dataclass(frozen=True)
+class RedisOptions:
+    """How the shared tier's redis-server runs: AOF when `persistent`; `password`: AUTH
+    required (written to a 0600 config file, never to argv, which `ps` shows); past
+    `maxmemory_bytes` writes are refused (`noeviction`: Redis never evicts a lease or a chunk
+    by itself; the tier's own budget degrades minds below it)."""
+
+    persistent: bool = False
+    password: str | None = None
+    maxmemory_bytes: int | None = None
+
+
 def redis_argv(
-    port: int, data_dir: Path, *, persistent: bool, host: str = "127.0.0.1"
+    port: int, data_dir: Path, options: RedisOptions, *, host: str = "127.0.0.1"
 ) -> list[str]:
-    """redis-server as the shared tier wants it: noeviction, AOF when `persistent`."""
+    """redis-server's command line; with a password, its config file is `data_dir/redis.conf`
+    (`write_redis_conf`)."""
     persistence = ["--appendonly", "yes", "--appendfsync", "everysec"]
-    if not persistent:
+    if not options.persistent:
         persistence = ["--appendonly", "no"]
+    conf = [str(data_dir / "redis.conf")] if options.password is not None else []
+    memory = []
+    if options.maxmemory_bytes is not None:  # plain bytes: Redis reads `1g` as 10^9
+        memory = ["--maxmemory", str(options.maxmemory_bytes)]
     return [
-        find_binary("redis-server"),
+        find_binary("redis-server"), *conf,
         "--port", str(port),
         "--bind", host,
         "--dir", str(data_dir),
         "--save", "",
         *persistence,
+        *memory,
         "--maxmemory-policy", "noeviction",
         "--daemonize", "no",
         "--protected-mode", "yes",
     ]  # fmt: skip
 
 
+def write_redis_conf(data_dir: Path, password: str) -> Path:
+    """The config file holding `requirepass`, readable by this user only."""
+    if any(c.isspace() or c in "\"'" for c in password) or not password:
+        raise ProcessError("the Redis password must be a non-empty word (no spaces or quotes)")
+    path = data_dir / "redis.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"# written by kvswap at each start\nrequirepass {password}\n")
+    path.chmod(0o600)  # an older file kept its mode
+    return path
+
+
 def start_redis(
-    port: int, data_dir: Path, log_path: Path, *, persistent: bool, timeout_s: float = 30
+    port: int,
+    data_dir: Path,
+    log_path: Path,
+    *,
+    persistent: bool,
+    password: str | None = None,
+    maxmemory_bytes: int | None = None,
+    timeout_s: float = 30,
+    stopped: threading.Event | None = None,
 ) -> ManagedProcess:
-    """Start redis-server and wait until it answers PING."""
+    """Start redis-server (see `RedisOptions`) and wait until it answers PING (authenticated
+    when it has a password)."""
+    options = RedisOptions(persistent, password, maxmemory_bytes)
     data_dir.mkdir(parents=True, exist_ok=True)
-    proc = ManagedProcess(
-        "redis-server", redis_argv(port, data_dir, persistent=persistent), log_path
-    )
-    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1, socket_timeout=1)
-
-    def pings() -> bool:
-        try:
-            return bool(client.ping())
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
-            return False
-        except redis.exceptions.BusyLoadingError:
-            return False
-
+    if options.password is not None:
+        write_redis_conf(data_dir, options.password)
+    proc = ManagedProcess("redis-server", redis_argv(port, data_dir, options), log_path)
     try:
-        proc.wait_for(pings, timeout_s, "answering PING")
+        proc.wait_for(
+            functools.partial(redis_pings, port, options.password), timeout_s, "answering PING",
+            stopped,
+        )  # fmt: skip
     except ProcessError:
         proc.stop()
         raise
+    return proc
+
+
+def redis_pings(port: int, password: str | None, timeout_s: float = 1.0) -> bool:
+    """The redis-server on loopback `port` answers PING (a wrong password raises)."""
+    client = redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        password=password,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+    )
+    try:
+        return bool(client.ping())
+    except redis.exceptions.AuthenticationError as err:  # a ConnectionError by class
+        raise ProcessError(f"redis-server on port {port} refused the password: {err}") from err
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return False  # not listening yet; BusyLoadingError (replaying its AOF) included
     finally:
         client.close()
-    return proc
 
 
 def haproxy_check(config_path: Path) -> str:

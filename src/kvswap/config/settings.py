@@ -259,6 +259,13 @@ class HttpSettings:
     cors_credentials: bool = True
     # --ui-mcp-proxy (LLAMA_ARG_UI_MCP_PROXY) or --agent: serve /cors-proxy.
     ui_mcp_proxy: bool = False
+    # kvswap-only --ui-mcp-proxy-allow (KVSWAP_ARG_UI_MCP_PROXY_ALLOW): networks (CIDR, as
+    # normalised by `ipaddress`) /cors-proxy may reach although not globally routable
+    # (loopback, link-local, private); () = public addresses only.
+    ui_mcp_proxy_allow: tuple[str, ...] = ()
+    # kvswap-only --ui-mcp-proxy-max-bytes (KVSWAP_ARG_UI_MCP_PROXY_MAX_BYTES): the largest
+    # body /cors-proxy sends to its target or relays back.
+    ui_mcp_proxy_max_bytes: int = 32 << 20
     # --tools (LLAMA_ARG_TOOLS) or --agent: llama-server's built-in tools, which kvswap does
     # not run; recorded for the CORS default.
     server_tools: tuple[str, ...] = ()

@@ -32,8 +32,15 @@ _NEEDS_TIER = (
 
 
 def _set_shared_tier(b: Builder, v: str) -> None:
-    if urlsplit(v).scheme not in _REDIS_SCHEMES or any(c.isspace() for c in v):
-        raise ValueError(f"{v!r}: expected redis://[user:password@]host:port/db")
+    # the value is never echoed: it may hold a password (audit B7)
+    scheme = urlsplit(v).scheme
+    if scheme not in _REDIS_SCHEMES or any(c.isspace() for c in v):
+        got = f"scheme {scheme!r}" if scheme else "no scheme"
+        raise ValueError(
+            f"expected redis://[[user]:password@]host:port/db, rediss://... (TLS) or "
+            f"unix:///path, with no spaces (got {got}; the URL is not shown: it may hold a "
+            "password)"
+        )
     b.update("cluster", shared_tier=v)
 
 
@@ -82,7 +89,8 @@ def _set_lease_ms(b: Builder, v: str) -> None:
 FLAGS: tuple[Flag, ...] = (
     flag("--shared-tier", VALUE, KVSWAP, _set_shared_tier, env="KVSWAP_ARG_SHARED_TIER",
          hint="URL", help="join a kvswap cluster: minds are published to, owned through and "
-         "resumed from this Redis (redis://host:port/db); needs --replica-id and "
+         "resumed from this Redis (redis://[[user]:password@]host:port/db, rediss:// for TLS; "
+         "pass a password through the environment variable, not argv); needs --replica-id and "
          "--advertise-url (default: none)"),
     flag("--replica-id", VALUE, KVSWAP, _set_replica_id, env="KVSWAP_ARG_REPLICA_ID",
          hint="ID", help="this replica's name in the cluster (its HAProxy server name)"),

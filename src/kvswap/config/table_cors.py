@@ -1,7 +1,8 @@
 """Flag table: what a browser on another origin meets, as the pinned llama-server sets it up.
 
-Owns the `--cors-*` flags, `--ui-mcp-proxy` (the web UI's CORS proxy, `/cors-proxy`), and the
-agent flags whose only effect in kvswap is llama-server's security default: `--tools`,
+Owns the `--cors-*` flags, `--ui-mcp-proxy` (the web UI's CORS proxy, `/cors-proxy`) with
+kvswap's bounds on it (`--ui-mcp-proxy-allow`: the non-public networks it may reach;
+`--ui-mcp-proxy-max-bytes`: the largest body either way), and the agent flags whose only effect in kvswap is llama-server's security default: `--tools`,
 `--mcp-servers-config`, `--mcp-servers-json` and `-ag/--agent` limit `--cors-origins` to
 `localhost` unless it is given (settled in `flags._finish`). kvswap runs no built-in tools and
 no MCP servers; `kvswap serve` warns when they are asked for.
@@ -9,11 +10,14 @@ no MCP servers; `kvswap serve` warns when they are asked for.
 
 from __future__ import annotations
 
+import ipaddress
+
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag, set_bool, set_str
+from kvswap.config.sizes import parse_size
 from kvswap.config.values import split_csv
 
 VALUE, TOGGLE = Kind.VALUE, Kind.TOGGLE
-SERVER = Group.SERVER
+SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
 
 # Flags that, when given and --cors-origins is not, limit CORS to localhost (arg.cpp).
 LOCALHOST_DEFAULT_ORIGINS = "localhost"
@@ -30,6 +34,25 @@ def _set_mcp(b: Builder, v: str) -> None:
 def _set_agent(b: Builder, v: str) -> None:
     on = v == "1"
     b.update("http", server_tools=("all",) if on else (), ui_mcp_proxy=on)
+
+
+def _set_proxy_allow(b: Builder, v: str) -> None:
+    nets = []
+    for word in (w.strip() for w in split_csv(v)):
+        try:
+            nets.append(str(ipaddress.ip_network(word, strict=False)))
+        except ValueError as err:
+            raise ValueError(
+                f"{word!r}: expected addresses or networks such as 127.0.0.1 or 10.0.0.0/8"
+            ) from err
+    b.update("http", ui_mcp_proxy_allow=tuple(nets))
+
+
+def _set_proxy_max_bytes(b: Builder, v: str) -> None:
+    n_bytes = parse_size(v, "--ui-mcp-proxy-max-bytes")
+    if n_bytes < 1:
+        raise ValueError("must be at least 1 byte")
+    b.update("http", ui_mcp_proxy_max_bytes=n_bytes)
 
 
 def cors_origins_default(b: Builder) -> None:
@@ -59,6 +82,14 @@ FLAGS: tuple[Flag, ...] = (
          neg="--no-ui-mcp-proxy --no-webui-mcp-proxy", env="LLAMA_ARG_UI_MCP_PROXY",
          help="experimental: serve the CORS proxy /cors-proxy?url=... (default: disabled); "
          "do not enable in untrusted environments"),
+    flag("--ui-mcp-proxy-allow", VALUE, KVSWAP, _set_proxy_allow,
+         env="KVSWAP_ARG_UI_MCP_PROXY_ALLOW", hint="NETS",
+         help="comma-separated addresses or networks (127.0.0.1, 10.0.0.0/8) /cors-proxy may "
+         "reach although not public; every other loopback, link-local (cloud metadata) or "
+         "private target is refused (default: none)"),
+    flag("--ui-mcp-proxy-max-bytes", VALUE, KVSWAP, _set_proxy_max_bytes,
+         env="KVSWAP_ARG_UI_MCP_PROXY_MAX_BYTES", hint="SIZE",
+         help="the largest body /cors-proxy sends to its target or relays back (default: 32M)"),
     flag("--tools", VALUE, SERVER, _set_tools, env="LLAMA_ARG_TOOLS", hint="TOOL1,TOOL2,...",
          help="llama-server's built-in agent tools: kvswap runs none; given, CORS defaults "
          "to localhost, as llama-server"),

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +33,7 @@ from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Command
 from kvswap.engine.handle import PagesHandle
 from kvswap.files import Publisher
-from kvswap.tiers.shared.connection import connect
+from kvswap.tiers.shared.connection import connect, redacted
 from kvswap.tiers.shared.errors import TierUnavailable, translating
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
@@ -112,16 +111,6 @@ class TierView:
     writer: dict[str, int]
     resumes: dict[str, float]
     held: tuple[HeldView, ...]
-
-
-def redacted(url: str) -> str:
-    """The URL without its password (for /props and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 class SharedTier:
