@@ -53,7 +53,7 @@ from kvswap.cluster.state import ENV_VAR, STATE_FILE, write_state
 from kvswap.cluster.supervise import ChildState, RestartPolicy, Supervised
 from kvswap.config.errors import ConfigError, HelpRequested
 from kvswap.config.flags import all_flags, parse_serve_args
-from kvswap.tiers.shared.connection import redacted
+from kvswap.tiers.shared.replica import redacted
 
 # Serve flags the cluster sets itself for every replica.
 OWNED_FLAGS: Final = ("--port", "--host", "--slot-save-path")

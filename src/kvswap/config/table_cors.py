@@ -17,7 +17,7 @@ from kvswap.config.sizes import parse_size
 from kvswap.config.values import split_csv
 
 VALUE, TOGGLE = Kind.VALUE, Kind.TOGGLE
-SERVER, KVSWAP = Group.SERVER, Group.KVSWAP
+SERVER, LIMITS = Group.SERVER, Group.LIMITS
 
 # Flags that, when given and --cors-origins is not, limit CORS to localhost (arg.cpp).
 LOCALHOST_DEFAULT_ORIGINS = "localhost"
@@ -82,12 +82,12 @@ FLAGS: tuple[Flag, ...] = (
          neg="--no-ui-mcp-proxy --no-webui-mcp-proxy", env="LLAMA_ARG_UI_MCP_PROXY",
          help="experimental: serve the CORS proxy /cors-proxy?url=... (default: disabled); "
          "do not enable in untrusted environments"),
-    flag("--ui-mcp-proxy-allow", VALUE, KVSWAP, _set_proxy_allow,
+    flag("--ui-mcp-proxy-allow", VALUE, LIMITS, _set_proxy_allow,
          env="KVSWAP_ARG_UI_MCP_PROXY_ALLOW", hint="NETS",
          help="comma-separated addresses or networks (127.0.0.1, 10.0.0.0/8) /cors-proxy may "
          "reach although not public; every other loopback, link-local (cloud metadata) or "
          "private target is refused (default: none)"),
-    flag("--ui-mcp-proxy-max-bytes", VALUE, KVSWAP, _set_proxy_max_bytes,
+    flag("--ui-mcp-proxy-max-bytes", VALUE, LIMITS, _set_proxy_max_bytes,
          env="KVSWAP_ARG_UI_MCP_PROXY_MAX_BYTES", hint="SIZE",
          help="the largest body /cors-proxy sends to its target or relays back (default: 32M)"),
     flag("--tools", VALUE, SERVER, _set_tools, env="LLAMA_ARG_TOOLS", hint="TOOL1,TOOL2,...",

@@ -1,4 +1,4 @@
-"""Rewriting the stream header of a plain KV cache's sequence state (SPEC §7).
+"""Rewriting the stream header of a plain KV cache's sequence state (docs/DESIGN.md, "How large a mind can grow").
 
 libllama's KV cache writes a sequence state as
 

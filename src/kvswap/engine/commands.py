@@ -220,7 +220,7 @@ class Erased:
 
 @dataclass(frozen=True)
 class PageMoved:
-    """The result of `PageOut` and `PageIn` (SPEC §3 result fields)."""
+    """The result of `PageOut` and `PageIn` (the fields the page verbs answer)."""
 
     slot_id: int
     key: PageKey

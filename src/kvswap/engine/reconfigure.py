@@ -1,4 +1,4 @@
-"""POST /reconfigure on the engine thread: a relaunch is a pause, not a reload (SPEC §7).
+"""POST /reconfigure on the engine thread: a relaunch is a pause, not a reload.
 
 A reconfigure closes admission (arriving work queues), lets running requests reach a geometry
 where each has a seat (a request on a slot past the new `n_parallel` moves to a free lower

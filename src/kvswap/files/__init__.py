@@ -1,4 +1,4 @@
-"""kvswap.files: slot files on disk and their crash-safe publication (SPEC §4). No libllama.
+"""kvswap.files: slot files on disk and their crash-safe publication (docs/DESIGN.md, "Files that survive a crash"). No libllama.
 
 Modules, each owning one thing:
 

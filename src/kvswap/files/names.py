@@ -12,7 +12,7 @@ and it may not collide with kvswap's own files (the metadata folder `.kvswap*`, 
 in a sidecar suffix `.ckpt`, `.dft`, `.lora`, compared case-insensitively for case-folding file
 systems).
 
-Page names (SPEC §3) never become paths: 1-255 bytes of UTF-8, no path separators, no `..`, no
+Page names never become paths: 1-255 bytes of UTF-8, no path separators, no `..`, no
 control characters.
 
 Does not touch the file system: symlinks and existing entries are `paths`' business.

@@ -1,4 +1,4 @@
-"""`Publisher`: crash-safe publication and reading of slot-file generations (SPEC §4).
+"""`Publisher`: crash-safe publication and reading of slot-file generations.
 
 A generation is `F` plus its sidecars, published as one unit:
 

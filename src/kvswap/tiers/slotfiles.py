@@ -1,4 +1,4 @@
-"""The one writer and reader of slot files and page files (SPEC §4), on worker threads.
+"""The one writer and reader of slot files and page files, on worker threads.
 
 A captured slot and a page share one layout (`core.page.PageLayout`), so `save` and `spill`
 write through `publish_state` and `restore` reads through `read_state`: `F` in libllama's

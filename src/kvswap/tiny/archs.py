@@ -1,8 +1,8 @@
 """What each supported architecture's GGUF contains: metadata keys and tensor shapes.
 
 Owns `ARCHS`, one `ArchSpec` per architecture, each composed from the shared pieces in
-blocks.py. The shapes and keys follow llama.cpp `0c1e570` (llama-cpp-python 0.3.36), see
-/work/shared/notes/TINY-GGUF-ARCH-SPECS.md; the tests load every one of them with libllama.
+blocks.py. The shapes and keys follow llama.cpp `0c1e570` (llama-cpp-python 0.3.36), read from
+llama.cpp's `src/llama-arch.cpp` and `src/llama-model.cpp`; the tests load every one of them with libllama.
 Pure: no I/O, no numpy.
 """
 

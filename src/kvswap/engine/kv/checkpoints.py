@@ -1,4 +1,4 @@
-"""Context checkpoints: where to take them, and the byte budget they live under (SPEC §6).
+"""Context checkpoints: where to take them, and the byte budget they live under (docs/DESIGN.md, "Checkpoints, drafts and adapters").
 
 Memory that cannot be cut at an arbitrary position (recurrent state, hybrids, a sliding window
 without `--swa-full`) gets partial snapshots (`LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY`) during

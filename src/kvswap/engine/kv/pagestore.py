@@ -6,7 +6,7 @@ the one byte count that the ceiling is enforced on. Pages are keyed by `core.key
 engine's own live side by side and never collide, and a request can only ever build a key of its
 own tenant's client page or mind. Pure Python: no libllama, no files.
 
-Rules (SPEC §3):
+Rules (docs/DESIGN.md, "Where a mind waits"):
 - One count. `reserve(name, n_bytes)` admits a page with the bytes measured before any copy and
   charges exactly that; `commit` stores a buffer of exactly that size, so no estimate can let a
   page past the ceiling.

@@ -1,4 +1,4 @@
-"""The pure part of a reconfigure (SPEC §7): the target geometry of what a client asks for
+"""The pure part of a reconfigure (docs/DESIGN.md, "How large a mind can grow"): the target geometry of what a client asks for
 (`plan.geometry.ReconfigureSpec`), the memory check, and which new slot each occupied slot's
 state goes to. No libllama calls, no engine state: the procedure that uses them is
 `engine.reconfigure`.

@@ -3,7 +3,7 @@
 Owns the plain views the engine and the server fill (`SlotView`, `PropsView`, `ModelView`)
 and their JSON, in llama-server's shapes: `server_slot::to_json` and the SLOT_GET task
 (`server-context.cpp`), `get_res_props`, `get_res_model_info` and `get_res_models`. kvswap's
-additions to /props (`slot_page_version`, `context_geometry`) are SPEC §8.
+additions to /props (`slot_page_version`, `context_geometry`) are kvswap's own (docs/DESIGN.md, "What you can watch").
 
 Pure: no I/O, no engine calls, no clocks (`created` comes in as an argument).
 """
@@ -146,7 +146,7 @@ class PropsView:
 
 
 def props_json(view: PropsView) -> dict[str, Any]:
-    """`get_res_props`, plus `slot_page_version` and `context_geometry` (SPEC §8).
+    """`get_res_props`, plus `slot_page_version` and `context_geometry` (kvswap's own).
 
     `default_generation_settings.params` is `task_params::to_json(true)` of a default task
     holding the server's sampling: n_predict -1, no stream, as llama-server.

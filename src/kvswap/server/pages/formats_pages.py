@@ -1,4 +1,4 @@
-"""Response bodies of the page verbs and GET /pages (kvswap's own, SPEC §3).
+"""Response bodies of the page verbs and GET /pages (kvswap's own).
 
 Pure: engine results in, JSON-able dicts out.
 """

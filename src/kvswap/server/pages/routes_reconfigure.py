@@ -1,4 +1,4 @@
-"""POST /reconfigure: change n_ctx, n_parallel, batch sizes and KV types live (SPEC §7).
+"""POST /reconfigure: change n_ctx, n_parallel, batch sizes and KV types live.
 
 The route validates the body, posts the command, and answers the receipt: each phase's time,
 the bytes moved, and what became of every slot. A refusal or a rollback is a typed error

@@ -6,7 +6,7 @@ every other client's stream for as long. `prepared(raw, fn)` runs `fn` (a route'
 everything from the raw body to its engine requests) inline for a body under `OFFLOAD_BYTES`,
 where a thread hop would cost more than the work, and in a worker thread (`asyncio.to_thread`)
 for a larger one. The work itself is unchanged: vocabulary calls and template rendering are
-read-only and safe on any thread (SPEC §1), and grammar checks were already made off the engine
+read-only and safe on any thread, and grammar checks were already made off the engine
 thread.
 """
 

@@ -6,7 +6,7 @@ hard limits, as llama-server's `server-schema.cpp` (`make_llama_cmpl_schema`),
 handlers in `server-context.cpp` define them. It does not apply defaults, clamp soft limits or
 map anything onto engine parameters: `params.py` does that.
 
-Rules (SPEC §0):
+Rules (docs/DESIGN.md, "Compatible first"):
 - unknown fields are ignored; `null` is the same as absent (as llama-server's `has_value`);
 - a known field of the wrong type is a 400 (llama-server's nlohmann getters coerce a bool into a
   number and fall back to defaults in places; we do not): models are strict, except that an
@@ -121,7 +121,7 @@ class GenerationFields(Body):
     lora: list[LoraEntry] | None = None
     mind: str | None = None  # kvswap: the named conversation this request continues
 
-    # -- length and stopping (SPEC: a negative n_predict other than -1 is a 400)
+    # -- length and stopping (kvswap: a negative n_predict other than -1 is a 400)
     n_predict: IntOrMinus1 | None = None
     max_completion_tokens: IntOrMinus1 | None = None
     max_tokens: IntOrMinus1 | None = None
@@ -180,7 +180,7 @@ class GenerationFields(Body):
 
 
 def _check_logit_bias_shape(logit_bias: list[list[Any]] | dict[str, Any] | None) -> None:
-    # llama-server skips malformed entries silently; SPEC makes a wrong type a 400.
+    # llama-server skips malformed entries silently; kvswap makes a wrong type a 400.
     if logit_bias is None:
         return
     if isinstance(logit_bias, dict):

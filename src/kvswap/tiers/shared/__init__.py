@@ -1,4 +1,4 @@
-"""The shared tier: minds' pages, token logs and owner leases in Redis (CLUSTER-RESEARCH.md §4).
+"""The shared tier: minds' pages, token logs and owner leases in Redis (docs/CLUSTER.md).
 
 A tier like the disk one, below the server: the Redis key layout (`keys`), per-mind leases
 with fences (`lease`), the page store with delta segments and its byte budget (`store`,

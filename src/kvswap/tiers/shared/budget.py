@@ -1,7 +1,7 @@
 """The shared tier's byte budget and LRU, kept by kvswap, not by Redis.
 
 Redis runs with `maxmemory-policy noeviction`: its own eviction would drop single chunks or
-lease keys (CLUSTER-RESEARCH.md §4.2). Instead every mind's stored bytes are charged here
+lease keys. Instead every mind's stored bytes are charged here
 (`kv:{tier}:bytes`, total in `kv:{tier}:total`) with its last use in a sorted set
 (`kv:{tier}:lru`, scored by Redis's clock); the store degrades the least recently used minds to
 tokens-only until the total is back under the budget. Each update is one script, so replicas

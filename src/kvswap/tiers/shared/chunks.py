@@ -2,7 +2,7 @@
 
 A blob (the bytes one generation writes) is cut into chunks of `chunk_bytes` (8 MiB by
 default: a Redis string caps at 512 MB and one big value stalls Redis's single thread for
-everyone else, CLUSTER-RESEARCH.md §4.2). `ChunkIO` sends them as pipelines of `depth` chunks,
+everyone else). `ChunkIO` sends them as pipelines of `depth` chunks,
 one pipeline per worker thread and connection, `n_connections` at a time; each chunk's CRC-32
 is computed by the worker that carries it (zlib releases the GIL). Values go to redis-py as
 memoryviews, which it sends without copying.

@@ -1,4 +1,4 @@
-"""Per-mind owner leases with fencing tokens, kept in Redis (CLUSTER-RESEARCH.md §4.3).
+"""Per-mind owner leases with fencing tokens, kept in Redis (docs/CLUSTER.md, "Why it is built this way").
 
 One replica serves a mind at a time. A lease is `kv:{h}:lease = "<replica id> <advertise URL>
 <token>"` with a TTL (`SET NX PX`), where the token is random per process incarnation
