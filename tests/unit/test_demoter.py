@@ -151,7 +151,7 @@ def test_the_anonymous_cache_gives_way_before_any_mind_is_spilled(tmp_path: Path
     d = _demoter(side, tmp_path)
     assert d.run_pass().refused == ""
     assert _files(d) == {} and side.store.has(ann) and side.store.has(bob)
-    assert side.anon.best(slot.tokens.view()) is None  # shed
+    assert side.anon.best(slot.tokens.view(), slot.namespace) is None  # shed
     side.check()
     d.close(engine_alive=False)
 

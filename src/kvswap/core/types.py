@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvswap.core.errors import ErrorKind
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.sampling import SamplingParams
 
 # A LoRA set: (adapter id, scale) pairs, sorted by id, no zero scales.
@@ -48,6 +48,9 @@ class GenerationRequest:
     lora: LoraSet = ()
     lora_request: LoraSet = ()
     mind: PageKey | None = None  # the mind's key (core.keys.mind_key); None: anonymous
+    # The tenant that sent it (core.keys.namespace_of its API key): an anonymous request reuses
+    # only the prefixes its own tenant left in slots and in the anonymous cache.
+    namespace: str = PUBLIC_NAMESPACE
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kvswap.core.errors import KvswapError
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.page import PageLayout, SlotState
 from kvswap.core.types import EngineError, Event, GenerationRequest
 from kvswap.core.vocab import MindMove
@@ -63,6 +63,7 @@ class SlotApply:
     slot_id: int
     state: SlotState
     reply: Reply[Applied]
+    namespace: str = PUBLIC_NAMESPACE  # the caller's: only its requests reuse the prefix
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class PageIn:
     slot_id: int
     key: PageKey
     reply: Reply[PageMoved]
+    namespace: str = PUBLIC_NAMESPACE  # the caller's: only its requests reuse the prefix
 
 
 @dataclass(frozen=True)

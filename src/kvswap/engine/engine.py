@@ -273,11 +273,7 @@ class Engine:
                 cmd.sink(err)
                 return
             prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
-            mind = cmd.request.mind
-            slot_id = -1 if mind else cmd.request.id_slot  # a mind's slot is where it lives
-            self.waiting.add(
-                Job(cmd.req_id, slot_id, prompt, cmd, mind=mind, lora=cmd.request.lora)
-            )
+            self.waiting.add(Job.of(cmd.req_id, cmd.request, prompt, cmd))
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
         elif isinstance(cmd, BufferReady):
@@ -344,12 +340,11 @@ class Engine:
     def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
         req = cmd.request
         rt = self.runtime
-        # KV computed under one LoRA set never serves a request under another.
-        same_lora = slot.lora == req.lora
-        n_keep = slot.tokens.common_prefix(prompt) if req.cache_prompt and same_lora else 0
+        n_keep = slot.reusable(prompt, req)
         n_keep = min(n_keep, len(prompt) - 1)  # at least one token is evaluated
         n_keep = rt.memory.cut(slot, n_keep)
         slot.lora = req.lora
+        slot.namespace = req.namespace
         sampler = SamplerChain(self.vocab, req.sampling, rt.n_ctx_slot)
         for tok in prompt[max(0, len(prompt) - req.sampling.history_needed(rt.n_ctx_slot)) :]:
             sampler.accept(int(tok))

@@ -3,8 +3,8 @@ one or several tasks, streamed or not.
 
 Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HTTP responses:
 - `turn(state, http, raw)` comes first in a generation route, before the body is prepared:
-  the mind the request names (`X-Mind-Id`, the body's `"mind"`: a parse of that one field)
-  is held (`MindSession.turn`: its lock, busy and claimed; in a cluster placed, so a turn
+  the mind the request names (`X-Mind-Id`, the body's `"mind"`, else a session key:
+  `minds.names`; a parse of those few fields) is held (`MindSession.turn`: its lock, busy and claimed; in a cluster placed, so a turn
   bound for another replica is forwarded from here, never rendered or tokenized here). A body
   whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
@@ -32,16 +32,17 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
-from kvswap.minds.names import request_mind
+from kvswap.minds.names import request_mind, session_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
 from kvswap.server.errors import error_json
@@ -70,11 +71,13 @@ class Turn:
         minds: MindSession,
         held: HeldMind | None = None,
         exits: AsyncExitStack | None = None,
+        namespace: str = PUBLIC_NAMESPACE,
     ) -> None:
         self.client = client
         self.minds = minds
         self.held = held
         self.exits = exits or AsyncExitStack()
+        self.namespace = namespace  # the caller's tenant: its requests carry it
 
     @property
     def mind(self) -> PageKey | None:
@@ -88,6 +91,7 @@ class Turn:
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
         """The request's events; the last is a Completion or an EngineError."""
+        request = replace(request, namespace=self.namespace)
         held = self.held
         if held is None:
             async for event in self.client.stream(request):
@@ -116,27 +120,42 @@ class Turn:
             await agen.aclose()
 
 
-async def named_mind(http: Request, raw: bytes) -> PageKey | None:
-    """The mind a request names (the header and the body's field, in the caller's tenant
-    namespace); None when it names none, or its body's `"mind"` cannot be read."""
+async def named_mind(
+    http: Request, raw: bytes, session_headers: Sequence[str] | None = None
+) -> PageKey | None:
+    """The mind a request names in the caller's tenant namespace (`minds.names`: the header
+    and the body's field, else a session key when `session_headers` is given, the session
+    minds being on); None when it names none, or its body's `"mind"` cannot be read. A session
+    key of a body asking for several completions names nothing (a mind runs one)."""
     try:
-        body_mind = await prepared(raw, lambda: parse_body(MindField, raw).mind)
+        field = await prepared(raw, lambda: parse_body(MindField, raw))
     except KvswapError:
         return None  # the body's own parse answers the 400
-    return request_mind(http.headers.get("x-mind-id"), body_mind, tenant_namespace(http.scope))
+    session = None
+    if session_headers is not None and not field.several:
+        values = [http.headers.get(name) for name in session_headers]
+        session = session_mind(field.prompt_cache_key, values)
+    header = http.headers.get("x-mind-id")
+    return request_mind(header, field.mind, tenant_namespace(http.scope), session)
+
+
+def session_headers(state: ServerState) -> Sequence[str] | None:
+    """The headers whose value is a session key; None with `--no-session-minds`."""
+    http = state.config.http
+    return http.session_headers if http.session_minds else None
 
 
 @asynccontextmanager
 async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[Turn]:
     """The route's work, its mind held first when it names one (see the module docstring)."""
-    key = await named_mind(http, raw)
+    key = await named_mind(http, raw, session_headers(state))
     async with AsyncExitStack() as exits:
         held = None
         if key is not None:
             session = state.minds.turn(key, turn_facts(http.scope, raw))
             gone = until_disconnect(http.receive)
             held = await _unless_gone(exits.enter_async_context(session), gone)
-        yield Turn(state.client, state.minds, held, exits)
+        yield Turn(state.client, state.minds, held, exits, tenant_namespace(http.scope))
 
 
 async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:

@@ -11,7 +11,8 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   request re-prefills it), and the slot serves the waiting work;
 - `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
   save copies it (the mind stays), erase and page_out end it (the caller then forgets its
-  spilled copy). A verb of another tenant is refused, naming no mind;
+  spilled copy). A verb of another tenant is refused, naming no mind, as is one on a slot
+  whose anonymous prompt another tenant sent;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
@@ -80,7 +81,8 @@ class NoRoomYet(Exception):
 
 
 class NotYourMind(KvswapError):
-    """A slot verb of one tenant on a slot holding another tenant's mind (named nowhere)."""
+    """A slot verb of one tenant on a slot holding another tenant's mind (named nowhere) or
+    another tenant's prompt."""
 
     def __init__(self, slot_id: int) -> None:
         super().__init__(
@@ -130,12 +132,15 @@ class Seating:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
-        if slot.mind is not None and isinstance(cmd, SlotCapture | SlotErase | PageOut):
+        if isinstance(cmd, SlotCapture | SlotErase | PageOut):
             # These verbs act on the state the slot holds: the mind's, where it is (the engine
-            # calls `left` after erase and page_out).
-            if cmd.namespace is not None and slot.mind.namespace != cmd.namespace:
+            # calls `left` after erase and page_out), or another key's prompt, never theirs.
+            owner = slot.mind.namespace if slot.mind is not None else slot.namespace
+            held = slot.mind is not None or len(slot.tokens) > 0
+            if held and cmd.namespace is not None and owner != cmd.namespace:
                 raise NotYourMind(slot.id)
-            return
+            if slot.mind is not None:
+                return
         if isinstance(cmd, MindVerb) and cmd.action != MindMove.TO_SLOT:
             if slot.mind != cmd.key:
                 return  # the mind is in no slot: nothing to do
@@ -153,7 +158,7 @@ class Seating:
         if not mind:
             if isinstance(cmd, Submit) and cmd.request.cache_prompt:
                 prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
-                self.anon.prepare(slot, prompt)
+                self.anon.prepare(slot, prompt, cmd.request.namespace)
             return
         reg = self.registry
         reg.touch(mind)

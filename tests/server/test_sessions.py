@@ -1,0 +1,138 @@
+"""Session keys through the real server: a client that never names a mind gets one from the key
+it sends anyway (OpenAI's `prompt_cache_key`, llama-server's `X-Conversation-Id`), an edited
+history re-seats its mind at the longest common prefix, and one API key's anonymous prompts are
+never a cache hit for another key. A tiny random model: only token counts are asserted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvswap.tiny import tiny_model_path
+from tests.server.harness import ServerProcess
+
+pytestmark = pytest.mark.model
+
+ARGS = ("-c", "2048", "-np", "1", "-t", "1", "-tb", "1", "-ub", "64")
+STORY = "Once upon a time there was a lighthouse keeper who counted the waves. " * 4
+
+
+@pytest.fixture()
+def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
+    started: list[ServerProcess] = []
+
+    def get(*args: str) -> ServerProcess:
+        model = tiny_model_path("llama", seed=7, vocab="tiny")
+        server = ServerProcess(["-m", str(model), *ARGS, *args], tmp_path / f"s{len(started)}.log")
+        started.append(server)
+        return server
+
+    yield get
+    for server in started:
+        server.stop()
+
+
+def _chat(
+    server: ServerProcess, messages: list[dict[str, str]], headers: dict[str, str], **extra: Any
+) -> dict[str, Any]:
+    body = {"messages": messages, "max_tokens": 4, "temperature": 0, **extra}
+    resp = server.post("/v1/chat/completions", body, headers=headers)
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+def _prompt_tokens(server: ServerProcess, messages: list[dict[str, str]]) -> list[int]:
+    prompt = server.post("/apply-template", {"messages": messages}).json()["prompt"]
+    tokens = server.post("/tokenize", {"content": prompt, "add_special": True}).json()["tokens"]
+    return [int(t) for t in tokens]
+
+
+def _minds(server: ServerProcess, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    views = server.client.get("/pages", headers=headers).json()["minds"]
+    return {v["mind"]: v for v in views}
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_x_conversation_id_names_a_mind_and_an_edited_history_reseats_it(
+    start: Callable[..., ServerProcess],
+) -> None:
+    """Defects caught: a client sending only llama-server's X-Conversation-Id getting no mind
+    (its conversation lost to the next anonymous request on the one slot), and a history the
+    client edited served with the KV of the old one: the edited turn must reuse exactly the
+    common prefix of its prompt with what the mind holds, no token more."""
+    server = start()
+    conv = {"X-Conversation-Id": "conv-1"}
+    first = [{"role": "user", "content": STORY + "How many waves?"}]
+    one = _chat(server, first, conv)
+    assert set(_minds(server)) == {"conv-1"}
+    _chat(server, [{"role": "user", "content": "Something else entirely, " * 20}], {})
+    second = [*first, {"role": "assistant", "content": "Ten."}, {"role": "user", "content": "Why?"}]
+    two = _chat(server, second, conv)  # the anonymous request took the slot: paged back in
+    assert two["timings"]["cache_n"] >= one["usage"]["prompt_tokens"] - 1
+    edited = [{"role": "user", "content": STORY.replace("waves", "gulls") + "How many?"}]
+    edited += second[1:]
+    three = _chat(server, edited, conv)
+    lcp = _common(_prompt_tokens(server, edited), _prompt_tokens(server, second))
+    assert lcp < one["usage"]["prompt_tokens"] // 2  # the edit is early in the conversation
+    assert three["timings"]["cache_n"] == lcp
+    assert three["usage"]["prompt_tokens_details"]["cached_tokens"] == lcp
+
+
+def test_prompt_cache_key_names_a_mind_on_responses(start: Callable[..., ServerProcess]) -> None:
+    """Defect caught: Codex's prompt_cache_key (its conversation id) ignored, so each turn of
+    a conversation interleaved with another client's re-prefills its whole history. Its
+    second turn reads the first turn's prompt back from the mind (usage says so)."""
+    server = start()
+    items: list[dict[str, Any]] = [{"role": "user", "content": STORY + "Count them."}]
+    body = {"input": items, "max_output_tokens": 4, "temperature": 0, "prompt_cache_key": "cx-1"}
+    one = server.post("/v1/responses", body).json()
+    _chat(server, [{"role": "user", "content": "Unrelated, " * 30}], {})
+    items += [{"role": "assistant", "content": "Ten."}, {"role": "user", "content": "More?"}]
+    two = server.post("/v1/responses", {**body, "input": items}).json()
+    assert two["usage"]["input_tokens_details"]["cached_tokens"] >= (
+        one["usage"]["input_tokens"] - 1
+    )
+    assert _minds(server)["cx-1"]["n_tokens"] > one["usage"]["input_tokens"]
+
+
+def test_no_session_minds_leaves_session_keys_anonymous(
+    start: Callable[..., ServerProcess],
+) -> None:
+    """Defect caught: --no-session-minds still making minds of session keys."""
+    server = start("--no-session-minds")
+    _chat(server, [{"role": "user", "content": STORY}], {"X-Conversation-Id": "conv-1"})
+    _chat(server, [{"role": "user", "content": STORY}], {}, prompt_cache_key="pck")
+    assert _minds(server) == {}
+
+
+def test_one_keys_prompt_is_never_a_cache_hit_for_another(
+    start: Callable[..., ServerProcess],
+) -> None:
+    """Defect caught: the anonymous prefix cache (the slot's and the RAM cache's) shared across
+    API keys, so `cache_n` tells kb how much of its guess ka already sent: the second key
+    sending ka's long prompt reads 0 cached tokens, from the slot and from the RAM cache,
+    while each key still finds its own prompt."""
+    server = start("--api-key", "ka,kb")
+    ka, kb = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
+    body = {"prompt": STORY, "n_predict": 1, "temperature": 0}
+
+    def cached(headers: dict[str, str]) -> int:
+        resp = server.post("/completion", body, headers=headers)
+        assert resp.status_code == 200, resp.text
+        return int(resp.json()["timings"]["cache_n"])
+
+    assert cached(ka) == 0
+    assert cached(kb) == 0  # the slot holds ka's prompt: not kb's to reuse
+    assert cached(kb) > 0  # kb's own, from the slot
+    assert cached(ka) > 0  # ka's own, from the RAM cache (kb's prompt took the slot)
+    assert cached(ka) > 0
