@@ -136,3 +136,20 @@ def test_one_keys_prompt_is_never_a_cache_hit_for_another(
     assert cached(kb) > 0  # kb's own, from the slot
     assert cached(ka) > 0  # ka's own, from the RAM cache (kb's prompt took the slot)
     assert cached(ka) > 0
+
+
+def test_a_new_session_mind_starts_from_the_cached_prefix(
+    start: Callable[..., ServerProcess],
+) -> None:
+    """Defect caught: a session key's first turn re-prefilling a system prompt an anonymous
+    request of the same key just computed (every new Claude Code session, every new agent),
+    because a new mind started from an empty slot."""
+    server = start()
+    system = {"role": "system", "content": STORY}
+    anonymous = [system, {"role": "user", "content": "Count the waves."}]
+    _chat(server, anonymous, {})
+    session = [system, {"role": "user", "content": "Name the keeper."}]
+    first = _chat(server, session, {"X-Conversation-Id": "conv-new"})
+    lcp = _common(_prompt_tokens(server, anonymous), _prompt_tokens(server, session))
+    assert first["timings"]["cache_n"] == lcp > 50
+    assert set(_minds(server)) == {"conv-new"}

@@ -106,12 +106,19 @@ class TokenVerbs:
         slot.lora = ()
 
     def page_in(self, slot: Slot, key: PageKey) -> PageMoved:
+        return self._load(slot, key, keep=False)
+
+    def copy_in(self, slot: Slot, key: PageKey) -> PageMoved:
+        return self._load(slot, key, keep=True)
+
+    def _load(self, slot: Slot, key: PageKey, *, keep: bool) -> PageMoved:
         assert self.store is not None
         page = self.store.hold(key)
         try:
             with page.view() as view:
                 slot.tokens.replace(read_tokens(view, page.layout))
-            self.store.remove(key, page.generation)
+            if not keep:
+                self.store.remove(key, page.generation)
         finally:
             self.store.release(page)
         n = page.layout.n_tokens

@@ -46,10 +46,13 @@ class _Verbs:
         assert keep_slot
 
     def page_in(self, slot: Slot, key: PageKey) -> None:
+        self.copy_in(slot, key)
+        self.store.remove(key, self.store.get(key).generation)
+
+    def copy_in(self, slot: Slot, key: PageKey) -> None:
         page = self.store.hold(key)
         with page.view() as view:
             slot.tokens.replace(read_tokens(view, page.layout))
-        self.store.remove(key, page.generation)
         self.store.release(page)
 
     def clear(self, slot: Slot) -> None:

@@ -185,6 +185,28 @@ class AnonCache:
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
             self.save(slot)
 
+    def seed(self, slot: Slot, prompt: npt.NDArray[np.int32], namespace: str) -> None:
+        """A new mind of tenant `namespace` starts on `slot` (whose own state was saved): it
+        begins with the longest prefix of its prompt that the slot or its tenant's cache holds,
+        copied in so the entry stays for the next mind (a shared system prompt is prefilled
+        once); the slot keeps nothing of another tenant's."""
+        n_slot = min(slot.prefix_for(prompt, namespace), len(prompt) - 1)
+        best = self.best(prompt, namespace) if self.enabled else None
+        if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
+            key = best[0]
+            try:
+                self.runtime.verbs.copy_in(slot, key)
+            except KvswapError as err:  # another geometry's, or no room in a full pool now
+                log.warning("anonymous cache: %s could not seed a mind: %s", key, err.message)
+            else:
+                slot.namespace = namespace
+                self._entries[key].t_used = time.monotonic()
+                self.n_hits += 1
+                return
+            n_slot = 0  # the slot was emptied by the failed load
+        if n_slot == 0:
+            self.runtime.verbs.clear(slot)
+
     def expect(self, slot: Slot) -> None:
         """An anonymous request ended on `slot`: have a buffer prepared that can hold its state,
         so that the request which displaces it later finds one ready."""

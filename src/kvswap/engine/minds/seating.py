@@ -15,7 +15,8 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   whose anonymous prompt another tenant sent;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
-  starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
+  starts from the longest prefix of its prompt its tenant's anonymous cache or the slot
+  holds, else empty). In a unified KV pool a returning mind needs free cells for its
   state: the least recently used idle residents move out first (`_make_cells`), exactly as a
   full pool moves them for a prefill; while running requests hold the cells the job waits.
 
@@ -196,8 +197,12 @@ class Seating:
             verbs.mover.apply(slot, cmd.restore)
             reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
-        else:
-            verbs.clear(slot)
+        else:  # a new mind: from its tenant's longest cached prefix, if any
+            if isinstance(cmd, Submit) and cmd.request.cache_prompt:
+                prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
+                self.anon.seed(slot, prompt, mind.namespace)
+            else:
+                verbs.clear(slot)
             reg.count(new_total=1)
         slot.t_last_used = time.monotonic()
 
