@@ -18,8 +18,8 @@ from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
 from kvswap.engine.commands import RoomReport, SlotCapture, SlotErase, Submit
-from kvswap.engine.minds.registry import DiskCopy
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, Kept
+from kvswap.engine.minds.registry import DiskCopy
 from kvswap.engine.minds.seating import NoRoomYet, NotYourMind
 from kvswap.engine.slot import Slot
 from tests.unit.standins import (
