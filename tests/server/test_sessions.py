@@ -153,3 +153,40 @@ def test_a_new_session_mind_starts_from_the_cached_prefix(
     lcp = _common(_prompt_tokens(server, anonymous), _prompt_tokens(server, session))
     assert first["timings"]["cache_n"] == lcp > 50
     assert set(_minds(server)) == {"conv-new"}
+
+
+NOOP = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}
+
+
+def test_switching_tool_choice_keeps_the_conversations_prefix(
+    start: Callable[..., ServerProcess],
+) -> None:
+    """Defect caught: `tool_choice: "required"` rendering a system line `"auto"` does not, so
+    an agent turn that switched its choice re-prefilled everything after the system prompt (a
+    new user's agent reused 145 of 211 tokens on its second turn). Each turn, auto then
+    required then a named function then auto, reuses the whole previous prompt."""
+    server = start()
+    key = {"X-Conversation-Id": "agent-1"}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": STORY},
+        {"role": "user", "content": "Check something."},
+    ]
+    choices: list[Any] = ["auto", "required", {"type": "function", "function": {"name": "noop"}}]
+    previous: list[int] | None = None
+    for turn, choice in enumerate([*choices, "auto"]):
+        body = {"tools": [NOOP], "tool_choice": choice, "max_tokens": 2}
+        prompt = server.post("/apply-template", {"messages": messages, **body}).json()["prompt"]
+        tokens = server.post("/tokenize", {"content": prompt, "add_special": True}).json()
+        out = _chat(server, messages, key, **body)
+        if previous is not None:
+            assert out["timings"]["cache_n"] >= len(previous), (turn, choice)
+        previous = tokens["tokens"]
+        call = {
+            "id": f"c{turn}",
+            "type": "function",
+            "function": {"name": "noop", "arguments": "{}"},
+        }
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{turn}", "content": "done"},
+        ]

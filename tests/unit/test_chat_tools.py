@@ -113,6 +113,17 @@ def test_generic_format_appends_to_an_existing_system_message() -> None:
     assert "`tool_calls`" in out[0]["content"] and "following tools" not in out[0]["content"]
 
 
+def test_generic_format_shows_every_tool_choice_alike() -> None:
+    """Defect caught: `required` (or a named function) rendering another system line, or
+    fewer tools, than `auto`: an agent switching its tool choice then re-prefilled everything
+    after the system prompt on each switch. The grammar alone holds a forced call."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]
+    choices = [ToolChoice(), ToolChoice(ToolMode.REQUIRED), ToolChoice(ToolMode.FUNCTION, "noop")]
+    shown = [GenericFormat().adapt_messages(messages, TOOLS, c, False, CAPS_NONE) for c in choices]
+    assert shown[0] == shown[1] == shown[2]
+    assert '"get_weather"' in shown[0][0]["content"] and '"noop"' in shown[0][0]["content"]
+
+
 def test_grammars_name_only_the_allowed_functions() -> None:
     named = ToolChoice(ToolMode.FUNCTION, "noop")
     g = GenericFormat().grammar(TOOLS, named, parallel=False)

@@ -105,8 +105,9 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
     )
     messages = chat_messages(body)
     if fmt is not None:
-        shown = ToolChoice(ToolMode.AUTO) if answering else choice
-        shown = shown if calling or answering else ToolChoice(ToolMode.NONE)
+        # Every choice that shows the tools shows them alike (the grammar holds the choice): a
+        # switch between auto, required, a named function and none keeps the prompt.
+        shown = ToolChoice(ToolMode.AUTO if calling or answering else ToolMode.NONE)
         messages = fmt.adapt_messages(messages, tools, shown, parallel, template.caps)
     prompt = _render(state, body, messages, [t.as_openai() for t in tools] or None)
     reasoning_format = _reasoning_format(body)
