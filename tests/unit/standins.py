@@ -301,12 +301,13 @@ def engine_side(
     clock: Callable[[], float] = time.time,
 ) -> EngineSide:
     """The engine side of `n_slots` slots on a pool of `n_ctx` cells; `clock`: the flush
-    schedule's (a test's own makes its windows exact)."""
+    schedule's and the retention floors' (a test's own makes their windows exact)."""
     store = PageStore(ceiling_bytes)
     geo = geometry(n_ctx, n_slots, kv_unified)
     runtime = Runtime(store, geo, n_ctx_train=8192)
     slots = SlotTable(n_slots, runtime.n_ctx_slot)
-    return EngineSide(store, slots, runtime, Worker(), flushes=FlushSchedule(clock))
+    registry, flushes = MindRegistry(clock), FlushSchedule(clock)
+    return EngineSide(store, slots, runtime, Worker(), registry=registry, flushes=flushes)
 
 
 def put_page(store: PageStore, key: PageKey, n_tokens: int, start: int = 0) -> Page:

@@ -225,6 +225,31 @@ def test_drop_lru_drops_the_least_recently_used_idle_spilled_minds_for_room(
     d.close(engine_alive=False)
 
 
+def test_a_retention_floor_keeps_a_spilled_mind_until_it_has_passed(tmp_path: Path) -> None:
+    """Decision (Anthropic's cache_control as a retention floor): a full disk tier with
+    --page-disk-drop-lru drops the least recently used spilled mind no floor keeps. A mind
+    whose 5-minute breakpoint was set a minute ago keeps its copy though it is the oldest;
+    six minutes later it is an ordinary least recently used mind, and goes first."""
+    clock = Clock()
+    side = _side(clock=clock)
+    minds = open_minds(tmp_path)
+    kept = _on_disk(side, minds, "kept", when_s=10.0)
+    side.registry.retain(kept, 300)
+    other = _on_disk(side, minds, "other", when_s=20.0)
+    bound = sum(c.n_bytes for c in side.registry.disk_copies().values())  # full: one must go
+    d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
+    clock.now_s += 60
+    _in_ram(side, "old", "mid", "new", "newest")
+    assert d.run_pass().refused == ""
+    assert file_name(kept) in _files(d) and file_name(other) not in _files(d)
+    clock.now_s += 360
+    _in_ram(side, "later")
+    assert d.run_pass().refused == ""
+    assert file_name(kept) not in _files(d)
+    assert _counts(side)["mind_disk_dropped_total"] == 2
+    d.close(engine_alive=False)
+
+
 def test_a_ram_page_due_is_written_and_stays_in_ram_and_a_later_one_waits(tmp_path: Path) -> None:
     """--page-flush-seconds 60: a mind changed 60 s ago is written and keeps its RAM page
     (a flush is a copy, not a demotion); one changed 30 s ago is not written yet."""

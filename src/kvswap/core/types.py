@@ -51,6 +51,9 @@ class GenerationRequest:
     # The tenant that sent it (core.keys.namespace_of its API key): an anonymous request reuses
     # only the prefixes its own tenant left in slots and in the anonymous cache.
     namespace: str = PUBLIC_NAMESPACE
+    # A retention floor (Anthropic's cache_control): a mind's state stays in some tier (RAM or
+    # disk) at least this many seconds after this turn; 0: none.
+    retain_s: int = 0
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,8 @@ class Engine:
         self.buffers = BufferWorker(self.inbox.put)
         self.store = self._new_store(config)
         # A mind's bookkeeping, each shared with the HTTP side and the demoter (`PagesHandle`).
-        self.registry, self.flushes, self.handoffs = MindRegistry(), FlushSchedule(), Handoffs()
+        self.registry = MindRegistry(config.clock)
+        self.flushes, self.handoffs = FlushSchedule(), Handoffs()
         self.runtime = rt = self._new_runtime()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
         # A client's slot verbs, and captures waiting for their buffer (the flush before exit).

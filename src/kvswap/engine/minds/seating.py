@@ -163,6 +163,8 @@ class Seating:
             return
         reg = self.registry
         reg.touch(mind)
+        if isinstance(cmd, Submit) and cmd.request.retain_s:
+            reg.retain(mind, cmd.request.retain_s)
         self.flushes.changed(mind)
         if slot.mind == mind:
             reg.count(hits_slot_total=1)

@@ -1,11 +1,11 @@
 """Response bodies of POST /v1/messages, whole and streamed, in Anthropic's shapes.
 
 Owns llama-server's `to_json_anthropic` and `to_json_anthropic_stream` shapes: a `message`
-with `thinking`, `text` and `tool_use` blocks, `stop_reason`, `usage` (`input_tokens` are the
-prompt tokens not read from the cache, `cache_read_input_tokens` those that were); a stream of
+with `thinking`, `text` and `tool_use` blocks, `stop_reason`, `usage` (read, newly kept and
+uncached prompt tokens: `anthropic.cache`) and llama-server's `timings`; a stream of
 `message_start`, `content_block_start`/`_delta`/`_stop` per block (`thinking_delta` and an
 empty `signature_delta`, `text_delta`, `input_json_delta`), `message_delta` and
-`message_stop`. Beyond llama-server: blocks stream one after another, each closed before the
+`message_stop` (`message_delta`'s usage cumulative, as Anthropic's). Beyond llama-server: blocks stream one after another, each closed before the
 next opens (`BlockStream`), and a matched stop sequence ends with `stop_reason:
 "stop_sequence"` and names it. Pure.
 """
@@ -20,6 +20,8 @@ from typing import Any
 from kvswap.chat.blocks import BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, StopType
+from kvswap.server.anthropic.cache import CacheMarks, usage
+from kvswap.server.formats import timings_json
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -46,17 +48,13 @@ def _input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-def usage_json(c: Completion) -> dict[str, Any]:
-    cached = c.timings.cache_n
-    return {
-        "input_tokens": c.n_prompt_tokens - cached,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": c.n_decoded,
-    }
+def usage_json(c: Completion, cache: CacheMarks) -> dict[str, Any]:
+    return usage(c.n_prompt_tokens, c.timings.cache_n, c.n_decoded, cache)
 
 
-def message_json(c: Completion, msg: ChatMsg, *, msg_id: str, model: str) -> dict[str, Any]:
+def message_json(
+    c: Completion, msg: ChatMsg, *, msg_id: str, model: str, cache: CacheMarks
+) -> dict[str, Any]:
     """The whole answer of a non-streamed request."""
     content: list[dict[str, Any]] = []
     if msg.reasoning_content:
@@ -76,12 +74,13 @@ def message_json(c: Completion, msg: ChatMsg, *, msg_id: str, model: str) -> dic
         "model": model,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": usage_json(c),
+        "usage": usage_json(c, cache),
+        "timings": timings_json(c.timings),
     }
 
 
 def message_start(
-    *, msg_id: str, model: str, n_prompt_tokens: int, n_cached: int
+    *, msg_id: str, model: str, n_prompt_tokens: int, n_cached: int, cache: CacheMarks
 ) -> dict[str, Any]:
     return {
         "type": "message_start",
@@ -93,12 +92,7 @@ def message_start(
             "model": model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": n_prompt_tokens - n_cached,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": n_cached,
-                "output_tokens": 0,
-            },
+            "usage": usage(n_prompt_tokens, n_cached, 0, cache),
         },
     }
 
@@ -150,13 +144,16 @@ def block_events(events: list[BlockEvent]) -> list[dict[str, Any]]:
     return out
 
 
-def message_end(c: Completion, msg: ChatMsg) -> list[dict[str, Any]]:
+def message_end(c: Completion, msg: ChatMsg, cache: CacheMarks) -> list[dict[str, Any]]:
+    """message_delta, whose usage is cumulative (Anthropic's: the input fields repeated, the
+    output tokens of the whole answer), with the answer's timings; then message_stop."""
     reason, sequence = stop_reason(c, msg)
     return [
         {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": {"output_tokens": c.n_decoded},
+            "usage": usage_json(c, cache),
+            "timings": timings_json(c.timings),
         },
         {"type": "message_stop"},
     ]

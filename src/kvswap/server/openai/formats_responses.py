@@ -96,6 +96,7 @@ def response_json(
         out["completed_at"] = (
             meta.created_at + int(c.timings.prompt_ms + c.timings.predicted_ms) // 1000
         )
+        out["timings"] = timings_json(c.timings)  # llama-server's, as on chat completions
     return out
 
 
