@@ -6,6 +6,7 @@ never a cache hit for another key. A tiny random model: only token counts are as
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,10 @@ STORY = "Once upon a time there was a lighthouse keeper who counted the waves. "
 def start(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     started: list[ServerProcess] = []
 
-    def get(*args: str) -> ServerProcess:
+    def get(*args: str, env: dict[str, str] | None = None) -> ServerProcess:
         model = tiny_model_path("llama", seed=7, vocab="tiny")
-        server = ServerProcess(["-m", str(model), *ARGS, *args], tmp_path / f"s{len(started)}.log")
+        log = tmp_path / f"s{len(started)}.log"
+        server = ServerProcess(["-m", str(model), *ARGS, *args], log, env)
         started.append(server)
         return server
 
@@ -190,3 +192,58 @@ def test_switching_tool_choice_keeps_the_conversations_prefix(
             {"role": "assistant", "content": None, "tool_calls": [call]},
             {"role": "tool", "tool_call_id": f"c{turn}", "content": "done"},
         ]
+
+
+def _pages_until(server: ServerProcess, cond: Callable[[dict[str, Any]], bool]) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        minds = _minds(server)
+        if cond(minds):
+            return minds
+        assert time.monotonic() < deadline, minds
+        time.sleep(0.1)
+
+
+def test_a_5m_breakpoint_keeps_a_claude_code_session_through_pressure_and_6_minutes(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Decision (cache_control as a retention floor): a Claude Code session whose turn set a
+    5-minute breakpoint keeps its state under memory and disk pressure: while other minds
+    push it out of RAM and a full disk tier (--page-disk-drop-lru) drops the least recently
+    used spilled minds, it keeps its copy though it is the oldest. Six minutes later (the
+    floors' clock moved ahead, KVSWAP_CLOCK_SKEW_FILE) its prefix is still read back from
+    disk, and the usage says so: the whole last prompt read, only the new turn created.
+    Defect caught: the oldest mind dropped for room before its TTL, or a return from disk
+    reported as a cache miss."""
+    save, skew = tmp_path / "slots", tmp_path / "skew"
+    save.mkdir()
+    server = start(
+        "--slot-save-path", str(save), "--metrics",
+        "--page-ram-bytes", "400K", "--page-disk-bytes", "350K", "--page-disk-drop-lru",
+        env={"KVSWAP_CLOCK_SKEW_FILE": str(skew)},
+    )  # fmt: skip
+    claude = {"x-claude-code-session-id": "cc-1"}
+    cc = {"type": "ephemeral", "ttl": "5m"}
+    system = [{"type": "text", "text": STORY * 2, "cache_control": cc}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "How many waves?"}]
+    body = {"model": "m", "max_tokens": 3, "system": system, "temperature": 0}
+    one = server.post("/v1/messages", {**body, "messages": messages}, headers=claude).json()
+    assert one["usage"]["cache_creation_input_tokens"] > 0
+    n_first = one["usage"]["input_tokens"] + one["usage"]["cache_creation_input_tokens"]
+    for m in range(6):  # each pushes the one before out of its slot, and RAM to disk
+        other = {"prompt": f"Mind {m} counts. " + STORY * 2, "n_predict": 2, "mind": f"m{m}"}
+        assert server.post("/completion", other).status_code == 200
+    minds = _pages_until(server, lambda v: len(v) < 7 and v.get("cc-1", {}).get("tier") == "disk")
+    assert server.metrics()["llamacpp:mind_disk_dropped_total"] >= 1
+    assert "cc-1" in minds  # the oldest, kept by its floor while others were dropped
+    skew.write_text("360")  # six minutes idle
+    messages += [
+        {"role": "assistant", "content": one["content"] or "Ten."},
+        {"role": "user", "content": [{"type": "text", "text": "Why?", "cache_control": cc}]},
+    ]
+    two = server.post("/v1/messages", {**body, "messages": messages}, headers=claude).json()
+    usage = two["usage"]
+    assert usage["cache_read_input_tokens"] >= n_first
+    assert usage["cache_read_input_tokens"] == two["timings"]["cache_n"]
+    assert usage["cache_creation_input_tokens"] < 40  # the new turn only
+    assert server.metrics()["llamacpp:mind_hits_disk_total"] >= 1
