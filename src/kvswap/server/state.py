@@ -26,6 +26,7 @@ from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
+from kvswap.server.convstreams import ConvStreams
 from kvswap.server.prometheus import MetricsRenderer
 from kvswap.server.requests.lora import LoraScales
 from kvswap.text.builtin_template import BuiltinTemplate
@@ -53,6 +54,7 @@ class ServerState:
     shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
     shared_minds: SharedMinds | None = None  # ... as a mind's turn uses it (event loop)
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
+    streams: ConvStreams = field(default_factory=ConvStreams)  # X-Conversation-Id's streams
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it
 

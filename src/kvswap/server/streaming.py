@@ -4,15 +4,19 @@ one or several tasks, streamed or not.
 Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HTTP responses:
 - `turn(state, http, raw)` comes first in a generation route, before the body is prepared:
   the mind the request names (`X-Mind-Id`, the body's `"mind"`, else a session key:
-  `minds.names`; a parse of those few fields) is held (`MindSession.turn`: its lock, busy and claimed; in a cluster placed, so a turn
-  bound for another replica is forwarded from here, never rendered or tokenized here). A body
-  whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
+  `minds.names`; a parse of those few fields) is held (`MindSession.turn`: its lock, busy and
+  claimed; in a cluster placed, so a turn bound for another replica is forwarded from here,
+  never rendered or tokenized here). A body whose `"mind"` cannot be read holds nothing: its
+  preparation answers the typed 400. A request with `X-Conversation-Id` cancels that
+  conversation's previous resumable stream (`convstreams`).
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
   turn (`turn_done`) before its last event goes out.
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
-  `finally` posts `Cancel`). A stream keeps the mind held until it ends (`Turn.keep`).
+  `finally` posts `Cancel`). A stream keeps the mind held until it ends (`Turn.keep`). A
+  stream with `X-Conversation-Id`, once started, is produced into its conversation's stream
+  by a task of its own: the client reads it there and may leave without stopping it.
 
 A client can leave before its first event (while it waits for its mind, queues for a slot or
 prefills a long prompt): those waits watch the connection itself (`asgi.until_disconnect`, the
@@ -32,7 +36,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from fastapi import Request
@@ -45,6 +49,7 @@ from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or
 from kvswap.minds.names import request_mind, session_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
+from kvswap.server.convstreams import ConvStream, ConvStreams, StreamKey
 from kvswap.server.errors import error_json
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import MindField, parse_body
@@ -56,6 +61,17 @@ T = TypeVar("T")
 Indexed = tuple[int, Event]
 # Turns one task's event into zero or more JSON objects to send.
 Render = Callable[[int, Event], Iterable[dict[str, object]]]
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """A request's resumable stream (llama-server's `X-Conversation-Id`): where it goes."""
+
+    streams: ConvStreams
+    key: StreamKey  # (tenant namespace, conversation id)
+
+    def start(self, produce: AsyncIterator[bytes]) -> ConvStream:
+        return self.streams.start(self.key, produce)
 
 
 def raise_error(event: EngineError) -> None:
@@ -72,12 +88,14 @@ class Turn:
         held: HeldMind | None = None,
         exits: AsyncExitStack | None = None,
         namespace: str = PUBLIC_NAMESPACE,
+        resumable: Resumable | None = None,
     ) -> None:
         self.client = client
         self.minds = minds
         self.held = held
         self.exits = exits or AsyncExitStack()
         self.namespace = namespace  # the caller's tenant: its requests carry it
+        self.resumable = resumable  # X-Conversation-Id: its stream outlives its client
 
     @property
     def mind(self) -> PageKey | None:
@@ -149,13 +167,19 @@ def session_headers(state: ServerState) -> Sequence[str] | None:
 async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[Turn]:
     """The route's work, its mind held first when it names one (see the module docstring)."""
     key = await named_mind(http, raw, session_headers(state))
+    namespace = tenant_namespace(http.scope)
+    resumable = None
+    conv = http.headers.get("x-conversation-id")
+    if conv:  # llama-server's resumable stream: this request replaces the previous one
+        resumable = Resumable(state.streams, (namespace, conv))
+        state.streams.replace(resumable.key)
     async with AsyncExitStack() as exits:
         held = None
         if key is not None:
             session = state.minds.turn(key, turn_facts(http.scope, raw))
             gone = until_disconnect(http.receive)
             held = await _unless_gone(exits.enter_async_context(session), gone)
-        yield Turn(state.client, state.minds, held, exits, tenant_namespace(http.scope))
+        yield Turn(state.client, state.minds, held, exits, namespace, resumable)
 
 
 async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:
@@ -281,6 +305,9 @@ async def open_stream(
         finally:
             await events.aclose()
 
+    out: AsyncIterator[bytes] = body()
+    if runner.resumable is not None:  # the answer outlives its client: read from its stream
+        out = runner.resumable.start(out).read_from(0)
     return StreamingResponse(
-        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        out, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
