@@ -58,7 +58,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 def _to_disk(server: ServerProcess, mind: str) -> None:
-    """The pool moves the mind out: from its slot (or RAM) to disk, checked in /pages."""
+    """The pool moves the mind out: from its slot (or RAM) to disk (the verb says where)."""
     resp = server.post(f"/minds/{mind}?action=spill")
     assert resp.status_code == 200 and resp.json()["tier"] == "disk", resp.text
 
