@@ -171,7 +171,16 @@ def test_slot_verbs_on_a_slot_holding_a_mind_act_on_the_mind(
     assert erased.json()["n_erased"] == n_tokens and erased.json()["mind"] == "ann"
     assert not ann_file.exists()
     assert all(v["mind"] != "ann" for v in _pages(fresh, KA)["minds"])
-    assert _ask(fresh, prompt, ann)["timings"]["cache_n"] == 0  # it starts anew
+    n_new, n_disk = _mind_counts(fresh)
+    _ask(fresh, prompt, ann)  # it starts anew, no tier holding it (its first turn may find its
+    assert _mind_counts(fresh) == (n_new + 1, n_disk)  # prompt in ka's anonymous cache)
+
+
+def _mind_counts(server: ServerProcess) -> tuple[float, float]:
+    """(minds started anew, minds read back from disk), by ka's /metrics."""
+    text = server.client.get("/metrics", headers=KA).text
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if line[:1] not in ("#", ""))
+    return float(values["llamacpp:mind_new_total"]), float(values["llamacpp:mind_hits_disk_total"])
 
 
 def len_prompt(out: dict[str, Any]) -> int:

@@ -126,6 +126,8 @@ def _check(case: dict[str, Any], usage: dict[str, Any], n_prompt: int, cache_n: 
     elif family == "responses":
         assert usage["input_tokens"] == n_prompt
         assert usage["input_tokens_details"]["cached_tokens"] == cache_n
+        written = n_prompt - cache_n if case["key"] else 0  # kept by the session's mind
+        assert usage["input_tokens_details"]["cache_write_tokens"] == written
     else:
         read, created = usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]
         assert usage["input_tokens"] + created + read == n_prompt

@@ -89,18 +89,20 @@ def marks(
     *,
     kept: bool,
 ) -> CacheMarks:
-    """The request's breakpoints as positions in its `prompt` (rendered once per distinct
-    message count); `kept`: it runs under a mind."""
-    ends: dict[int, int] = {}
-    end_5m = end_1h = 0
+    """Where the request's last breakpoint of each TTL ends in its `prompt` (the only ones
+    usage needs: a later breakpoint ends later; at most two renders); `kept`: it runs under a
+    mind (else nothing is created, and nothing is rendered)."""
+    if not kept:
+        return CacheMarks()
+    last = {True: -1, False: -1}  # 1h?: the most messages a breakpoint of that TTL covers
     for bp in breakpoints(req):
-        if bp.n_messages not in ends:
-            ends[bp.n_messages] = prefix_length(state, body, plan, bp.n_messages, prompt)
-        if bp.ttl_s >= TTL_1H_S:
-            end_1h = max(end_1h, ends[bp.n_messages])
-        else:
-            end_5m = max(end_5m, ends[bp.n_messages])
-    return CacheMarks(end_5m, end_1h, kept)
+        long = bp.ttl_s >= TTL_1H_S
+        last[long] = max(last[long], bp.n_messages)
+    ends = {
+        long: prefix_length(state, body, plan, n, prompt) if n >= 0 else 0
+        for long, n in last.items()
+    }
+    return CacheMarks(end_5m=ends[False], end_1h=ends[True], kept=kept)
 
 
 def usage(n_prompt: int, n_cached: int, n_output: int, cache: CacheMarks) -> dict[str, Any]:
