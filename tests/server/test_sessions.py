@@ -226,7 +226,7 @@ def test_a_5m_breakpoint_keeps_a_claude_code_session_through_pressure_and_6_minu
     cc = {"type": "ephemeral", "ttl": "5m"}
     system = [{"type": "text", "text": STORY * 2, "cache_control": cc}]
     messages: list[dict[str, Any]] = [{"role": "user", "content": "How many waves?"}]
-    body = {"model": "m", "max_tokens": 3, "system": system, "temperature": 0}
+    body = {"model": "m", "max_tokens": 3, "system": system, "timings_per_token": True}
     one = server.post("/v1/messages", {**body, "messages": messages}, headers=claude).json()
     assert one["usage"]["cache_creation_input_tokens"] > 0
     n_first = one["usage"]["input_tokens"] + one["usage"]["cache_creation_input_tokens"]

@@ -61,6 +61,7 @@ def _anthropic_body(case: dict[str, Any]) -> dict[str, Any]:
             block["cache_control"] = cc
         messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": [block]})
     body: dict[str, Any] = {"model": "m", "max_tokens": 3, "messages": messages}
+    body["timings_per_token"] = True  # llama-server's timings, which Anthropic's shape lacks
     if case["system"] is not None:
         body["system"] = [{"type": "text", "text": case["system"], "cache_control": cc}]
     if case["auto"]:

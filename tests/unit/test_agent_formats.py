@@ -125,8 +125,9 @@ def test_anthropic_message_and_stream_build_the_same_message() -> None:
     created under a 5-minute breakpoint a mind keeps, 2 uncached (the cumulative
     message_delta repeats the input fields)."""
     c = completion()
-    cache = CacheMarks(end_5m=8, kept=True)
-    body = fa.message_json(c, MSG, msg_id="msg_1", model="m", cache=cache)
+    meta = fa.MessageMeta("msg_1", "m", CacheMarks(end_5m=8, kept=True))
+    body = fa.message_json(c, MSG, meta)
+    assert "timings" not in body  # Anthropic's shape has none unless asked (timings_per_token)
     whole = at.Message.model_validate(body)
     assert [b.type for b in whole.content] == ["thinking", "text", "tool_use"]
     assert whole.stop_reason == "tool_use" and whole.usage.input_tokens == 2
@@ -138,11 +139,9 @@ def test_anthropic_message_and_stream_build_the_same_message() -> None:
     from anthropic.lib.streaming._messages import accumulate_event
 
     stream = BlockStream()
-    events = [
-        fa.message_start(msg_id="msg_1", model="m", n_prompt_tokens=10, n_cached=3, cache=cache)
-    ]
+    events = [fa.message_start(meta, n_prompt_tokens=10, n_cached=3)]
     events += fa.block_events(stream.feed(diffs_of(MSG)) + stream.close())
-    events += fa.message_end(c, MSG, cache)
+    events += fa.message_end(c, MSG, meta)
     snapshot: Any = None
     bufs: dict[int, bytes] = {}
     for ev in events:

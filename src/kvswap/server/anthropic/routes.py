@@ -63,18 +63,18 @@ async def messages(request: Request) -> Response:
     raw = await request.body()
     async with turn(state, request, raw) as runner:
         job, cache = await prepared(raw, lambda: _prepare(state, raw, runner.mind))
-        msg_id = fa.new_message_id()
-        model = state.model_name
+        asked = bool(job.body.timings_per_token)  # llama-server's timings, only when asked
+        meta = fa.MessageMeta(fa.new_message_id(), state.model_name, cache, asked)
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)
             msg = ChatParser(job.plan.spec).parse_all(c.content)
-            return JSONResponse(fa.message_json(c, msg, msg_id=msg_id, model=model, cache=cache))
+            return JSONResponse(fa.message_json(c, msg, meta))
         # Token events carry timings, so message_start can report the cached prompt tokens.
         reqs = [dataclasses.replace(r, timings_per_token=True) for r in job.requests]
         return await open_stream(
             runner,
             reqs,
-            _message_stream(job.plan, msg_id=msg_id, model=model, cache=cache),
+            _message_stream(job.plan, meta),
             http=request,
             done_marker=False,
             encode=fa.encode,
@@ -82,7 +82,7 @@ async def messages(request: Request) -> Response:
         )
 
 
-def _message_stream(plan: ChatPlan, *, msg_id: str, model: str, cache: CacheMarks) -> Render:
+def _message_stream(plan: ChatPlan, meta: fa.MessageMeta) -> Render:
     """The Messages stream's events: message_start with the first token, content blocks as the
     parser releases them, then message_delta and message_stop."""
     parser = ChatParser(plan.spec)
@@ -96,18 +96,12 @@ def _message_stream(plan: ChatPlan, *, msg_id: str, model: str, cache: CacheMark
         if not started:
             started = True
             cached = event.timings.cache_n if event.timings is not None else 0
-            yield fa.message_start(
-                msg_id=msg_id,
-                model=model,
-                n_prompt_tokens=event.n_prompt_tokens,
-                n_cached=cached,
-                cache=cache,
-            )
+            yield fa.message_start(meta, event.n_prompt_tokens, cached)
         if isinstance(event, TokenEvent):
             yield from fa.block_events(blocks.feed(parser.feed(event.text)))
         else:
             yield from fa.block_events(blocks.feed(parser.finish()) + blocks.close())
-            yield from fa.message_end(event, parser.msg, cache)
+            yield from fa.message_end(event, parser.msg, meta)
 
     return render
 
