@@ -176,11 +176,6 @@ def test_the_plot_has_labelled_axes_and_a_legend(browser: Browser, server: Serve
     b.shot("plot")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="/pages does not yet say whether the server has a disk tier (`disk_tier`): the "
-    "server round adds it (notes/newcomer.md); remove this mark then",
-)
 def test_the_disk_line_says_whether_there_is_a_disk_tier(
     browser: Browser, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -107,8 +107,9 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FlushMinds:
-    """Copy every idle resident mind's state out (for a spill before exit, or only `keys` for
-    a scheduled flush); the slots keep theirs.
+    """Copy idle resident minds' states out: only `keys` (the spill before exit asks for those
+    whose disk copy is not current, a scheduled flush for those due), or every one; the slots
+    keep theirs.
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes, once every
     copy is in a buffer the buffer worker mapped (the engine thread only copies)."""
@@ -252,7 +253,8 @@ class ReconfigureReceipt:
 
     old: Geometry
     new: Geometry
-    n_ctx_slot: int
+    n_ctx_slot: int  # the new geometry's slot window
+    old_n_ctx_slot: int  # the old one's
     timings_ms: dict[str, float] = field(default_factory=dict)
     n_bytes_moved: int = 0
     slots: list[SlotFate] = field(default_factory=list)
