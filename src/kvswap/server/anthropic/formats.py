@@ -20,6 +20,7 @@ from typing import Any
 from kvswap.chat.blocks import BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, StopType
+from kvswap.server.anthropic.errors import anthropic_error
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -167,9 +168,6 @@ def encode(obj: dict[str, Any]) -> bytes:
     return sse_event(str(obj["type"]), obj)
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-
-
 def encode_error(event: EngineError) -> bytes:
-    kind = _ERROR_TYPES.get(event.kind.code, "api_error")
-    return sse_event("error", {"type": "error", "error": {"type": kind, "message": event.message}})
+    """An error after the stream began: Anthropic's `error` event."""
+    return sse_event("error", anthropic_error(event.kind.code, event.message))
