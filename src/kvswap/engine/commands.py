@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.page import PageLayout, SlotState
@@ -128,6 +131,16 @@ class ForgetMind:
 
 
 @dataclass(frozen=True)
+class MindTokens:
+    """A copy of mind `key`'s tokens where the engine holds its state (its slot, else its RAM
+    page); None when neither does (it lives on disk only, or nowhere). The caller holds the
+    mind, so no turn changes them meanwhile."""
+
+    key: PageKey
+    reply: Reply[npt.NDArray[np.int32] | None]
+
+
+@dataclass(frozen=True)
 class Nudge:
     """Wake the engine to retry waiting work (the demoter made room). `reply`, when given, is
     called once every command posted before this one has been handled (a barrier)."""
@@ -186,6 +199,7 @@ Command = (
     | Reconfigure
     | FlushMinds
     | ForgetMind
+    | MindTokens
     | Nudge
     | ShedCache
     | RoomReport

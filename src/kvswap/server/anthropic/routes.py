@@ -53,7 +53,9 @@ async def messages(request: Request) -> Response:
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)
             msg = ChatParser(job.plan.spec).parse_all(c.content)
-            return JSONResponse(fa.message_json(c, msg, msg_id=msg_id, model=model))
+            return JSONResponse(
+                fa.message_json(c, msg, msg_id=msg_id, model=model), headers=runner.headers()
+            )
         # Token events carry timings, so message_start can report the cached prompt tokens.
         reqs = [dataclasses.replace(r, timings_per_token=True) for r in job.requests]
         return await open_stream(
