@@ -182,7 +182,7 @@ def test_the_disk_line_says_whether_there_is_a_disk_tier(
     b = browser
     open_page(b, server)  # --slot-save-path, no --page-disk-bytes
     b.wait("the disk line", lambda: b.css("#disk-text").text != "…")
-    assert b.css("#disk-text").text == "0 B spilled (no --page-disk-bytes bound)"
+    assert b.css("#disk-text").text == "0 B on disk (no --page-disk-bytes bound)"
     diskless = ServerProcess(ARGS, tmp_path_factory.mktemp("log") / "diskless.log")
     try:
         open_page(b, diskless)

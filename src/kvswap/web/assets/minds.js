@@ -192,7 +192,7 @@ export class MindsView {
       disk.value = used;
       diskText.textContent = `${formatBytes(used)} of ${formatBytes(ceiling)} (--page-disk-bytes)`;
     } else {
-      diskText.textContent = `${formatBytes(used)} spilled (no --page-disk-bytes bound)`;
+      diskText.textContent = `${formatBytes(used)} on disk (no --page-disk-bytes bound)`;
     }
   }
 
