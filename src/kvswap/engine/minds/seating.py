@@ -35,6 +35,10 @@ anonymous cache, where it is found by its prefix and evicted like any entry, or,
 cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
 buffer, or that nothing can move. Nothing the engine makes here is a page that lives forever.
 
+`seat` says how a request's mind came in (`Seat`: the tier, the switch's time); `served` adds
+what of the mind's history the request's prompt keeps: a prompt that does not extend it
+diverges, and the rest is dropped (counted and logged, and the answer says so).
+
 Owns the spare and the wait for room; slots carry their mind, the registry where each mind lives,
 the flush schedule what changed, the hand-offs what goes to disk. Called only by the engine
 thread; does no file I/O.
