@@ -105,10 +105,13 @@ def served_json(s: MindServed) -> dict[str, Any]:
 
 def final_timings(c: Completion) -> dict[str, Any]:
     """An answer's last `timings`, with kvswap's `mind` block beside them for a mind's turn."""
-    out = {"timings": timings_json(c.timings)}
-    if c.served is not None:
-        out["mind"] = served_json(c.served)
-    return out
+    return {"timings": timings_json(c.timings), **served_block(c)}
+
+
+def served_block(c: Completion) -> dict[str, Any]:
+    """kvswap's `mind` block alone, for a mind's turn (Anthropic's answers, which carry no
+    `timings`: llama-server's suite checks that they do not)."""
+    return {} if c.served is None else {"mind": served_json(c.served)}
 
 
 def served_headers(s: MindServed) -> dict[str, str]:

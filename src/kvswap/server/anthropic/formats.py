@@ -21,7 +21,7 @@ from kvswap.chat.blocks import BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, StopType
 from kvswap.server.anthropic.errors import anthropic_error
-from kvswap.server.formats import final_timings
+from kvswap.server.formats import served_block
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -79,7 +79,9 @@ def message_json(c: Completion, msg: ChatMsg, *, msg_id: str, model: str) -> dic
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage_json(c),
-        **final_timings(c),  # beyond Anthropic's shape: llama-server's timings, kvswap's mind
+        **served_block(
+            c
+        ),  # beyond Anthropic's shape: kvswap's mind block (no timings, as llama-server)
     }
 
 
@@ -160,7 +162,7 @@ def message_end(c: Completion, msg: ChatMsg) -> list[dict[str, Any]]:
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
             "usage": {"output_tokens": c.n_decoded},
-            **final_timings(c),
+            **served_block(c),
         },
         {"type": "message_stop"},
     ]
