@@ -10,7 +10,9 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
   preparation answers the typed 400. A request with `X-Conversation-Id` cancels that
   conversation's previous resumable stream (`convstreams`).
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
-  turn (`turn_done`) before its last event goes out.
+  turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
+  `MindSeated`, its first event) is kept for the answer's headers (`Turn.headers`) and its
+  `Completion`.
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
@@ -44,13 +46,21 @@ from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
-from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.core.types import (
+    Completion,
+    EngineError,
+    Event,
+    GenerationRequest,
+    MindSeated,
+    MindServed,
+)
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
 from kvswap.minds.names import request_mind, session_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
 from kvswap.server.convstreams import ConvStream, ConvStreams, StreamKey
 from kvswap.server.errors import error_json
+from kvswap.server.formats import served_headers
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import MindField, parse_body
 from kvswap.server.sse import DONE, sse
@@ -96,6 +106,7 @@ class Turn:
         self.exits = exits or AsyncExitStack()
         self.namespace = namespace  # the caller's tenant: its requests carry it
         self.resumable = resumable  # X-Conversation-Id: its stream outlives its client
+        self.served: MindServed | None = None  # how the mind was served, once it is seated
 
     @property
     def mind(self) -> PageKey | None:
@@ -107,8 +118,13 @@ class Turn:
         then lets nothing go."""
         return self.exits.pop_all()
 
+    def headers(self) -> dict[str, str]:
+        """The answer's headers saying how its mind was served (none for no mind)."""
+        return served_headers(self.served) if self.served is not None else {}
+
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
-        """The request's events; the last is a Completion or an EngineError."""
+        """The request's events; the last is a Completion or an EngineError. A mind's seating
+        (`MindSeated`) is kept as `served`, not yielded."""
         request = replace(request, namespace=self.namespace)
         held = self.held
         if held is None:
@@ -118,7 +134,11 @@ class Turn:
         assert request.mind == held.key, "a held turn runs its own mind's request"
         restore = await self.minds.restore(held)
         async for event in self.client.stream(request, restore):
+            if isinstance(event, MindSeated):
+                self.served = self.minds.served(held, event.served)
+                continue
             if isinstance(event, Completion):
+                event = replace(event, served=self.served)
                 event = await self.minds.turn_done(held, request, event)
             yield event
 
@@ -309,5 +329,7 @@ async def open_stream(
     if runner.resumable is not None:  # the answer outlives its client: read from its stream
         out = runner.resumable.start(out).read_from(0)
     return StreamingResponse(
-        out, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        out,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", **runner.headers()},
     )

@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey, PageKind, anon_key
+from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly
@@ -185,11 +186,16 @@ class AnonCache:
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
             self.save(slot)
 
-    def seed(self, slot: Slot, prompt: npt.NDArray[np.int32], namespace: str) -> None:
-        """A new mind of tenant `namespace` starts on `slot` (whose own state was saved): it
-        begins with the longest prefix of its prompt that the slot or its tenant's cache holds,
-        copied in so the entry stays for the next mind (a shared system prompt is prefilled
-        once); the slot keeps nothing of another tenant's."""
+    def seed(self, slot: Slot, request: GenerationRequest | None, mind: PageKey) -> None:
+        """A new `mind` starts on `slot` (whose own state was saved) for `request` (None: a
+        mind verb, which starts it empty): it begins with the longest prefix of its prompt that
+        the slot or its tenant's cache holds, copied in so the entry stays for the next mind (a
+        shared system prompt is prefilled once); the slot keeps nothing of another tenant's."""
+        if request is None or not request.cache_prompt:
+            self.runtime.verbs.clear(slot)
+            return
+        namespace = mind.namespace
+        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         n_slot = min(slot.prefix_for(prompt, namespace), len(prompt) - 1)
         best = self.best(prompt, namespace) if self.enabled else None
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:

@@ -23,7 +23,8 @@ from kvswap.chat.blocks import BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, StopType
 from kvswap.server.anthropic.cache import CacheMarks, usage
-from kvswap.server.formats import timings_json
+from kvswap.server.anthropic.errors import anthropic_error
+from kvswap.server.formats import served_block, timings_json
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -86,6 +87,7 @@ def message_json(c: Completion, msg: ChatMsg, meta: MessageMeta) -> dict[str, An
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage_json(c, meta.cache),
+        **served_block(c),  # beyond Anthropic's shape: kvswap's mind block
     } | ({"timings": timings_json(c.timings)} if meta.timings else {})
 
 
@@ -160,6 +162,7 @@ def message_end(c: Completion, msg: ChatMsg, meta: MessageMeta) -> list[dict[str
         "type": "message_delta",
         "delta": {"stop_reason": reason, "stop_sequence": sequence},
         "usage": usage_json(c, meta.cache),
+        **served_block(c),
     }
     if meta.timings:
         delta["timings"] = timings_json(c.timings)
@@ -174,9 +177,6 @@ def encode(obj: dict[str, Any]) -> bytes:
     return sse_event(str(obj["type"]), obj)
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-
-
 def encode_error(event: EngineError) -> bytes:
-    kind = _ERROR_TYPES.get(event.kind.code, "api_error")
-    return sse_event("error", {"type": "error", "error": {"type": kind, "message": event.message}})
+    """An error after the stream began: Anthropic's `error` event."""
+    return sse_event("error", anthropic_error(event.kind.code, event.message))

@@ -21,9 +21,6 @@ from pydantic import model_validator
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.server.requests.schemas import Body, JsonInt, NonNegInt, PositiveInt
 
-DEFAULT_MAX_TOKENS = 4096  # llama-server's default when max_tokens is absent
-
-
 CACHE_TTL_S = {"5m": 300, "1h": 3600}  # cache_control's `ttl` (absent: 5m)
 
 
@@ -237,7 +234,8 @@ def to_chat_body(req: MessagesRequest, raw: dict[str, Any] | None = None) -> dic
         messages += to_chat_messages(msg, i)
     body: dict[str, Any] = {k: v for k, v in (raw or {}).items() if k not in _CONSUMED}
     body["messages"] = messages
-    body["max_tokens"] = req.max_tokens or DEFAULT_MAX_TOKENS
+    if req.max_tokens is not None:  # required by /v1/messages, not by count_tokens
+        body["max_tokens"] = req.max_tokens
     if req.tools:
         for tool in req.tools:
             if tool.type not in (None, "custom"):
