@@ -163,20 +163,26 @@ NOOP = {"type": "function", "function": {"name": "noop", "parameters": {"type": 
 def test_switching_tool_choice_keeps_the_conversations_prefix(
     start: Callable[..., ServerProcess],
 ) -> None:
-    """Defect caught: `tool_choice: "required"` rendering a system line `"auto"` does not, so
-    an agent turn that switched its choice re-prefilled everything after the system prompt (a
-    new user's agent reused 145 of 211 tokens on its second turn). Each turn, auto then
-    required then a named function then auto, reuses the whole previous prompt."""
+    """Defect caught: `tool_choice: "required"` rendering a system line `"auto"` does not (or
+    a response format hiding the tools), so an agent turn that switched re-prefilled everything
+    after the system prompt (a new user's agent reused 145 of 211 tokens on its second turn).
+    Each turn, auto, required, a named function, none, a response format, then auto again,
+    reuses the whole previous prompt."""
     server = start()
     key = {"X-Conversation-Id": "agent-1"}
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": STORY},
         {"role": "user", "content": "Check something."},
     ]
-    choices: list[Any] = ["auto", "required", {"type": "function", "function": {"name": "noop"}}]
+    schema = {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}
+    named = {"tool_choice": {"type": "function", "function": {"name": "noop"}}}
+    turns: list[dict[str, Any]] = [
+        {"tool_choice": "auto"}, {"tool_choice": "required"}, named, {"tool_choice": "none"},
+        {"tool_choice": "auto", "response_format": schema}, {"tool_choice": "auto"},
+    ]  # fmt: skip
     previous: list[int] | None = None
-    for turn, choice in enumerate([*choices, "auto"]):
-        body = {"tools": [NOOP], "tool_choice": choice, "max_tokens": 2}
+    for turn, choice in enumerate(turns):
+        body = {"tools": [NOOP], "max_tokens": 2, **choice}
         prompt = server.post("/apply-template", {"messages": messages, **body}).json()["prompt"]
         tokens = server.post("/tokenize", {"content": prompt, "add_special": True}).json()
         out = _chat(server, messages, key, **body)

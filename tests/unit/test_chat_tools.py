@@ -85,7 +85,7 @@ def test_generic_format_lists_tools_and_writes_history_as_json() -> None:
         },
         {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
     ]
-    out = GenericFormat().adapt_messages(messages, TOOLS, ToolChoice(), False, CAPS_NONE)
+    out = GenericFormat().adapt_messages(messages, TOOLS, False, CAPS_NONE)
     assert out[0]["role"] == "system" and GENERIC_INSTRUCTION in out[0]["content"]
     assert '"get_weather"' in out[0]["content"]
     assert json.loads(out[2]["content"]) == {
@@ -105,23 +105,11 @@ def test_generic_format_appends_to_an_existing_system_message() -> None:
     out = GenericFormat().adapt_messages(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}],
         TOOLS,
-        ToolChoice(ToolMode.REQUIRED),
         True,
         caps,
     )
     assert out[0]["content"].startswith("Be brief.\n\n")
     assert "`tool_calls`" in out[0]["content"] and "following tools" not in out[0]["content"]
-
-
-def test_generic_format_shows_every_tool_choice_alike() -> None:
-    """Defect caught: `required` (or a named function) rendering another system line, or
-    fewer tools, than `auto`: an agent switching its tool choice then re-prefilled everything
-    after the system prompt on each switch. The grammar alone holds a forced call."""
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}]
-    choices = [ToolChoice(), ToolChoice(ToolMode.REQUIRED), ToolChoice(ToolMode.FUNCTION, "noop")]
-    shown = [GenericFormat().adapt_messages(messages, TOOLS, c, False, CAPS_NONE) for c in choices]
-    assert shown[0] == shown[1] == shown[2]
-    assert '"get_weather"' in shown[0][0]["content"] and '"noop"' in shown[0][0]["content"]
 
 
 def test_grammars_name_only_the_allowed_functions() -> None:

@@ -55,7 +55,6 @@ class ToolFormat(Protocol):
         self,
         messages: list[dict[str, Any]],
         tools: tuple[Tool, ...],
-        choice: ToolChoice,
         parallel: bool,
         template_caps: Any,
     ) -> list[dict[str, Any]]: ...
@@ -115,7 +114,6 @@ class GenericFormat:
         self,
         messages: list[dict[str, Any]],
         tools: tuple[Tool, ...],
-        choice: ToolChoice,
         parallel: bool,
         template_caps: Any,
     ) -> list[dict[str, Any]]:
@@ -144,11 +142,9 @@ class GenericFormat:
                 response["content"] = msg.get("content", "")
                 msg = {"role": "user", "content": json.dumps({"tool_response": response})}
             out.append(msg)
-        if choice.mode is ToolMode.NONE:
-            return out
-        # One instruction and every tool for any choice: a forced call (`required`, a named
-        # function) is held by the grammar alone, so switching the choice mid-conversation
-        # keeps the prompt, and the conversation's cached prefix, as it was.
+        # One instruction and every tool for any choice and output constraint: a forced call
+        # (`required`, a named function), `none` and a response format are held by the grammar
+        # alone, so switching them mid-conversation keeps the prompt, and the cached prefix.
         system = GENERIC_INSTRUCTION
         if parallel:
             system = system.replace("`tool_call`", "`tool_calls`")
@@ -235,7 +231,6 @@ class HermesFormat:
         self,
         messages: list[dict[str, Any]],
         tools: tuple[Tool, ...],
-        choice: ToolChoice,
         parallel: bool,
         template_caps: Any,
     ) -> list[dict[str, Any]]:

@@ -101,9 +101,8 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
     )
     # A response format wins over optional tool calls, as llama-server's autoparser.
     calling = calling and schema is None
-    # tool_choice "none" shows the tools as "auto" does (llama-server renders them either way),
-    # so a switch between the two keeps the prompt and the conversation's cache; a template
-    # with no tool syntax is then held to the JSON reply, without its call alternative.
+    # Under tool_choice "none" a template with no tool syntax is held to the JSON reply the
+    # prompt asks for, without its call alternative.
     answering = (
         choice.mode is ToolMode.NONE
         and fmt is not None
@@ -113,10 +112,10 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
     )
     messages = given = chat_messages(body)
     if fmt is not None:
-        # Every choice that shows the tools shows them alike (the grammar holds the choice): a
-        # switch between auto, required, a named function and none keeps the prompt.
-        shown = ToolChoice(ToolMode.AUTO if calling or answering else ToolMode.NONE)
-        messages = fmt.adapt_messages(messages, tools, shown, parallel, template.caps)
+        # The tools shown alike for every choice and output constraint (a grammar holds them):
+        # switching between auto, required, a named function, none or a response format keeps
+        # the prompt, and the conversation's cached prefix.
+        messages = fmt.adapt_messages(messages, tools, parallel, template.caps)
     listed = [t.as_openai() for t in tools] or None
     prompt = _render(state, body, messages, listed)
     reasoning_format = _reasoning_format(body)
