@@ -30,6 +30,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Final
 
 import redis
@@ -105,6 +106,13 @@ class StoreCounters:
     n_degraded: int = 0
 
 
+class _Replan(Enum):
+    """A publish attempt that did not commit, and how the next one is planned."""
+
+    AGAIN = "again"  # the manifest moved under it (an eviction): against the new one
+    WHOLE = "whole"  # a chunk it needed was gone: a whole page, reusing nothing
+
+
 @dataclass(frozen=True)
 class _Written:
     """A generation whose chunks are in Redis, waiting for its commit."""
@@ -152,6 +160,7 @@ class SharedStore:
         self._commit = client.register_script(lua.COMMIT)
         self._degrade_script = client.register_script(lua.DEGRADE)
         self._drop = client.register_script(lua.DROP)
+        self._unlink_script = client.register_script(lua.UNLINK_REFUSED)
 
     def close(self) -> None:
         self._io.close()
@@ -197,8 +206,9 @@ class SharedStore:
         try:
             for _ in range(_MAX_ATTEMPTS):
                 receipt = self._publish_once(lease, mind_key, page, layout, t0, whole)
-                if receipt is not None:
+                if isinstance(receipt, PublishReceipt):
                     return receipt
+                whole = whole or receipt is _Replan.WHOLE
                 self._count(n_publish_replanned=1)
             raise TierUnavailable("the manifest kept moving under the publish (evictions)")
         except StaleOwner:
@@ -216,8 +226,8 @@ class SharedStore:
         layout: PageLayout,
         t0: float,
         whole: bool,
-    ) -> PublishReceipt | None:
-        """One attempt: begin, write the chunks, commit. None when the base moved meanwhile."""
+    ) -> PublishReceipt | _Replan:
+        """One attempt: begin, write the chunks, commit; or how to plan the next attempt."""
         keys = lease.keys
         owner: list[str | int] = [lease.holder.value, lease.fence]
         with translating("publish begin"):
@@ -225,28 +235,44 @@ class SharedStore:
         if int(reply[0]) != lua.DONE:
             raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
         gen, base_gen = int(reply[1]), int(reply[2])
-        base = _decode_or_none(as_bytes(reply[3]))
+        base_body = as_bytes(reply[3])
+        base = _decode_or_none(base_body)
         written = self._write_generation(keys, gen, page, layout, base, whole)
         if self._after_chunks is not None:
             self._after_chunks(gen)
         record = _manifest(lease, mind_key, gen, layout, written)
         body = mf.encode(record)
         kept = {b.gen for b in written.blobs}
-        drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept]
+        if base is None and base_body is not None:
+            old = self._orphans(keys, gen)  # an unreadable base: its chunks found by name
+        else:
+            old = _chunk_keys(keys, base)
+        drop = [k for k in old if _gen_of(k) not in kept]
+        reused = [k for b in written.blobs if b.gen != gen for k in _blob_keys(keys, b)]
         with translating("publish commit"):
             reply = self._commit(
-                keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *drop],
-                args=[*owner, gen, base_gen, body, len(written.chunk_keys)],
+                keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *reused, *drop],
+                args=[*owner, gen, base_gen, body, len(written.chunk_keys), len(reused)],
             )
         outcome = int(reply[0])
         if outcome != lua.DONE:
-            self._unlink(written.chunk_keys)
+            self._unlink_refused(keys, gen, written.chunk_keys)
             if outcome == lua.NOT_OWNER:
                 raise StaleOwner(
                     f"lease on {keys.tag} lost before the commit (fence {lease.fence})"
                 )
-            return None  # BASE_MOVED (an eviction) or CHUNK_LOST (expired): plan again
+            # BASE_MOVED (an eviction): plan again; CHUNK_LOST (expired, or a reused chunk
+            # gone): plan again as a whole page
+            return _Replan.WHOLE if outcome == lua.CHUNK_LOST else _Replan.AGAIN
         return self._committed(keys.tag, record, len(body), written, t0)
+
+    def _orphans(self, keys: MindKeys, gen: int) -> list[str]:
+        """Every chunk key of the mind older than `gen` (its manifest cannot be read, so its
+        chunks are found by name: a scan of the mind's own keys)."""
+        pattern = keys.chunk(0, 0).rsplit(":", 2)[0] + ":g[0-9]*"
+        with translating("publish scan"):
+            found = [k.decode() for k in self._client.scan_iter(match=pattern, count=1000)]
+        return [k for k in found if _gen_of(k) < gen]
 
     def _committed(
         self, tag: str, record: mf.Manifest, n_body: int, written: _Written, t0: float
@@ -311,14 +337,15 @@ class SharedStore:
             write.plan, tuple(blobs), chunk_keys, write.n_blob_bytes, write.n_reused_bytes
         )
 
-    def _unlink(self, keys: Sequence[str]) -> None:
-        """Best effort: chunks of a refused generation (their TTL removes them otherwise)."""
-        if keys:
-            # on failure they expire after pending_ttl_ms
+    def _unlink_refused(self, keys: MindKeys, gen: int, chunk_keys: Sequence[str]) -> None:
+        """Best effort: chunks of a refused generation, unless its commit did land after all
+        (a script that refuses when the manifest is that generation); on failure they expire
+        after pending_ttl_ms."""
+        if chunk_keys:
             with contextlib.suppress(
                 redis.exceptions.ConnectionError, redis.exceptions.TimeoutError
             ):
-                self._client.unlink(*keys)
+                self._unlink_script(keys=[keys.manifest, *chunk_keys], args=[gen])
 
     # -- budget ------------------------------------------------------------------------------
 
@@ -490,7 +517,11 @@ def _manifest(
 def _chunk_keys(keys: MindKeys, record: mf.Manifest | None) -> list[str]:
     if record is None:
         return []
-    return [keys.chunk(b.gen, i) for b in record.blobs for i in range(len(b.crcs))]
+    return [k for b in record.blobs for k in _blob_keys(keys, b)]
+
+
+def _blob_keys(keys: MindKeys, blob: mf.BlobRef) -> list[str]:
+    return [keys.chunk(blob.gen, i) for i in range(len(blob.crcs))]
 
 
 def _gen_of(chunk_key: str) -> int:
