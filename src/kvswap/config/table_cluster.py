@@ -10,6 +10,7 @@ needs a replica id, an advertised URL and the page store. Defaults: docs/CLUSTER
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
@@ -28,6 +29,9 @@ _NEEDS_TIER = (
     "--shared-tier-rpo-tokens",
     "--shared-tier-rpo-seconds",
     "--shared-tier-lease-ms",
+    "--shared-tier-quiet-seconds",
+    "--shared-tier-release-seconds",
+    "--shared-tier-drain-seconds",
 )
 
 
@@ -85,6 +89,16 @@ def _set_lease_ms(b: Builder, v: str) -> None:
     b.update("cluster", lease_ms=read_int(v, lo=100, hi=600_000))
 
 
+def _seconds(field_name: str) -> Callable[[Builder, str], None]:
+    def setter(b: Builder, v: str) -> None:
+        seconds = read_float(v)
+        if not seconds > 0:
+            raise ValueError("must be more than 0 seconds")
+        b.update("cluster", **{field_name: seconds})
+
+    return setter
+
+
 # fmt: off
 FLAGS: tuple[Flag, ...] = (
     flag("--shared-tier", VALUE, KVSWAP, _set_shared_tier, env="KVSWAP_ARG_SHARED_TIER",
@@ -113,6 +127,18 @@ FLAGS: tuple[Flag, ...] = (
          env="KVSWAP_ARG_SHARED_TIER_LEASE_MS", hint="MS",
          help="a mind's owner lease, renewed while held: a dead replica's minds move after at "
          "most this long (default: 5000)"),
+    flag("--shared-tier-quiet-seconds", VALUE, KVSWAP, _seconds("quiet_seconds"),
+         env="KVSWAP_ARG_SHARED_TIER_QUIET_SECONDS", hint="SECONDS",
+         help="a mind idle this long after its turn is published, so a replica's death loses "
+         "only the minds it was answering (default: 2)"),
+    flag("--shared-tier-release-seconds", VALUE, KVSWAP, _seconds("release_seconds"),
+         env="KVSWAP_ARG_SHARED_TIER_RELEASE_SECONDS", hint="SECONDS",
+         help="a published mind idle this long has its lease released (its copies here stay; "
+         "default: 60)"),
+    flag("--shared-tier-drain-seconds", VALUE, KVSWAP, _seconds("drain_seconds"),
+         env="KVSWAP_ARG_SHARED_TIER_DRAIN_SECONDS", hint="SECONDS",
+         help="the most SIGTERM spends publishing minds to the tier, after spilling them to "
+         "disk: keep it under the grace period (default: 60)"),
 )
 # fmt: on
 

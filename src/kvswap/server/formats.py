@@ -25,6 +25,7 @@ from kvswap.core.types import (
     TokenProbs,
 )
 from kvswap.engine.plan.geometry import Geometry
+from kvswap.tiers.shared.replica import LoopView
 
 FLOAT32_LOWEST = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): log(0)
 
@@ -286,8 +287,17 @@ def select_fields(paths: Sequence[str], body: Mapping[str, Any]) -> dict[str, An
 # --------------------------------------------------------------------- small route bodies
 
 
-def health_json() -> dict[str, Any]:
-    return {"status": "ok"}
+def health_json(threads: Sequence[LoopView] = ()) -> dict[str, Any]:
+    """llama-server's `{"status": "ok"}`; on a replica of a cluster, its shared tier's
+    background threads too (alive, failed passes, restarts, the last error)."""
+    body: dict[str, Any] = {"status": "ok"}
+    if threads:
+        body["threads"] = [
+            {"name": t.name, "alive": t.alive, "n_failures": t.n_failures,
+             "n_restarts": t.n_restarts, "last_error": t.last_error}
+            for t in threads
+        ]  # fmt: skip
+    return body
 
 
 def tokenize_json(tokens: Sequence[int], pieces: Sequence[bytes] | None = None) -> dict[str, Any]:

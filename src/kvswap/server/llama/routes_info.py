@@ -51,10 +51,11 @@ BUILD_INFO = f"kvswap {__version__} (libllama from llama-cpp-python 0.3.36)"
 @router.get("/health")
 @router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
-    crashed = get_state(request).snapshot.crashed
+    state = get_state(request)
+    crashed = state.snapshot.crashed
     if crashed:
         raise KvswapError(ErrorKind.SERVER, crashed)
-    return JSONResponse(health_json())
+    return JSONResponse(health_json(state.shared.threads() if state.shared is not None else ()))
 
 
 def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:

@@ -39,6 +39,7 @@ from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.lease import Incarnation, LeaseHolder, Leases
 from kvswap.tiers.shared.local import LocalMinds
+from kvswap.tiers.shared.loops import LoopView
 from kvswap.tiers.shared.resume import Resumed, Resumer
 from kvswap.tiers.shared.stats import ResumeStats
 from kvswap.tiers.shared.store import SharedStore, StoreCounters
@@ -47,7 +48,9 @@ from kvswap.tiers.shared.writer import MindWriter
 
 log = logging.getLogger("kvswap.shared")
 
-__all__ = ["HeldView", "Holder", "Placement", "Resumed", "SharedTier", "TierView", "redacted"]
+__all__ = [
+    "HeldView", "Holder", "LoopView", "Placement", "Resumed", "SharedTier", "TierView", "redacted",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,9 @@ class SharedTier:
             health=self.health,
             rpo_tokens=settings.rpo_tokens,
             rpo_s=settings.rpo_seconds,
+            quiet_s=settings.quiet_seconds,
+            release_s=settings.release_seconds,
+            drain_s=settings.drain_seconds,
         )
         self.resumer = Resumer(
             holdings=self.holdings,
@@ -262,6 +268,11 @@ class SharedTier:
         """Who holds the mind's lease now (None: free). Raises TierUnavailable."""
         lease = self.holdings.leases.holder(self.holdings.keys_of(key))
         return Holder.of(lease) if lease is not None else None
+
+    def threads(self) -> list[LoopView]:
+        """The tier's background threads (lease renewal, publication) as /health shows them;
+        one that had died is started again first (logged)."""
+        return [*self.holdings.threads(), *self.writer.threads()]
 
     def _lost(self, held: Held) -> None:
         """Another replica has the mind: drop our copies (unless a turn still runs on it: its

@@ -29,8 +29,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from enum import Enum
+from dataclasses import asdict
 from typing import Final
 
 import redis
@@ -43,85 +42,30 @@ from kvswap.tiers.shared.budget import TierBudget
 from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
 from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable, translating
-from kvswap.tiers.shared.keys import MindKeys, TierKeys, mind_id
+from kvswap.tiers.shared.keys import MindKeys, TierKeys
 from kvswap.tiers.shared.lease import Lease
 from kvswap.tiers.shared.segments import (
     BlobScatter,
-    PagePlan,
     plan_generation,
     split_page,
     write_literals,
+)
+from kvswap.tiers.shared.store_records import (
+    Fetched,
+    PublishReceipt,
+    Replan,
+    StoreCounters,
+    Written,
+    blob_keys,
+    chunk_keys,
+    decode_or_none,
+    gen_of,
+    manifest_of,
 )
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
 _MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again
 Alloc = Callable[[int], memoryview]
-
-
-@dataclass(frozen=True)
-class PublishReceipt:
-    gen: int
-    fence: int
-    n_tokens: int
-    n_bytes_page: int
-    n_bytes_written: int  # chunk bytes sent for this generation
-    n_bytes_manifest: int
-    n_bytes_reused: int  # page bytes served by older generations' chunks
-    n_chunks: int
-    delta: bool  # some older generation's chunks were reused
-    tokens_only: bool
-    n_degraded: int  # other minds degraded to tokens-only to keep the budget
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Fetched:
-    page: memoryview  # the page's bytes (n_bytes of the caller's buffer)
-    layout: PageLayout
-    manifest: mf.Manifest
-    n_bytes_read: int
-    seconds: float  # the whole fetch, wall clock (manifest, chunks, checks, reassembly)
-    verify_s: float  # of which checking chunks' lengths and CRC-32s (summed over threads)
-
-
-@dataclass
-class StoreCounters:
-    """What /metrics and /pages report about the shared tier (phase 2)."""
-
-    n_publish: int = 0
-    n_publish_delta: int = 0
-    n_publish_tokens_only: int = 0
-    n_publish_stale: int = 0  # refused inside Redis: lease lost or fence moved
-    n_publish_failed: int = 0  # Redis unavailable, or chunks lost before the commit
-    n_publish_replanned: int = 0  # the manifest moved under a publish (eviction)
-    bytes_written: int = 0
-    bytes_reused: int = 0
-    publish_s: float = 0.0
-    n_fetch: int = 0
-    n_fetch_hit: int = 0
-    misses: dict[str, int] = field(default_factory=dict)
-    bytes_read: int = 0
-    fetch_s: float = 0.0
-    verify_s: float = 0.0
-    n_degraded: int = 0
-
-
-class _Replan(Enum):
-    """A publish attempt that did not commit, and how the next one is planned."""
-
-    AGAIN = "again"  # the manifest moved under it (an eviction): against the new one
-    WHOLE = "whole"  # a chunk it needed was gone: a whole page, reusing nothing
-
-
-@dataclass(frozen=True)
-class _Written:
-    """A generation whose chunks are in Redis, waiting for its commit."""
-
-    plan: PagePlan | None  # None: tokens-only
-    blobs: tuple[mf.BlobRef, ...]  # every blob the plan references, its own included
-    chunk_keys: list[str]  # its own chunks (TTL until the commit persists them)
-    n_blob_bytes: int
-    n_reused_bytes: int
 
 
 class SharedStore:
@@ -208,7 +152,7 @@ class SharedStore:
                 receipt = self._publish_once(lease, mind_key, page, layout, t0, whole)
                 if isinstance(receipt, PublishReceipt):
                     return receipt
-                whole = whole or receipt is _Replan.WHOLE
+                whole = whole or receipt is Replan.WHOLE
                 self._count(n_publish_replanned=1)
             raise TierUnavailable("the manifest kept moving under the publish (evictions)")
         except StaleOwner:
@@ -226,7 +170,7 @@ class SharedStore:
         layout: PageLayout,
         t0: float,
         whole: bool,
-    ) -> PublishReceipt | _Replan:
+    ) -> PublishReceipt | Replan:
         """One attempt: begin, write the chunks, commit; or how to plan the next attempt."""
         keys = lease.keys
         owner: list[str | int] = [lease.holder.value, lease.fence]
@@ -236,19 +180,19 @@ class SharedStore:
             raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
         gen, base_gen = int(reply[1]), int(reply[2])
         base_body = as_bytes(reply[3])
-        base = _decode_or_none(base_body)
+        base = decode_or_none(base_body)
         written = self._write_generation(keys, gen, page, layout, base, whole)
         if self._after_chunks is not None:
             self._after_chunks(gen)
-        record = _manifest(lease, mind_key, gen, layout, written)
+        record = manifest_of(lease, mind_key, gen, layout, written)
         body = mf.encode(record)
         kept = {b.gen for b in written.blobs}
         if base is None and base_body is not None:
             old = self._orphans(keys, gen)  # an unreadable base: its chunks found by name
         else:
-            old = _chunk_keys(keys, base)
-        drop = [k for k in old if _gen_of(k) not in kept]
-        reused = [k for b in written.blobs if b.gen != gen for k in _blob_keys(keys, b)]
+            old = chunk_keys(keys, base)
+        drop = [k for k in old if gen_of(k) not in kept]
+        reused = [k for b in written.blobs if b.gen != gen for k in blob_keys(keys, b)]
         with translating("publish commit"):
             reply = self._commit(
                 keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *reused, *drop],
@@ -263,7 +207,7 @@ class SharedStore:
                 )
             # BASE_MOVED (an eviction): plan again; CHUNK_LOST (expired, or a reused chunk
             # gone): plan again as a whole page
-            return _Replan.WHOLE if outcome == lua.CHUNK_LOST else _Replan.AGAIN
+            return Replan.WHOLE if outcome == lua.CHUNK_LOST else Replan.AGAIN
         return self._committed(keys.tag, record, len(body), written, t0)
 
     def _orphans(self, keys: MindKeys, gen: int) -> list[str]:
@@ -272,14 +216,18 @@ class SharedStore:
         pattern = keys.chunk(0, 0).rsplit(":", 2)[0] + ":g[0-9]*"
         with translating("publish scan"):
             found = [k.decode() for k in self._client.scan_iter(match=pattern, count=1000)]
-        return [k for k in found if _gen_of(k) < gen]
+        return [k for k in found if gen_of(k) < gen]
 
     def _committed(
-        self, tag: str, record: mf.Manifest, n_body: int, written: _Written, t0: float
+        self, tag: str, record: mf.Manifest, n_body: int, written: Written, t0: float
     ) -> PublishReceipt:
         """A generation committed: the budget settled (least recently used minds degraded),
-        counted, and its receipt."""
-        n_degraded = self._settle_budget(tag, record.n_bytes_stored)
+        counted, and its receipt. Redis failing during the settling does not fail the publish:
+        the commit landed (the charge is set again by the mind's next publish)."""
+        try:
+            n_degraded = self._settle_budget(tag, record.n_bytes_stored)
+        except TierUnavailable:
+            n_degraded = 0
         seconds = time.perf_counter() - t0
         n_reused = written.n_reused_bytes
         layout = record.layout
@@ -314,12 +262,12 @@ class SharedStore:
         layout: PageLayout,
         base: mf.Manifest | None,
         whole: bool,
-    ) -> _Written:
+    ) -> Written:
         """Plan generation `gen` against `base` (unless `whole`) and write its chunks (none
         when tokens-only)."""
         over_budget = self.budget is not None and layout.n_bytes > self.budget.budget_bytes
         if layout.token_only or over_budget:
-            return _Written(None, (), [], 0, 0)
+            return Written(None, (), [], 0, 0)
         previous = None
         same_model = base is not None and base.fingerprint == layout.geometry.file_fingerprint()
         if base is not None and same_model and not whole:
@@ -333,7 +281,7 @@ class SharedStore:
         blobs = [old[g] for g in sorted(write.plan.gens() - {gen})]
         if write.n_blob_bytes:
             blobs.append(mf.BlobRef(gen, write.n_blob_bytes, self.chunk_bytes, tuple(crcs)))
-        return _Written(
+        return Written(
             write.plan, tuple(blobs), chunk_keys, write.n_blob_bytes, write.n_reused_bytes
         )
 
@@ -366,7 +314,7 @@ class SharedStore:
         the manifest changed under every attempt."""
         for _ in range(_MAX_ATTEMPTS):
             with translating("budget eviction"):
-                current = _decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
+                current = decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
                 if current is None or current.tokens_only:
                     return False
                 gen = int(self._client.incr(keys.gens))
@@ -374,7 +322,7 @@ class SharedStore:
                     current, gen=gen, tokens_only=True, plan=None, blobs=()
                 )
                 reply = self._degrade_script(
-                    keys=[keys.manifest, *_chunk_keys(keys, current)],
+                    keys=[keys.manifest, *chunk_keys(keys, current)],
                     args=[current.gen, gen, mf.encode(degraded)],
                 )
             if int(reply[0]) == lua.DONE:
@@ -415,6 +363,10 @@ class SharedStore:
             return self._miss(MissReason.TOKENS_ONLY, "the tier holds its tokens only", record.gen)
         if fingerprint is not None and record.fingerprint != fingerprint:
             return self._miss(MissReason.FINGERPRINT, f"made with {record.fingerprint}", record.gen)
+        if self.budget is not None:
+            # used now: the budget never degrades a mind while it is being taken over
+            with contextlib.suppress(TierUnavailable):
+                self.budget.touch(keys.tag)
         plan = record.plan
         out = alloc(plan.n_bytes) if alloc is not None else memoryview(bytearray(plan.n_bytes))
         page = out.cast("B") if out.format != "B" else out
@@ -473,56 +425,13 @@ class SharedStore:
         """Remove the mind from the tier: manifest, chunks, token log (the lease stays held)."""
         keys = lease.keys
         current = self.read_manifest(keys)
-        chunk_keys = _chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
+        chunks = chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
         with translating("drop"):
             reply = self._drop(
-                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunk_keys],
+                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunks],
                 args=[lease.holder.value, lease.fence],
             )
         if int(reply[0]) != lua.DONE:
             raise StaleOwner(f"lease on {keys.tag} lost before the drop")
         if self.budget is not None:
             self.budget.uncharge(keys.tag)
-
-
-def _decode_or_none(body: bytes | None) -> mf.Manifest | None:
-    """A manifest to plan against; an unreadable one is replaced by a full page."""
-    if body is None:
-        return None
-    try:
-        return mf.decode(body)
-    except mf.ManifestError:
-        return None
-
-
-def _manifest(
-    lease: Lease, mind_key: PageKey, gen: int, layout: PageLayout, written: _Written
-) -> mf.Manifest:
-    """The commit record of generation `gen`, written under `lease`."""
-    return mf.Manifest(
-        mind_key=mind_id(mind_key),
-        gen=gen,
-        fence=lease.fence,
-        replica_id=lease.holder.replica_id,
-        n_tokens=layout.n_tokens,
-        fingerprint=layout.geometry.file_fingerprint(),
-        layout=layout,
-        tokens_only=written.plan is None,
-        plan=written.plan,
-        blobs=written.blobs,
-        t_unix_ms=int(time.time() * 1000),
-    )
-
-
-def _chunk_keys(keys: MindKeys, record: mf.Manifest | None) -> list[str]:
-    if record is None:
-        return []
-    return [k for b in record.blobs for k in _blob_keys(keys, b)]
-
-
-def _blob_keys(keys: MindKeys, blob: mf.BlobRef) -> list[str]:
-    return [keys.chunk(blob.gen, i) for i in range(len(blob.crcs))]
-
-
-def _gen_of(chunk_key: str) -> int:
-    return int(chunk_key.rsplit(":", 2)[1][1:])
