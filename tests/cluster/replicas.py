@@ -116,6 +116,9 @@ class Cluster:
             f"r{i}": KvswapReplica(f"r{i}", root, self.redis.url, flags)
             for i in range(1, n_replicas + 1)
         }
+        peers = ",".join(r.url for r in self.replicas.values())
+        for r in self.replicas.values():
+            r.argv += ["--shared-tier-peers", peers]
         self.haproxy: ManagedProcess | None = None
         self.socket = str(root / "haproxy.sock")
         self.port = free_port()

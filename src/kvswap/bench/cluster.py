@@ -78,15 +78,18 @@ class SizeResult:
 
 
 class Replica:
-    def __init__(self, name: str, root: Path, redis_url: str, argv: list[str]) -> None:
-        self.port = free_port()
+    def __init__(
+        self, name: str, root: Path, redis_url: str, argv: list[str], port: int, peers: str
+    ) -> None:
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         slots = root / name / "slots"
         slots.mkdir(parents=True)
         full = [
             sys.executable, "-m", "kvswap", "serve", *argv, "--port", str(self.port),
             "--slot-save-path", str(slots), "--shared-tier", redis_url, "--replica-id", name,
-            "--advertise-url", self.url, "--shared-tier-rpo-tokens", "0", "--metrics",
+            "--advertise-url", self.url, "--shared-tier-peers", peers,
+            "--shared-tier-rpo-tokens", "0", "--metrics",
         ]  # fmt: skip
         self.proc = ManagedProcess(name, full, root / f"{name}.log")
         self.http = httpx.Client(base_url=self.url, timeout=3600)
@@ -208,7 +211,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     serve = ["-m", model, "-c", "8192", "-np", "1", "-t", str(args.threads), "-tb",
              str(args.threads), "--shared-tier-lease-ms", str(args.lease_ms)]  # fmt: skip
     url = f"redis://127.0.0.1:{redis_port}/0"
-    a, b = Replica("a", root, url, serve), Replica("b", root, url, serve)
+    ports = (free_port(), free_port())
+    peers = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    a, b = (Replica(n, root, url, serve, p, peers) for n, p in zip("ab", ports, strict=True))
     try:
         a.wait()
         b.wait()

@@ -25,6 +25,7 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _NEEDS_TIER = (
     "--replica-id",
     "--advertise-url",
+    "--shared-tier-peers",
     "--shared-tier-bytes",
     "--shared-tier-rpo-tokens",
     "--shared-tier-rpo-seconds",
@@ -55,6 +56,19 @@ def _set_replica_id(b: Builder, v: str) -> None:
 
 
 def _set_advertise_url(b: Builder, v: str) -> None:
+    b.update("cluster", advertise_url=_replica_url(v))
+
+
+def _set_peers(b: Builder, v: str) -> None:
+    urls = tuple(_replica_url(u.strip()) for u in v.split(",") if u.strip())
+    if not urls:
+        raise ValueError("expected http://host:port[,http://host:port...]")
+    b.update("cluster", peers=urls)
+
+
+def _replica_url(v: str) -> str:
+    """A replica's URL as other replicas reach it, checked (a ValueError names what is
+    wrong)."""
     parts = urlsplit(v)
     try:
         port = parts.port
@@ -64,7 +78,7 @@ def _set_advertise_url(b: Builder, v: str) -> None:
         raise ValueError(f"{v!r}: expected http://host:port (where other replicas reach this one)")
     if any(c.isspace() for c in v) or parts.path.strip("/") or parts.query:
         raise ValueError(f"{v!r}: expected http://host:port, with no path")
-    b.update("cluster", advertise_url=v.rstrip("/"))
+    return v.rstrip("/")
 
 
 def _set_bytes(b: Builder, v: str) -> None:
@@ -111,6 +125,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("--advertise-url", VALUE, KVSWAP, _set_advertise_url, env="KVSWAP_ARG_ADVERTISE_URL",
          hint="URL", help="where the other replicas reach this one (http://host:port): turns "
          "for the minds it owns are forwarded there"),
+    flag("--shared-tier-peers", VALUE, KVSWAP, _set_peers, env="KVSWAP_ARG_SHARED_TIER_PEERS",
+         hint="URL,...", help="the advertised URL of every replica of the cluster, this one's "
+         "included: the only places a turn is forwarded to (a lease naming any other URL is "
+         "refused with a 503)"),
     flag("--shared-tier-bytes", VALUE, KVSWAP, _set_bytes, env="KVSWAP_ARG_SHARED_TIER_BYTES",
          hint="SIZE", help="byte budget of the shared tier: past it the least recently used "
          "minds keep their tokens only (default: no budget)"),
@@ -157,6 +175,15 @@ def check(b: Builder) -> None:
         raise ConfigError(
             "--shared-tier needs --advertise-url (where the other replicas reach this one, "
             "http://host:port)"
+        )
+    if not c.peers:
+        raise ConfigError(
+            "--shared-tier needs --shared-tier-peers (every replica's advertised URL, this "
+            "one's included: the only places a turn is forwarded to)"
+        )
+    if c.advertise_url not in c.peers:
+        raise ConfigError(
+            f"--shared-tier-peers does not list this replica's --advertise-url {c.advertise_url}"
         )
     if b.paging.page_ram_bytes <= 0:
         raise ConfigError("--shared-tier needs the page store: --page-ram-bytes must be above 0")

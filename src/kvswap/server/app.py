@@ -58,7 +58,9 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
         install_gcp(app, gcp, routers)
     inner: ASGIApp = app
     if config.cluster.replica_id is not None:
-        forwarder = _cluster(app, config.cluster.replica_id, loader, routers)
+        forwarder = _cluster(
+            app, config.cluster.replica_id, frozenset(config.cluster.peers), loader, routers
+        )
         forwarders.append(forwarder)
         inner = forwarder
     app.include_router(routes_web.router(config.http))  # last: a --path folder takes the rest
@@ -111,7 +113,9 @@ def _lifespan(
     return lifespan
 
 
-def _cluster(app: FastAPI, replica_id: str, loader: Loader, routers: list[APIRouter]) -> Forwarder:
+def _cluster(
+    app: FastAPI, replica_id: str, peers: frozenset[str], loader: Loader, routers: list[APIRouter]
+) -> Forwarder:
     """A replica of a cluster: its own route, and the forwarder in front of the app."""
     app.include_router(routes_cluster.router)
     routers.append(routes_cluster.router)  # after install_gcp: /predict runs no cluster verb
@@ -119,6 +123,7 @@ def _cluster(app: FastAPI, replica_id: str, loader: Loader, routers: list[APIRou
     return Forwarder(
         app,
         replica_id=replica_id,
+        peers=peers,
         gate=lambda: loader.state.shared_minds if loader.state is not None else None,
     )
 
