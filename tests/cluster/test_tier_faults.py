@@ -6,15 +6,19 @@ must never do to a mind's published generations.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
+from kvswap.cluster.procs import free_port, start_redis
 from kvswap.core.keys import mind_key
 from kvswap.tiers.shared.connection import connect
 from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.lease import Lease, Leases
 from kvswap.tiers.shared.store import Fetched, SharedStore
+from kvswap.tiers.shared.token_log import TokenLog
 from tests.cluster.faultproxy import FaultProxy, Mode
 from tests.cluster.util import RedisServer, grown_page, incarnation, synthetic_page
 
@@ -112,3 +116,39 @@ def test_the_chunks_of_an_unreadable_manifest_are_removed_by_the_next_publicatio
         assert "gens" in left and {k.split(":")[0] for k in left - {"gens"}} == {"g2"}, left
     finally:
         store.close()
+
+
+def test_token_logs_and_manifests_are_budgeted_so_a_capped_redis_never_fills(
+    tmp_path: Path,
+) -> None:
+    """Audit C1: the budget counted chunk bytes only; token logs, manifests and the keys
+    beside them grew uncounted, a Redis at `maxmemory` (noeviction) then refused every write,
+    new leases included, so every mind no replica held answered 503. Now everything a mind
+    stores is charged, the least recently used minds degrade to tokens-only and, unheld, leave
+    the tier: 40 minds of long conversations through a Redis capped at 4/3 of the budget."""
+    port = free_port()
+    budget = 6 << 20
+    # 4/3 of the budget (the shipped ratio), and the megabyte an empty Redis uses already
+    proc = start_redis(port, tmp_path, tmp_path / "redis.log", persistent=False,
+                       maxmemory_bytes=budget * 4 // 3 + (1 << 20))  # fmt: skip
+    client = connect(f"redis://127.0.0.1:{port}/0")
+    # chunks just under a jemalloc size class, as the default is (chunks.DEFAULT_CHUNK_BYTES)
+    store = SharedStore(client, replica_id="r1", chunk_bytes=65536 - 64, budget_bytes=budget)
+    log = TokenLog(client)
+    leases = Leases(client, incarnation("r1"), ttl_ms=60_000)
+    try:
+        for i in range(40):
+            key = mind_key("public", f"long-{i}")
+            lease = leases.acquire(MindKeys.of(key))
+            assert isinstance(lease, Lease)
+            log.append(lease, "t1", 0, np.arange(20_000, dtype=np.int32))  # 80 KB of log
+            store.publish(lease, key, *synthetic_page(20_000, 200_000, seed=i))
+            leases.release(lease)  # idle: released, as a replica does
+        assert store.budget is not None and store.budget.total_bytes() <= budget
+        last = MindKeys.of(mind_key("public", "long-39"))
+        assert isinstance(store.fetch(last), Fetched)  # the newest is whole
+        assert store.counters()["n_degraded"] > 0
+    finally:
+        store.close()
+        client.close()
+        proc.stop()

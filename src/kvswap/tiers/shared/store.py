@@ -38,7 +38,7 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import PageLayout
 from kvswap.tiers.shared import manifest as mf
 from kvswap.tiers.shared import store_scripts as lua
-from kvswap.tiers.shared.budget import TierBudget
+from kvswap.tiers.shared.budget import TierBudget, mind_charge
 from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
 from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable, translating
@@ -65,6 +65,7 @@ from kvswap.tiers.shared.store_records import (
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
 _MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again
+_MANIFEST_RESERVE_BYTES: Final = 64 << 10  # a manifest's bytes, reserved before it is known
 Alloc = Callable[[int], memoryview]
 
 
@@ -105,6 +106,7 @@ class SharedStore:
         self._degrade_script = client.register_script(lua.DEGRADE)
         self._drop = client.register_script(lua.DROP)
         self._unlink_script = client.register_script(lua.UNLINK_REFUSED)
+        self._evict_script = client.register_script(lua.EVICT)
 
     def close(self) -> None:
         self._io.close()
@@ -225,9 +227,10 @@ class SharedStore:
         counted, and its receipt. Redis failing during the settling does not fail the publish:
         the commit landed (the charge is set again by the mind's next publish)."""
         try:
-            n_degraded = self._settle_budget(tag, record.n_bytes_stored)
+            charge = mind_charge(record.n_bytes_stored, n_body, record.n_tokens)
+            n_degraded = written.n_degraded + self._settle_budget(tag, charge)
         except TierUnavailable:
-            n_degraded = 0
+            n_degraded = written.n_degraded
         seconds = time.perf_counter() - t0
         n_reused = written.n_reused_bytes
         layout = record.layout
@@ -274,6 +277,14 @@ class SharedStore:
             previous = base.plan
         view = memoryview(page)
         write = plan_generation(view, split_page(view, layout), previous, gen)
+        if self.budget is not None:
+            # the old generation's chunks and the new one's coexist until the commit: room
+            # for both is made before a byte is written
+            n_old = base.n_bytes_stored if base is not None else 0
+            peak = mind_charge(n_old + write.n_blob_bytes, _MANIFEST_RESERVE_BYTES, layout.n_tokens)
+            n_degraded = self._settle_budget(keys.tag, peak)
+        else:
+            n_degraded = 0
         chunks = list(cut(write.blob, self.chunk_bytes))
         chunk_keys = [keys.chunk(gen, i) for i in range(len(chunks))]
         crcs = self._io.write(chunk_keys, chunks, self.pending_ttl_ms)
@@ -282,7 +293,12 @@ class SharedStore:
         if write.n_blob_bytes:
             blobs.append(mf.BlobRef(gen, write.n_blob_bytes, self.chunk_bytes, tuple(crcs)))
         return Written(
-            write.plan, tuple(blobs), chunk_keys, write.n_blob_bytes, write.n_reused_bytes
+            write.plan,
+            tuple(blobs),
+            chunk_keys,
+            write.n_blob_bytes,
+            write.n_reused_bytes,
+            n_degraded,
         )
 
     def _unlink_refused(self, keys: MindKeys, gen: int, chunk_keys: Sequence[str]) -> None:
@@ -298,7 +314,7 @@ class SharedStore:
     # -- budget ------------------------------------------------------------------------------
 
     def _settle_budget(self, tag: str, n_bytes: int) -> int:
-        """Charge the mind's stored bytes; degrade LRU minds while the tier is over budget."""
+        """Charge the mind `n_bytes`; degrade LRU minds while the tier is over budget."""
         if self.budget is None:
             return 0
         n_degraded = self.budget.settle(
@@ -307,26 +323,39 @@ class SharedStore:
         self._count(n_degraded=n_degraded)
         return n_degraded
 
-    def _degrade(self, keys: MindKeys) -> bool | None:
-        """Mark the mind's manifest tokens-only and unlink its chunks, in one script.
-
-        True when chunks were freed, False when there were none (a stale charge), None when
-        the manifest changed under every attempt."""
+    def _degrade(self, keys: MindKeys) -> int | None:
+        """Make room: a mind with chunks becomes tokens-only (its manifest marked, its chunks
+        unlinked, in one script); a tokens-only mind nobody holds leaves the tier (manifest,
+        token log, turn ids). What it still costs (0: nothing), or None when it was left alone
+        (the manifest changed under every attempt, or a replica holds it)."""
         for _ in range(_MAX_ATTEMPTS):
             with translating("budget eviction"):
-                current = decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
-                if current is None or current.tokens_only:
-                    return False
+                body = as_bytes(self._client.hget(keys.manifest, "body"))
+                current = decode_or_none(body)
+                if current is None:
+                    return 0  # a stale charge
+                if current.tokens_only:
+                    reply = self._evict_script(
+                        keys=[keys.lease, keys.manifest, keys.tokens, keys.turns],
+                        args=[current.gen],
+                    )
+                    outcome = int(reply[0])
+                    if outcome == lua.NOT_OWNER:
+                        return None  # held: its holder keeps it
+                    if outcome == lua.DONE:
+                        return 0
+                    continue
                 gen = int(self._client.incr(keys.gens))
                 degraded = dataclasses.replace(
                     current, gen=gen, tokens_only=True, plan=None, blobs=()
                 )
+                new_body = mf.encode(degraded)
                 reply = self._degrade_script(
                     keys=[keys.manifest, *chunk_keys(keys, current)],
-                    args=[current.gen, gen, mf.encode(degraded)],
+                    args=[current.gen, gen, new_body],
                 )
             if int(reply[0]) == lua.DONE:
-                return True
+                return mind_charge(0, len(new_body), degraded.n_tokens)
         return None
 
     # -- fetch -------------------------------------------------------------------------------

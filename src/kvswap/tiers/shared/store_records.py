@@ -83,6 +83,7 @@ class Written:
     chunk_keys: list[str]  # its own chunks (TTL until the commit persists them)
     n_blob_bytes: int
     n_reused_bytes: int
+    n_degraded: int = 0  # other minds degraded to make room for its chunks
 
 
 def decode_or_none(body: bytes | None) -> mf.Manifest | None:

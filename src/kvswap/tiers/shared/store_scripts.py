@@ -110,3 +110,13 @@ for i = 3, #KEYS do redis.call('UNLINK', KEYS[i]) end
 return {1}
 """
 )
+
+# KEYS lease, manifest, tokens, turns; ARGV the manifest's generation -> {1} | {0} held | {-1}
+# (budget eviction of a tokens-only mind nobody holds: its manifest, token log and turn ids
+# go; its fence and generation counter stay, so a later owner's fence only grows)
+EVICT: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
+if tonumber(redis.call('HGET', KEYS[2], 'gen') or '0') ~= tonumber(ARGV[1]) then return {-1} end
+redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4])
+return {1}
+"""
