@@ -33,7 +33,7 @@ from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Command
 from kvswap.engine.handle import PagesHandle
 from kvswap.files import Publisher
-from kvswap.tiers.shared.connection import connect, redacted
+from kvswap.tiers.shared.connection import SMALL_COMMAND_TIMEOUT_S, connect, redacted
 from kvswap.tiers.shared.errors import TierUnavailable, translating
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
@@ -135,10 +135,14 @@ class SharedTier:
         self.settings = settings
         self.geometry = geometry
         self.incarnation = Incarnation.new(settings.replica_id, settings.advertise_url)
-        self.client = connect(settings.shared_tier)
+        self.client = connect(settings.shared_tier, command_timeout_s=SMALL_COMMAND_TIMEOUT_S)
+        self.bulk = connect(settings.shared_tier)  # chunks: a longer timeout
         self.health = TierHealth()
         self.store = SharedStore(
-            self.client, replica_id=settings.replica_id, budget_bytes=settings.shared_tier_bytes
+            self.client,
+            replica_id=settings.replica_id,
+            budget_bytes=settings.shared_tier_bytes,
+            bulk=self.bulk,
         )
         self.token_log = TokenLog(self.client)
         self.local = LocalMinds(
@@ -335,3 +339,4 @@ class SharedTier:
         self.drain()
         self.store.close()
         self.client.close()
+        self.bulk.close()

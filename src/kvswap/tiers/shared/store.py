@@ -84,9 +84,11 @@ class SharedStore:
         pipeline_depth: int = 4,
         pending_ttl_ms: int = DEFAULT_PENDING_TTL_MS,
         after_chunks: Callable[[int], None] | None = None,
+        bulk: redis.Redis | None = None,
     ) -> None:
-        """`after_chunks(gen)` is a seam for crash tests: it runs between a generation's
-        chunks and its commit."""
+        """`bulk`: the client chunks travel on (a longer timeout; default `client`).
+        `after_chunks(gen)` is a seam for crash tests: it runs between a generation's chunks
+        and its commit."""
         if chunk_bytes < 4096:
             raise ValueError(f"chunk size {chunk_bytes} is below 4096 bytes")
         self.replica_id = replica_id
@@ -97,7 +99,7 @@ class SharedStore:
             TierBudget(client, TierKeys(prefix), budget_bytes) if budget_bytes is not None else None
         )
         self._client = client
-        self._io = ChunkIO(client, n_connections, pipeline_depth)
+        self._io = ChunkIO(bulk or client, n_connections, pipeline_depth)
         self._after_chunks = after_chunks
         self._lock = threading.Lock()
         self._counters = StoreCounters()
