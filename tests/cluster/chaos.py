@@ -1,9 +1,11 @@
 """The chaos soak's driver: minds chatting through a `kvswap cluster up` while its processes are
 killed, frozen and restarted at random.
 
-`Chatters` runs every conversation on a thread of its own, one turn every `pace_s`, through
-the OpenAI client with `max_retries` (it backs off and honours Retry-After, as applications do);
-a turn that still fails after its retries is recorded as failed. `Chaos` strikes every
+`Chatters` runs every mind index on a thread of its own until the deadline, one turn every
+`pace_s`: conversations of `n_turns` turns, each under a new mind name (the conversation's
+text depends on the index alone, so each is compared with one fault-free run), through the
+OpenAI client with `max_retries` (it backs off and honours Retry-After, as applications do); a
+turn that still fails after its retries is recorded as failed. `Chaos` strikes every
 `every_s` with one fault drawn from a seeded random generator: SIGKILL of a replica (`cluster
 up` restarts it), SIGSTOP of a replica for `stop_s` (past its lease) then SIGCONT, or SIGKILL of
 redis-server (restarted on its append-only file). Both stop at a deadline.
@@ -79,36 +81,40 @@ class Chatters:
     """Every conversation chatting on its own thread until `until` (see the module docstring)."""
 
     url: str
-    convs: Sequence[Conversation]
+    n_minds: int
     n_turns: int
     pace_s: float
     max_retries: int
-    results: dict[tuple[int, int], TurnResult] = field(default_factory=dict)
+    until: float  # monotonic: no conversation starts after it
+    results: dict[tuple[int, int, int], TurnResult] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self) -> None:
-        threads = [threading.Thread(target=self._one, args=(c,)) for c in self.convs]
+        threads = [threading.Thread(target=self._one, args=(i,)) for i in range(self.n_minds)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
 
-    def _one(self, conv: Conversation) -> None:
+    def _one(self, index: int) -> None:
         client = ChatClient(self.url, retries=self.max_retries)
-        offset = self.pace_s * conv.index / max(1, len(self.convs))
-        time.sleep(offset)  # spread the minds' turns over the pace
-        for turn in range(1, self.n_turns + 1):
-            t0 = time.monotonic()
-            try:
-                result = workload.chat_turn(client, conv, turn)
-            except workload.BrokenTurn as err:
+        time.sleep(self.pace_s * index / self.n_minds)  # spread the minds' turns over the pace
+        round_ = 0
+        while time.monotonic() < self.until:
+            conv = Conversation(index, f"chaos-{index}-{round_}")
+            for turn in range(1, self.n_turns + 1):
+                t0 = time.monotonic()
+                try:
+                    result = workload.chat_turn(client, conv, turn)
+                except workload.BrokenTurn as err:
+                    with self._lock:
+                        self.failed.append(str(err))
+                    break  # the conversation cannot go on without this turn's answer
                 with self._lock:
-                    self.failed.append(str(err))
-                return  # the conversation cannot go on without this turn's answer
-            with self._lock:
-                self.results[(conv.index, turn)] = result
-            time.sleep(max(0.0, self.pace_s - (time.monotonic() - t0)))
+                    self.results[(index, round_, turn)] = result
+                time.sleep(max(0.0, self.pace_s - (time.monotonic() - t0)))
+            round_ += 1
 
 
 @dataclass(frozen=True)
@@ -128,13 +134,14 @@ class Report:
         baseline: dict[tuple[int, int], TurnResult],
         strikes: Sequence[Strike],
     ) -> Report:
-        lost = [
-            max(0, baseline[k].cache_n - r.cache_n) for k, r in chatters.results.items()
-        ]  # fmt: skip
+        def calm(key: tuple[int, int, int]) -> TurnResult:
+            return baseline[(key[0], key[2])]
+
+        lost = [max(0, calm(k).cache_n - r.cache_n) for k, r in chatters.results.items()]
         return cls(
             n_turns=len(chatters.results),
             n_failed=len(chatters.failed),
-            n_text_differs=sum(r.text != baseline[k].text for k, r in chatters.results.items()),
+            n_text_differs=sum(r.text != calm(k).text for k, r in chatters.results.items()),
             n_retried=sum(r.n_attempts > 1 for r in chatters.results.values()),
             n_reprefilled_tokens=sum(lost),
             max_reprefilled_tokens=max(lost, default=0),

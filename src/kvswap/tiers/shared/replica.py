@@ -32,6 +32,7 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Command
 from kvswap.engine.handle import PagesHandle
+from kvswap.engine.minds.registry import MindRegistry
 from kvswap.files import Publisher
 from kvswap.tiers.shared.connection import SMALL_COMMAND_TIMEOUT_S, connect, redacted
 from kvswap.tiers.shared.errors import TierUnavailable, translating
@@ -160,19 +161,7 @@ class SharedTier:
             busy=lambda key: not pages.registry.idle([key]),
             on_lost=self._lost,
         )
-        self.writer = MindWriter(
-            holdings=self.holdings,
-            store=self.store,
-            token_log=self.token_log,
-            local=self.local,
-            registry=pages.registry,
-            health=self.health,
-            rpo_tokens=settings.rpo_tokens,
-            rpo_s=settings.rpo_seconds,
-            quiet_s=settings.quiet_seconds,
-            release_s=settings.release_seconds,
-            drain_s=settings.drain_seconds,
-        )
+        self.writer = self._writer(pages.registry)
         self.resumer = Resumer(
             holdings=self.holdings,
             store=self.store,
@@ -182,6 +171,15 @@ class SharedTier:
         )
         self.stats = ResumeStats()
         self._closed = False
+
+    def _writer(self, registry: MindRegistry) -> MindWriter:
+        s = self.settings
+        return MindWriter(
+            holdings=self.holdings, store=self.store, token_log=self.token_log,
+            local=self.local, registry=registry, health=self.health,
+            rpo_tokens=s.rpo_tokens, rpo_s=s.rpo_seconds, quiet_s=s.quiet_seconds,
+            release_s=s.release_seconds, drain_s=s.drain_seconds,
+        )  # fmt: skip
 
     @property
     def replica_id(self) -> str:
