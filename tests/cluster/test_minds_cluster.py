@@ -337,3 +337,25 @@ def test_an_erased_minds_slot_ends_the_mind_in_the_shared_tier_too(
     assert [r.exists(k) for k in (keys.manifest, keys.tokens, keys.lease)] == [0, 0, 0]
     done = workload.chat_turn(c, conv, 3)  # starts the mind fresh: nothing to resume
     assert done.cache_n == 0, done
+
+
+def test_a_mind_verb_sent_to_another_replica_reaches_the_owner(
+    cluster: Cluster, baseline: Results
+) -> None:
+    """Audit A5: the web page's mind actions ran on whichever replica HAProxy picked; a drop
+    there left the owner's slot, RAM and disk copies and the tier's page, and the 'dropped'
+    conversation resumed at its next turn. Now the verb goes on to the owner, which drops the
+    mind from every tier, the shared one included."""
+    conv = Conversation(11, "verb-11")
+    c = workload.ChatClient(cluster.url)
+    owner_id = workload.chat_turn(c, conv, 1).replica
+    assert workload.chat_turn(c, conv, 2).cache_n > 0
+    other = next(r for rid, r in cluster.replicas.items() if rid != owner_id)
+    keys = _mind_keys(conv.name)
+    r = cluster.redis.client()
+    wait_until(lambda: r.exists(keys.manifest) == 1, 30, "the mind's publication")
+    dropped = httpx.post(f"{other.url}/minds/{conv.name}?action=drop", timeout=60)
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json()["tier"] == "none" and dropped.headers["x-kvswap-replica"] == owner_id
+    assert [r.exists(k) for k in (keys.manifest, keys.tokens, keys.lease)] == [0, 0, 0]
+    assert workload.chat_turn(c, conv, 3).cache_n == 0  # nothing left anywhere to resume
