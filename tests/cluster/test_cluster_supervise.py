@@ -5,8 +5,8 @@ and is steered from another terminal (`kvswap cluster status`, `drain`, `ready`)
   API); while drained, every new mind is served by r2; `ready r1` brings it back to UP, and new
   minds land on r1 again.
 - SIGKILL of the replica that served a mind (found by `X-Kvswap-Replica`), after the mind sat
-  idle past the tier's flush interval (`--shared-tier-rpo-seconds 1`: its page published, read
-  back on /pages): the other replica's mind keeps getting answers through HAProxy meanwhile;
+  idle past the default quiet period (`--shared-tier-quiet-seconds`, 2 s: its page published,
+  read back on /pages): the other replica's mind keeps getting answers through HAProxy meanwhile;
   the killed replica is restarted by `cluster up` (`status` shows it up again, restarts 1, a new
   pid, last exit -9); the mind's next turn succeeds and prefills only its new tokens (its
   cache_n and prompt_n equal a fault-free run of the same conversation).
@@ -34,10 +34,7 @@ from tests.cluster.util import wait_until
 from tests.cluster.workload import ChatClient, Conversation, TurnResult
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
-SERVE = [
-    "-c", "2048", "-np", "1", "--cache-ram", "0",
-    "--shared-tier-rpo-seconds", "1", "--shared-tier-lease-ms", "1500",
-]  # fmt: skip
+SERVE = ["-c", "2048", "-np", "1", "--cache-ram", "0", "--shared-tier-lease-ms", "1500"]
 
 
 @pytest.fixture(scope="module")
