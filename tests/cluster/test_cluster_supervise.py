@@ -160,6 +160,8 @@ def test_a_killed_replica_is_restarted_and_its_mind_resumes(up: ClusterUp) -> No
     assert resumed.text == control[(0, 3)].text
     after = workload.chat_turn(client, mind, 4)  # and the mind goes on
     assert after.cache_n > 0
+    holder = next(r for r in up.status()["replicas"] if r["id"] == after.replica)
+    assert holder["n_minds_held"] >= 1  # `status` shows the minds each replica holds
 
 
 def _restarted(up: ClusterUp, name: str, old_pid: int) -> bool:

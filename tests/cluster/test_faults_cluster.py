@@ -242,6 +242,8 @@ def test_an_owner_cut_off_from_redis_but_not_from_haproxy(
     assert done.replica == other_id and done.text == baseline[(index, 4)].text
     record = manifest.decode(r.hget(_keys(name).manifest, "body") or b"")
     assert record.replica_id == other_id  # nothing of the old owner's landed
+    threads = owner.http.get("/health").json()["threads"]  # and its tier's threads kept going
+    assert {t["name"] for t in threads if t["alive"]} == {"kvswap-leases", "kvswap-publish"}
     assert check_fence_log(cluster.fence_log) > 0
 
 

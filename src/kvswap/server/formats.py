@@ -287,10 +287,15 @@ def select_fields(paths: Sequence[str], body: Mapping[str, Any]) -> dict[str, An
 # --------------------------------------------------------------------- small route bodies
 
 
-def health_json(threads: Sequence[LoopView] = ()) -> dict[str, Any]:
-    """llama-server's `{"status": "ok"}`; on a replica of a cluster, its shared tier's
-    background threads too (alive, failed passes, restarts, the last error)."""
+def health_json(
+    threads: Sequence[LoopView] = (), n_minds_held: int | None = None
+) -> dict[str, Any]:
+    """llama-server's `{"status": "ok"}`; on a replica of a cluster, how many minds it holds
+    (`kvswap cluster status` shows it) and its shared tier's background threads (alive,
+    failed passes, restarts, the last error)."""
     body: dict[str, Any] = {"status": "ok"}
+    if n_minds_held is not None:
+        body["n_minds_held"] = n_minds_held
     if threads:
         body["threads"] = [
             {"name": t.name, "alive": t.alive, "n_failures": t.n_failures,

@@ -55,7 +55,10 @@ async def health(request: Request) -> JSONResponse:
     crashed = state.snapshot.crashed
     if crashed:
         raise KvswapError(ErrorKind.SERVER, crashed)
-    return JSONResponse(health_json(state.shared.threads() if state.shared is not None else ()))
+    shared = state.shared
+    if shared is None:
+        return JSONResponse(health_json())
+    return JSONResponse(health_json(shared.threads(), shared.n_minds_held()))
 
 
 def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:

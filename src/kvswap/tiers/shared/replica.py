@@ -271,6 +271,10 @@ class SharedTier:
         lease = self.holdings.leases.holder(self.holdings.keys_of(key))
         return Holder.of(lease) if lease is not None else None
 
+    def n_minds_held(self) -> int:
+        """Minds whose lease this replica holds now."""
+        return len(self.holdings.all())
+
     def threads(self) -> list[LoopView]:
         """The tier's background threads (lease renewal, publication) as /health shows them;
         one that had died is started again first (logged)."""
