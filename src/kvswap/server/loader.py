@@ -261,7 +261,7 @@ class Loader:
                 state.shared.close()
             state.client.close()
             state.io.shutdown(wait=True)
-            for publisher in (state.publisher, state.minds_files):
+            for publisher in (state.publisher, state.minds_files, *state.tenant_files.values()):
                 if publisher is not None:
                     publisher.close()
             if self.adapters is not None:
