@@ -92,13 +92,6 @@ def _set_rpo_tokens(b: Builder, v: str) -> None:
     b.update("cluster", rpo_tokens=read_int(v, lo=0))
 
 
-def _set_rpo_seconds(b: Builder, v: str) -> None:
-    seconds = read_float(v)
-    if not seconds > 0:
-        raise ValueError("must be more than 0 seconds")
-    b.update("cluster", rpo_seconds=seconds)
-
-
 def _set_lease_ms(b: Builder, v: str) -> None:
     b.update("cluster", lease_ms=read_int(v, lo=100, hi=600_000))
 
@@ -137,7 +130,7 @@ FLAGS: tuple[Flag, ...] = (
          help="a turn leaving more than N unpublished tokens publishes its mind's page before "
          "answering, so a replica's death re-prefills at most N tokens per mind (default: 2048; "
          "0 = every turn)"),
-    flag("--shared-tier-rpo-seconds", VALUE, KVSWAP, _set_rpo_seconds,
+    flag("--shared-tier-rpo-seconds", VALUE, KVSWAP, _seconds("rpo_seconds"),
          env="KVSWAP_ARG_SHARED_TIER_RPO_SECONDS", hint="SECONDS",
          help="a mind's unpublished page is published in the background once this old "
          "(default: 30)"),
