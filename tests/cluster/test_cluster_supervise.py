@@ -162,6 +162,12 @@ def test_a_killed_replica_is_restarted_and_its_mind_resumes(up: ClusterUp) -> No
     assert after.cache_n > 0
     holder = next(r for r in up.status()["replicas"] if r["id"] == after.replica)
     assert holder["n_minds_held"] >= 1  # `status` shows the minds each replica holds
+    # ... and every replica's /pages (the web page's line) the supervisor's view of each
+    seen = httpx.get(f"{holder['url']}/pages", timeout=30).json()["shared_tier"]["replicas"]
+    assert {(r["id"], r["state"], r["n_restarts"]) for r in seen} == {
+        (owner, "up", 1),
+        (survivor, "up", 0),
+    }
 
 
 def _restarted(up: ClusterUp, name: str, old_pid: int) -> bool:

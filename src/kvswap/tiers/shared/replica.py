@@ -20,9 +20,12 @@ of the package is its inside.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +51,7 @@ from kvswap.tiers.shared.token_log import TokenLog
 from kvswap.tiers.shared.writer import MindWriter
 
 log = logging.getLogger("kvswap.shared")
+CLUSTER_STATE_ENV = "KVSWAP_CLUSTER_STATE"  # set by `kvswap cluster up` for its replicas
 
 __all__ = [
     "HeldView", "Holder", "LoopView", "Placement", "Resumed", "SharedTier", "TierView", "redacted",
@@ -115,6 +119,34 @@ class TierView:
     writer: dict[str, int]
     resumes: dict[str, float]
     held: tuple[HeldView, ...]
+    # the cluster's replicas as its `cluster up` supervises them (None: not started by it)
+    replicas: tuple[ReplicaState, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One replica of a `kvswap cluster up`, as its cluster.json says (`KVSWAP_CLUSTER_STATE`)."""
+
+    replica_id: str
+    url: str
+    state: str  # starting, up, restarting, gave up, stopped
+    n_restarts: int
+
+
+def cluster_replicas(environ: Mapping[str, str]) -> tuple[ReplicaState, ...] | None:
+    """The replicas `cluster up` lists in the file `KVSWAP_CLUSTER_STATE` names; None when no
+    such file is named or it cannot be read now."""
+    path = environ.get(CLUSTER_STATE_ENV)
+    if not path:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text())
+        return tuple(
+            ReplicaState(str(r["id"]), str(r["url"]), str(r["state"]), int(r["n_restarts"]))
+            for r in doc["replicas"]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class SharedTier:
@@ -322,6 +354,7 @@ class SharedTier:
             writer=self.writer.counters(),
             resumes=self.stats.snapshot(),
             held=held,
+            replicas=cluster_replicas(os.environ) if read_redis else None,
         )
 
     # -- the end -----------------------------------------------------------------------------
