@@ -23,6 +23,7 @@ from kvswap.core.keys import mind_key, namespace_of
 from kvswap.minds.placement import OwnedElsewhere, Owner, Verdict, decide, wait_bound_s
 from kvswap.server import forward
 from kvswap.server.forward import Forwarder
+from kvswap.server.peerauth import peer_key, sign, verify
 from kvswap.server.turnfacts import turn_facts
 from kvswap.tiers.shared.replica import Holder
 
@@ -387,3 +388,39 @@ def test_a_full_connection_pool_is_a_503_and_the_owner_is_kept() -> None:
     got = asyncio.run(_call(app, Owners({"b": pool_full}), gate))
     assert got.status == 503 and int(got.headers["retry-after"]) >= 1
     assert len(app.seen) == 1 and gate.outcomes == []  # never run here, the owner not blamed
+
+
+KEY_OF_CLUSTER = peer_key("redis://:s3cret@redis:6379/0")
+
+
+def test_a_hop_mark_or_a_hand_off_needs_a_replicas_signature() -> None:
+    """Audit B6: `X-Kvswap-Hop` and POST /cluster/handoff were open to clients: a hand-off
+    alternated with a turn made the owner publish its whole mind each time (Redis traffic
+    paid by every tenant), a forged hop failed one's own turns. Replicas now sign them with a
+    key from the tier's password; a client's hop mark is dropped (the turn is forwarded as
+    usual), a hand-off it asks is a 403, and the forwarder's own requests carry a signature
+    the receiving replica accepts."""
+    assert KEY_OF_CLUSTER is not None and peer_key("redis://redis:6379/0") is None
+    app, gate = App([owner("b")]), Gate()
+    owners = Owners({"b": _stream(b"data: 1\n\n")})
+    http = httpx.AsyncClient(transport=httpx.MockTransport(owners.handle))
+    gates: Callable[[], Gate] = lambda: gate  # noqa: E731
+    forwarder = Forwarder(
+        app.build(), replica_id="a", peers=PEERS, gate=gates, http=http,  # type: ignore[arg-type]
+        peer_key=KEY_OF_CLUSTER,
+    )  # fmt: skip
+    forged = [(b"x-kvswap-hop", b"r9")]
+    got = asyncio.run(_call_forwarder(forwarder, headers=forged))
+    assert got.status == 200 and app.seen[0]["hop"] == ""  # not honoured: forwarded to b
+    turn, handoff = owners.requests
+    for sent in (turn, handoff):  # b accepts what a signed
+        assert verify(KEY_OF_CLUSTER, sent.headers["x-kvswap-peer"], "POST", sent.url.path) == "a"
+    refused = asyncio.run(_call_forwarder(forwarder, "/cluster/handoff"))
+    assert refused.status == 403
+    assert json.loads(refused.body)["error"]["type"] == "permission_error"
+    signed = sign(KEY_OF_CLUSTER, "b", "POST", "/cluster/handoff")
+    passed = asyncio.run(
+        _call_forwarder(forwarder, "/cluster/handoff", [(b"x-kvswap-peer", signed.encode())])
+    )
+    assert passed.status == 404  # through to the app (this stand-in has no such route)
+    assert verify(KEY_OF_CLUSTER, signed, "POST", "/v1/chat/completions") is None

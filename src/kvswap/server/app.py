@@ -31,6 +31,7 @@ from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import routes_cluster, routes_minds, routes_reconfigure, routes_slots
+from kvswap.server.peerauth import peer_key
 from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
@@ -124,6 +125,7 @@ def _cluster(
         app,
         replica_id=replica_id,
         peers=peers,
+        peer_key=peer_key(loader.config.cluster.shared_tier),
         gate=lambda: loader.state.shared_minds if loader.state is not None else None,
     )
 

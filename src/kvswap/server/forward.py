@@ -22,7 +22,9 @@
 4. After a forwarded turn the owner is asked, in the background, to hand the mind off (it
    publishes it and releases its lease once idle); the mind's next turn here waits for that
    and then takes the mind over with no re-prefill.
-Every answer names its replica in `X-Kvswap-Replica` (a forwarded one, the owner). A request
+Every answer names its replica in `X-Kvswap-Replica` (a forwarded one, the owner). Requests
+between replicas are signed (`peerauth`, with a key derived from the tier's password): a hop
+mark without a valid signature is dropped, and a hand-off request without one is a typed 403. A request
 the forwarder's HTTP client cannot even start (its connection pool full: local back-pressure,
 not a dead owner) answers a typed 503 with `Retry-After`, the owner left alone.
 
@@ -37,6 +39,7 @@ import logging
 from collections.abc import Callable
 from enum import Enum
 from typing import Final
+from urllib.parse import unquote
 
 import httpx
 from fastapi import FastAPI, Request
@@ -57,6 +60,7 @@ from kvswap.server.asgi import (
     with_failed_owners,
 )
 from kvswap.server.errors import error_bytes
+from kvswap.server.peerauth import PEER_HEADER, sign, verify
 from kvswap.server.turnfacts import HOP_HEADER, scope_headers
 
 log = logging.getLogger("kvswap.cluster")
@@ -72,6 +76,7 @@ _NOT_RETURNED: Final = frozenset({*_HOP_BY_HOP - {"content-length"}, "date", "se
 _AUTH_HEADERS: Final = ("authorization", "x-api-key")
 _MAX_OWNERS: Final = 3  # owners a turn is forwarded to, one after the other, before a 503
 _MAX_CONNECTIONS: Final = 1000  # forwarded turns in flight at once (each a streamed answer)
+HANDOFF_PATH: Final = "/cluster/handoff"
 
 
 def install(app: FastAPI) -> None:
@@ -133,13 +138,16 @@ class Forwarder:
         peers: frozenset[str],
         gate: Callable[[], SharedMinds | None],
         http: httpx.AsyncClient | None = None,
+        peer_key: bytes | None = None,
     ) -> None:
         """`peers`: the advertised URLs of the cluster's replicas, the only places a turn or
-        a hand-off request is ever sent."""
+        a hand-off request is ever sent; `peer_key`: what replica-to-replica requests are
+        signed and checked with (`peerauth`; None: nothing is)."""
         self.app = app
         self.replica_id = replica_id
         self.peers = peers
         self.gate = gate
+        self.peer_key = peer_key
         self._http = http
 
     @property
@@ -160,6 +168,11 @@ class Forwarder:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if not self._from_a_peer(scope):
+            if scope["path"].endswith(HANDOFF_PATH):
+                await _refused(send, self.replica_id)
+                return
+            scope = _without_hop(scope)  # a client's hop mark is not honoured
         chunks: list[bytes] = []  # the body as the app read it
         reads = _recording(receive, chunks)
         failed: set[str] = set()  # owners this turn was forwarded to that gave no answer
@@ -206,6 +219,20 @@ class Forwarder:
             reads = _replaying(body, receive, chunks)
         await _unavailable(send, self.replica_id)
 
+    def _from_a_peer(self, scope: Scope) -> bool:
+        """Signed by a replica of this cluster (`peerauth`), or nothing to check with."""
+        if self.peer_key is None:
+            return True
+        value = scope_headers(scope).get(PEER_HEADER)
+        path = unquote(bytes(scope.get("raw_path") or scope["path"].encode()).decode("latin-1"))
+        return value is not None and verify(self.peer_key, value, scope["method"], path) is not None
+
+    def _signed(self, method: str, path: str) -> list[tuple[bytes, bytes]]:
+        if self.peer_key is None:
+            return []
+        value = sign(self.peer_key, self.replica_id, method, unquote(path))
+        return [(PEER_HEADER.encode(), value.encode())]
+
     async def _forward(
         self,
         scope: Scope,
@@ -219,9 +246,12 @@ class Forwarder:
         query = scope.get("query_string", b"").decode("latin-1")
         url = owner.url + path + (f"?{query}" if query else "")
         headers = [
-            (k, v) for k, v in scope["headers"] if k.decode("latin-1").lower() not in _HOP_BY_HOP
+            (k, v)
+            for k, v in scope["headers"]
+            if k.decode("latin-1").lower() not in _HOP_BY_HOP | {PEER_HEADER}
         ]
         headers.append((HOP_HEADER.encode(), self.replica_id.encode()))
+        headers += self._signed(scope["method"], path)
         request = self.http.build_request(scope["method"], url, headers=headers, content=body)
         sending = asyncio.ensure_future(self.http.send(request, stream=True))
         watching = asyncio.ensure_future(gate.watch_owner(owner))
@@ -258,7 +288,9 @@ class Forwarder:
         """Ask the owner to hand the mind off once idle (the next turn here waits for it)."""
         headers = {k: v for k, v in scope_headers(scope).items() if k in _AUTH_HEADERS}
         headers[HOP_HEADER] = self.replica_id
-        url = owner.url + scope.get("root_path", "") + "/cluster/handoff"
+        path = scope.get("root_path", "") + HANDOFF_PATH
+        headers.update((k.decode(), v.decode()) for k, v in self._signed("POST", path))
+        url = owner.url + path
         name = owner.key.name
 
         async def ask() -> None:
@@ -289,6 +321,20 @@ async def _relay(upstream: httpx.Response, send: Send, leaving: asyncio.Future[N
         return _Outcome.CUT  # the response stays incomplete: the client sees the break
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return _Outcome.ANSWERED if upstream.status_code < 400 else _Outcome.REFUSED
+
+
+async def _refused(send: Send, replica_id: str) -> None:
+    """A typed 403: a hand-off asked by anyone but a replica of this cluster."""
+    body = error_bytes(ErrorKind.PERMISSION, "only a replica of this cluster may ask a hand-off")
+    headers = [(b"content-type", b"application/json"),
+               (REPLICA_HEADER.encode(), replica_id.encode())]  # fmt: skip
+    await send({"type": "http.response.start", "status": 403, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _without_hop(scope: Scope) -> Scope:
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != HOP_HEADER.encode()]
+    return {**scope, "headers": headers}
 
 
 async def _unavailable(
