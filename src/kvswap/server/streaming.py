@@ -8,7 +8,9 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
   bound for another replica is forwarded from here, never rendered or tokenized here). A body
   whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
-  turn (`turn_done`) before its last event goes out.
+  turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
+  `MindSeated`, its first event) is kept for the answer's headers (`Turn.headers`) and its
+  `Completion`.
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
@@ -32,6 +34,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import TypeVar
 
 from fastapi import Request
@@ -39,12 +42,20 @@ from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
-from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.core.types import (
+    Completion,
+    EngineError,
+    Event,
+    GenerationRequest,
+    MindSeated,
+    MindServed,
+)
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
 from kvswap.minds.names import request_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
 from kvswap.server.errors import error_json
+from kvswap.server.formats import served_headers
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import MindField, parse_body
 from kvswap.server.sse import DONE, sse
@@ -75,6 +86,7 @@ class Turn:
         self.minds = minds
         self.held = held
         self.exits = exits or AsyncExitStack()
+        self.served: MindServed | None = None  # how the mind was served, once it is seated
 
     @property
     def mind(self) -> PageKey | None:
@@ -86,8 +98,13 @@ class Turn:
         then lets nothing go."""
         return self.exits.pop_all()
 
+    def headers(self) -> dict[str, str]:
+        """The answer's headers saying how its mind was served (none for no mind)."""
+        return served_headers(self.served) if self.served is not None else {}
+
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
-        """The request's events; the last is a Completion or an EngineError."""
+        """The request's events; the last is a Completion or an EngineError. A mind's seating
+        (`MindSeated`) is kept as `served`, not yielded."""
         held = self.held
         if held is None:
             async for event in self.client.stream(request):
@@ -96,7 +113,11 @@ class Turn:
         assert request.mind == held.key, "a held turn runs its own mind's request"
         restore = await self.minds.restore(held)
         async for event in self.client.stream(request, restore):
+            if isinstance(event, MindSeated):
+                self.served = self.minds.served(held, event.served)
+                continue
             if isinstance(event, Completion):
+                event = replace(event, served=self.served)
                 event = await self.minds.turn_done(held, request, event)
             yield event
 
@@ -263,5 +284,7 @@ async def open_stream(
             await events.aclose()
 
     return StreamingResponse(
-        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", **runner.headers()},
     )

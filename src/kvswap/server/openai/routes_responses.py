@@ -87,7 +87,8 @@ async def responses(request: Request) -> Response:
                     output=fr.output_items(msg),
                     c=c,
                     n_reasoning=n_reasoning,
-                )
+                ),
+                headers=runner.headers(),
             )
         events = fr.ResponseEvents(meta)
 
