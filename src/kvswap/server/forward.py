@@ -19,7 +19,8 @@
    `failed_owners`: the session waits its lease out and takes the mind over (or forwards to a
    newer owner: three owners at most, then a 503). Once the answer has begun, a failure
    cuts the client's response short, as the owner's death would have (the client retries).
-4. After a forwarded turn the owner is asked, in the background, to hand the mind off (it
+4. After a forwarded turn (not a read: a GET of a mind's history) the owner is asked, in the
+   background, to hand the mind off (it
    publishes it and releases its lease once idle); the mind's next turn here waits for that
    and then takes the mind over with no re-prefill.
 Every answer names its replica in `X-Kvswap-Replica` (a forwarded one, the owner). Requests
@@ -204,8 +205,8 @@ class Forwarder:
                 )
                 return
             gate.forwarded(owner, ok=outcome is not _Outcome.NOT_REACHED)
-            if outcome is _Outcome.ANSWERED:
-                self._ask_handoff(scope, owner, gate)
+            if outcome is _Outcome.ANSWERED and scope["method"] != "GET":
+                self._ask_handoff(scope, owner, gate)  # a read leaves the mind where it is
             if outcome is not _Outcome.NOT_REACHED:
                 return
             log.warning(

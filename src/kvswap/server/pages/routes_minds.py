@@ -9,7 +9,8 @@ told apart (a raw /completion prompt, a template that frames turns unalike): a c
 sends those messages and a new user message extends the mind, and prefills only the new
 tokens. The tokens are read where the mind lives (its slot or RAM page, on the engine thread;
 its spilled file's header, on the I/O executor), while the mind is held, so no turn changes
-them meanwhile; nothing moves.
+them meanwhile; nothing moves. In a cluster, a mind another live replica owns is read there (the request goes
+on to its owner through the forwarder, as a turn does).
 
 - `page_out`: from its slot to its RAM page (a mind not in a slot stays where it is);
 - `page_in`: into a slot, as a request naming it would be seated (from RAM, or read back from
@@ -57,6 +58,8 @@ router = APIRouter()
 async def mind_history(name: str, request: Request) -> JSONResponse:
     state = get_state(request)
     key = mind_key(tenant_namespace(request.scope), name)
+    if state.shared_minds is not None:  # another replica owns it: the read goes there
+        await state.shared_minds.to_owner(key, turn_facts(request.scope, b""))
     tier = state.minds.tier(key)
     tokens = await _tokens(state, key) if tier is not None else None
     if tier is None or tokens is None:
