@@ -156,6 +156,24 @@ def test_the_body_mind_routes_small_bodies_and_no_mind_is_balanced(cluster: Clus
     assert r.headers[REPLICA_HEADER] == cluster.ask(MINDS[0])
 
 
+def test_a_session_key_routes_as_the_mind_it_names(cluster: Cluster) -> None:
+    """Defect caught: a client that names no mind but sends a session key (Codex's
+    prompt_cache_key, X-Conversation-Id, Claude Code's session header) balanced round robin,
+    so each turn lands on another replica and is forwarded to its mind's owner (a hop a turn).
+    Each routes as the mind of that name, in kvswap's order."""
+    for mind in MINDS[:8]:
+        home = cluster.ask(mind)
+        body = {"messages": [], "prompt_cache_key": mind}
+        for headers, json in [
+            ({}, body),
+            ({"X-Conversation-Id": mind}, {"messages": []}),
+            ({"x-claude-code-session-id": mind}, {"messages": []}),
+            ({"X-Conversation-Id": "another-conversation"}, body),  # the body's key first
+        ]:
+            r = cluster.http.post("/v1/chat/completions", headers={**KEY, **headers}, json=json)
+            assert r.headers[REPLICA_HEADER] == home, (mind, headers)
+
+
 def test_draining_a_replica_moves_only_its_minds(cluster: Cluster) -> None:
     before = cluster.placement(MINDS)
     set_state(cluster.socket, "r2", "drain")

@@ -4,11 +4,13 @@ Owns the two committed lists beside this file and their reading:
 - `llama-server-passes.txt`: the test ids the pinned llama-server passes on the stand-in models
   (`standins.py`), with the command that measured them in its header;
 - `differences.txt`: the few of those tests where kvswap deliberately answers otherwise
-  (`TEST_ID | reason`), each explained in docs/COMPAT.md.
+  (`TEST_ID | reason`), each explained in docs/COMPAT.md;
+- `kvswap-passes.txt`: tests the pinned llama-server fails on the stand-in models for a reason
+  of the stand-ins (`TEST_ID | reason`) that kvswap passes and must keep passing.
 
-`ids` lists the pass list's tests of some files (what scripts/compat.sh runs by default).
-`check` prints, per file, llama-server's passes, kvswap's, and every test of the list kvswap
-does not pass; it fails (exit 1) on any such test not listed as a difference. `measure`
+`ids` lists the pass list's tests of some files and kvswap's own (what scripts/compat.sh runs
+by default). `check` prints, per file, llama-server's passes, kvswap's, and every test of the
+lists kvswap does not pass; it fails (exit 1) on any such test not listed as a difference. `measure`
 writes the pass list from a run against llama-server. `table` prints docs/COMPAT.md's table.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PASSES = HERE / "llama-server-passes.txt"
 DIFFERENCES = HERE / "differences.txt"
+KVSWAP_PASSES = HERE / "kvswap-passes.txt"
 
 
 def read_results(path: Path) -> dict[str, str]:
@@ -48,8 +51,13 @@ def _file_of(test_id: str) -> str:
     return test_id.split("::", 1)[0]
 
 
+def required(files: list[str] | set[str]) -> list[str]:
+    """The tests of `files` kvswap must pass: llama-server's passes, then kvswap's own."""
+    return [t for t in read_ids(PASSES) + read_ids(KVSWAP_PASSES) if _file_of(t) in files]
+
+
 def check(results: dict[str, str], files: list[str]) -> int:
-    expected = [t for t in read_ids(PASSES) if _file_of(t) in files]
+    expected = required(files)
     differences = set(read_ids(DIFFERENCES))
     by_file: dict[str, list[str]] = defaultdict(list)
     for test_id in expected:
@@ -60,8 +68,8 @@ def check(results: dict[str, str], files: list[str]) -> int:
         theirs = by_file.get(name, [])
         missing = [t for t in theirs if results.get(t) != "passed"]
         print(
-            f"compat: {name}: llama-server passes {len(theirs)}, kvswap passes {len(ours)} "
-            f"({len(theirs) - len(missing)} of llama-server's)"
+            f"compat: {name}: {len(theirs)} required (llama-server's passes, kvswap's own), "
+            f"kvswap passes {len(ours)} ({len(theirs) - len(missing)} of them)"
         )
         for test_id in missing:
             outcome = results.get(test_id, "not run")
@@ -73,7 +81,7 @@ def check(results: dict[str, str], files: list[str]) -> int:
     # A listed difference kvswap passes now (another branch fixed it) is reported, not failed.
     for test_id in sorted(t for t in differences if results.get(t) == "passed"):
         print(f"compat: listed as a difference but kvswap passes it now: {test_id}")
-    print(f"compat: {n_failed} test(s) llama-server passes that kvswap fails")
+    print(f"compat: {n_failed} required test(s) kvswap fails")
     return 1 if n_failed else 0
 
 
@@ -129,8 +137,7 @@ def table(results: dict[str, str], files: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "ids":  # the pass list's tests of these files, one per line
-        files = set(argv[1:])
-        print("\n".join(t for t in read_ids(PASSES) if _file_of(t) in files))
+        print("\n".join(required(set(argv[1:]))))
         return 0
     if len(argv) < 3 or argv[0] not in ("check", "measure", "table"):
         print(

@@ -106,12 +106,19 @@ class TokenVerbs:
         slot.lora = ()
 
     def page_in(self, slot: Slot, key: PageKey) -> PageMoved:
+        return self._load(slot, key, keep=False)
+
+    def copy_in(self, slot: Slot, key: PageKey) -> PageMoved:
+        return self._load(slot, key, keep=True)
+
+    def _load(self, slot: Slot, key: PageKey, *, keep: bool) -> PageMoved:
         assert self.store is not None
         page = self.store.hold(key)
         try:
             with page.view() as view:
                 slot.tokens.replace(read_tokens(view, page.layout))
-            self.store.remove(key, page.generation)
+            if not keep:
+                self.store.remove(key, page.generation)
         finally:
             self.store.release(page)
         n = page.layout.n_tokens
@@ -294,12 +301,13 @@ def engine_side(
     clock: Callable[[], float] = time.time,
 ) -> EngineSide:
     """The engine side of `n_slots` slots on a pool of `n_ctx` cells; `clock`: the flush
-    schedule's (a test's own makes its windows exact)."""
+    schedule's and the retention floors' (a test's own makes their windows exact)."""
     store = PageStore(ceiling_bytes)
     geo = geometry(n_ctx, n_slots, kv_unified)
     runtime = Runtime(store, geo, n_ctx_train=8192)
     slots = SlotTable(n_slots, runtime.n_ctx_slot)
-    return EngineSide(store, slots, runtime, Worker(), flushes=FlushSchedule(clock))
+    registry, flushes = MindRegistry(clock), FlushSchedule(clock)
+    return EngineSide(store, slots, runtime, Worker(), registry=registry, flushes=flushes)
 
 
 def put_page(store: PageStore, key: PageKey, n_tokens: int, start: int = 0) -> Page:

@@ -16,6 +16,7 @@ from kvswap.chat.message import ChatMsg, MsgDiff, ToolCall
 from kvswap.core.sampling import SamplingParams
 from kvswap.core.types import Completion, GenerationRequest, StopType, Timings
 from kvswap.server.anthropic import formats as fa
+from kvswap.server.anthropic.cache import CacheMarks
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.formats_chat import chat_diff_chunks, chat_final_msg, chat_finish_chunks
 from kvswap.server.openai.formats_oai import OaiMeta
@@ -120,19 +121,27 @@ def test_blocks_open_one_at_a_time_in_order() -> None:
 
 
 def test_anthropic_message_and_stream_build_the_same_message() -> None:
+    """The SDK reads the whole message and the stream alike, usage included: 3 read, 5
+    created under a 5-minute breakpoint a mind keeps, 2 uncached (the cumulative
+    message_delta repeats the input fields)."""
     c = completion()
-    body = fa.message_json(c, MSG, msg_id="msg_1", model="m")
+    meta = fa.MessageMeta("msg_1", "m", CacheMarks(end_5m=8, kept=True))
+    body = fa.message_json(c, MSG, meta)
+    assert "timings" not in body  # Anthropic's shape has none unless asked (timings_per_token)
     whole = at.Message.model_validate(body)
     assert [b.type for b in whole.content] == ["thinking", "text", "tool_use"]
-    assert whole.stop_reason == "tool_use" and whole.usage.input_tokens == 7
+    assert whole.stop_reason == "tool_use" and whole.usage.input_tokens == 2
     assert whole.usage.cache_read_input_tokens == 3
+    assert whole.usage.cache_creation_input_tokens == 5
+    assert whole.usage.cache_creation is not None
+    assert whole.usage.cache_creation.ephemeral_5m_input_tokens == 5
 
     from anthropic.lib.streaming._messages import accumulate_event
 
     stream = BlockStream()
-    events = [fa.message_start(msg_id="msg_1", model="m", n_prompt_tokens=10, n_cached=3)]
+    events = [fa.message_start(meta, n_prompt_tokens=10, n_cached=3)]
     events += fa.block_events(stream.feed(diffs_of(MSG)) + stream.close())
-    events += fa.message_end(c, MSG)
+    events += fa.message_end(c, MSG, meta)
     snapshot: Any = None
     bufs: dict[int, bytes] = {}
     for ev in events:
@@ -141,6 +150,10 @@ def test_anthropic_message_and_stream_build_the_same_message() -> None:
     assert snapshot.content[1].text == MSG.content
     assert snapshot.content[2].input == {"city": "Paris"}
     assert snapshot.stop_reason == "tool_use"
+    assert snapshot.usage.model_dump(include={"input_tokens", "cache_creation_input_tokens"}) == {
+        "input_tokens": 2,
+        "cache_creation_input_tokens": 5,
+    }
     assert events[-1] == {"type": "message_stop"}
     assert fa.encode(events[-1]) == b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
 

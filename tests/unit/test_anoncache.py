@@ -13,7 +13,7 @@ import mmap
 import numpy as np
 import pytest
 
-from kvswap.core.keys import PageKey, PageKind
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey, PageKind
 from kvswap.core.page import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagestore import PageStore, Reservation
@@ -46,10 +46,13 @@ class _Verbs:
         assert keep_slot
 
     def page_in(self, slot: Slot, key: PageKey) -> None:
+        self.copy_in(slot, key)
+        self.store.remove(key, self.store.get(key).generation)
+
+    def copy_in(self, slot: Slot, key: PageKey) -> None:
         page = self.store.hold(key)
         with page.view() as view:
             slot.tokens.replace(read_tokens(view, page.layout))
-        self.store.remove(key, page.generation)
         self.store.release(page)
 
     def clear(self, slot: Slot) -> None:
@@ -102,9 +105,9 @@ def test_a_saved_state_is_found_by_its_longest_common_prefix() -> None:
     _save(cache, _slot(_toks(2 * B, start=10_000)))
     cache.check_integrity()
     prompt = np.array(_toks(2 * B) + [7] * B, dtype=np.int32)
-    best = cache.best(prompt)
+    best = cache.best(prompt, PUBLIC_NAMESPACE)
     assert best is not None and best[1] == 2 * B
-    assert cache.best(np.array([99] * (3 * B), dtype=np.int32)) is None
+    assert cache.best(np.array([99] * (3 * B), dtype=np.int32), PUBLIC_NAMESPACE) is None
 
 
 def test_states_shorter_than_a_block_are_not_kept_and_equal_states_once() -> None:
@@ -122,13 +125,16 @@ def test_prepare_pages_in_a_cached_prefix_only_when_it_beats_the_slot_by_a_block
     _save(cache, _slot(_toks(4 * B)))
     prompt = np.array([*_toks(4 * B), 1], dtype=np.int32)
     near = _slot(_toks(3 * B + 1))  # holds 3 blocks and a bit: the cache is < a block better
-    cache.prepare(near, prompt)
+    cache.prepare(near, prompt, PUBLIC_NAMESPACE)
     assert len(near.tokens) == 3 * B + 1 and cache.n_hits == 0
     far = _slot(_toks(B, start=50_000))  # holds something else: the cache wins, and the
-    cache.prepare(far, prompt)  # slot's own state is kept first
+    cache.prepare(far, prompt, PUBLIC_NAMESPACE)  # slot's own state is kept first
     assert cache.n_hits == 1
     assert list(far.tokens.view()) == _toks(4 * B)
-    assert cache.best(np.array([*_toks(B, start=50000), 2], dtype=np.int32)) is not None
+    assert (
+        cache.best(np.array([*_toks(B, start=50000), 2], dtype=np.int32), PUBLIC_NAMESPACE)
+        is not None
+    )
     cache.check_integrity()
     # The cached state moved into the slot (it left the cache); the slot's own was saved.
     assert _pages(store) == 1
@@ -140,7 +146,7 @@ def test_the_budget_drops_least_recently_saved_states_first() -> None:
     for i in range(3):
         _save(cache, _slot(_toks(B, start=1000 * i)))
     assert _pages(store) == 2
-    assert cache.best(np.array([*_toks(B, start=0), 1], dtype=np.int32)) is None
+    assert cache.best(np.array([*_toks(B, start=0), 1], dtype=np.int32), PUBLIC_NAMESPACE) is None
     cache.check_integrity()
 
 
@@ -151,7 +157,10 @@ def test_shed_frees_at_least_what_is_asked_oldest_first() -> None:
     one = plan_layout(B, 8 * B, GEOMETRY).n_bytes
     assert cache.shed(one + 1) == 2 * one
     assert _pages(store) == 1
-    assert cache.best(np.array([*_toks(B, start=2000), 1], dtype=np.int32)) is not None
+    assert (
+        cache.best(np.array([*_toks(B, start=2000), 1], dtype=np.int32), PUBLIC_NAMESPACE)
+        is not None
+    )
     assert cache.shed(10 * one) == one and cache.shed(1) == 0
     cache.check_integrity()
 
@@ -194,7 +203,7 @@ def test_keep_empties_the_slot_into_an_entry_found_by_its_prefix() -> None:
     slot = _slot(_toks(2 * B))
     cache.expect(slot)
     assert cache.keep(slot) is Kept.SAVED and len(slot.tokens) == 0
-    assert cache.best(np.array([*_toks(2 * B), 1], dtype=np.int32)) is not None
+    assert cache.best(np.array([*_toks(2 * B), 1], dtype=np.int32), PUBLIC_NAMESPACE) is not None
     cache.check_integrity()
 
 
@@ -206,8 +215,8 @@ def test_adopt_and_drop_all() -> None:
     with memoryview(buffer) as view:
         write_tokens(view, layout, np.array(_toks(B), dtype=np.int32))
     store.commit(store.reserve(key, layout.n_bytes), buffer, layout)
-    assert cache.adopt(key, np.array(_toks(B), dtype=np.int32))
-    assert cache.best(np.array([*_toks(B), 1], dtype=np.int32)) == (key, B)
+    assert cache.adopt(key, np.array(_toks(B), dtype=np.int32), PUBLIC_NAMESPACE)
+    assert cache.best(np.array([*_toks(B), 1], dtype=np.int32), PUBLIC_NAMESPACE) == (key, B)
     cache.check_integrity()
     assert cache.drop_all() == 1 and _pages(store) == 0
 
@@ -219,10 +228,32 @@ def test_a_paged_in_entry_becomes_the_next_saves_buffer() -> None:
     [entry] = [i for i in store.infos() if i.key.kind is PageKind.ANON]
     n_mapped = worker.n_mapped
     other = _slot(_toks(4 * B, start=50_000))
-    cache.prepare(other, np.array([*_toks(4 * B), 1], dtype=np.int32))
+    cache.prepare(other, np.array([*_toks(4 * B), 1], dtype=np.int32), PUBLIC_NAMESPACE)
     assert cache.n_hits == 1 and cache.n_saved == 2
     # The entry's buffer, faulted in already, is the spare now: nothing new was mapped.
     assert worker.n_mapped == n_mapped
     assert [(k.kind, n) for k, n in store.reservations()] == [(PageKind.SPARE, entry.n_bytes)]
     cache.check_integrity()
     store.check_integrity()
+
+
+def test_one_tenants_cached_prompt_is_never_another_tenants_hit() -> None:
+    """Defect caught: the anonymous cache shared across API keys, so one key's prompt is a
+    cache hit for another (its `cache_n` and TTFT reveal what the other key sent). A slot that
+    holds another key's prompt is saved under that key before the request overwrites it."""
+    cache, store = _cache()
+    ka = _slot(_toks(3 * B))
+    ka.namespace = "ka"
+    _save(cache, ka)
+    prompt = np.array([*_toks(3 * B), 1], dtype=np.int32)
+    assert cache.best(prompt, "kb") is None
+    found = cache.best(prompt, "ka")
+    assert found is not None and found[1] == 3 * B
+    other = _slot(_toks(B, start=90_000), slot_id=1)
+    other.namespace = "kb"
+    cache.prepare(other, prompt, "kb")
+    assert cache.n_hits == 0 and list(other.tokens.view()) == _toks(B, start=90_000)
+    cache.prepare(ka, prompt, "kb")  # kb's request on ka's slot: no reuse, ka's state kept
+    assert cache.n_hits == 0 and cache.best(prompt, "ka") is not None
+    cache.check_integrity()
+    assert _pages(store) == 2  # ka's prompt, and kb's own from `other`

@@ -85,7 +85,7 @@ def test_generic_format_lists_tools_and_writes_history_as_json() -> None:
         },
         {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
     ]
-    out = GenericFormat().adapt_messages(messages, TOOLS, ToolChoice(), False, CAPS_NONE)
+    out = GenericFormat().adapt_messages(messages, TOOLS, False, CAPS_NONE)
     assert out[0]["role"] == "system" and GENERIC_INSTRUCTION in out[0]["content"]
     assert '"get_weather"' in out[0]["content"]
     assert json.loads(out[2]["content"]) == {
@@ -105,7 +105,6 @@ def test_generic_format_appends_to_an_existing_system_message() -> None:
     out = GenericFormat().adapt_messages(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"}],
         TOOLS,
-        ToolChoice(ToolMode.REQUIRED),
         True,
         caps,
     )

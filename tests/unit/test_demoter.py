@@ -151,7 +151,7 @@ def test_the_anonymous_cache_gives_way_before_any_mind_is_spilled(tmp_path: Path
     d = _demoter(side, tmp_path)
     assert d.run_pass().refused == ""
     assert _files(d) == {} and side.store.has(ann) and side.store.has(bob)
-    assert side.anon.best(slot.tokens.view()) is None  # shed
+    assert side.anon.best(slot.tokens.view(), slot.namespace) is None  # shed
     side.check()
     d.close(engine_alive=False)
 
@@ -222,6 +222,31 @@ def test_drop_lru_drops_the_least_recently_used_idle_spilled_minds_for_room(
     assert file_name(older) not in files and side.registry.disk_copy(older) is None
     assert side.registry.last_used().get(older) is None  # forgotten: it lives nowhere
     assert _counts(side)["mind_disk_dropped_total"] == 1
+    d.close(engine_alive=False)
+
+
+def test_a_retention_floor_keeps_a_spilled_mind_until_it_has_passed(tmp_path: Path) -> None:
+    """Decision (Anthropic's cache_control as a retention floor): a full disk tier with
+    --page-disk-drop-lru drops the least recently used spilled mind no floor keeps. A mind
+    whose 5-minute breakpoint was set a minute ago keeps its copy though it is the oldest;
+    six minutes later it is an ordinary least recently used mind, and goes first."""
+    clock = Clock()
+    side = _side(clock=clock)
+    minds = open_minds(tmp_path)
+    kept = _on_disk(side, minds, "kept", when_s=10.0)
+    side.registry.retain(kept, 300)
+    other = _on_disk(side, minds, "other", when_s=20.0)
+    bound = sum(c.n_bytes for c in side.registry.disk_copies().values())  # full: one must go
+    d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
+    clock.now_s += 60
+    _in_ram(side, "old", "mid", "new", "newest")
+    assert d.run_pass().refused == ""
+    assert file_name(kept) in _files(d) and file_name(other) not in _files(d)
+    clock.now_s += 360
+    _in_ram(side, "later")
+    assert d.run_pass().refused == ""
+    assert file_name(kept) not in _files(d)
+    assert _counts(side)["mind_disk_dropped_total"] == 2
     d.close(engine_alive=False)
 
 

@@ -99,3 +99,18 @@ def test_remove_drops_a_waiting_job() -> None:
     assert q.remove(1) is not None
     assert q.remove(1) is None
     assert len(q) == 0
+
+
+def test_another_tenants_prompt_in_a_slot_is_no_prefix_match() -> None:
+    """Defect caught: an anonymous request of one API key taking (and reusing) a slot whose
+    cached prompt another key sent: `cache_n` then tells it how much of its guess the other
+    key already sent (a prefix oracle across tenants)."""
+    slots = _slots(2)
+    slots[0].tokens.append([1, 2, 3, 4, 5])
+    slots[0].namespace = "ka"
+    slots[0].t_last_used = 9.0
+    prompt = _prompt(1, 2, 3, 4, 5, 6)
+    assert choose_slot(slots, prompt, similarity=0.1, taken=set(), namespace="ka") is slots[0]
+    assert choose_slot(slots, prompt, similarity=0.1, taken=set(), namespace="kb") is slots[1]
+    assert slots[0].prefix_for(prompt, "ka") == 5
+    assert slots[0].prefix_for(prompt, "kb") == 0

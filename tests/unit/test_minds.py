@@ -87,14 +87,18 @@ def test_queue_finds_a_minds_slot_behind_other_work() -> None:
     assert (2, 0) in started  # the same pass, once the verb left the slot idle
 
 
-def test_block_hashes_chain_over_full_blocks() -> None:
+def test_block_hashes_chain_over_full_blocks_from_the_tenant() -> None:
+    """Defects caught: a block's hash not covering every token before it (a later block
+    matching after an earlier mismatch), or two tenants' equal prompts hashing alike (one
+    key's prompt a cache hit for another: a prefix oracle across keys)."""
     a = np.arange(3 * BLOCK_TOKENS + 5, dtype=np.int32)
     b = a.copy()
     b[BLOCK_TOKENS + 1] = -7
-    ha, hb = block_hashes(a), block_hashes(b)
+    ha, hb = block_hashes(a, "ka"), block_hashes(b, "ka")
     assert len(ha) == 3
     assert ha[0] == hb[0] and ha[1] != hb[1] and ha[2] != hb[2]
-    assert block_hashes(a[: BLOCK_TOKENS - 1]) == []
+    assert block_hashes(a[: BLOCK_TOKENS - 1], "ka") == []
+    assert not set(block_hashes(a, "kb")) & set(ha)
 
 
 def test_trim_gives_back_the_unused_part_of_a_reservation() -> None:

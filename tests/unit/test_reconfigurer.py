@@ -130,14 +130,17 @@ def test_what_finds_no_seat_stays_findable() -> None:
     side.seated(1, ann, 40, start=100)
     anon = tokens(BLOCK_TOKENS * 2, start=700)
     side.slots[2].tokens.replace(np.array(anon, dtype=np.int32))
+    side.slots[2].namespace = "kb"  # the tenant whose prompt it is stays its owner
     _ask(r, ReconfigureSpec(n_parallel=1))
     finished = _finish(r)
     assert isinstance(finished.result, ReconfigureReceipt)
     assert _fates(finished.result) == {0: (0, "kept"), 1: (None, "paged"), 2: (None, "cached")}
     assert page_tokens(side.store, ann) == tokens(40, 100)
     assert side.registry.residents() == {}
-    best = side.anon.best(np.array([*anon, 1], dtype=np.int32))
+    prompt = np.array([*anon, 1], dtype=np.int32)
+    best = side.anon.best(prompt, "kb")
     assert best is not None and best[1] == len(anon)
+    assert side.anon.best(prompt, "ka") is None
     side.check()
 
 

@@ -17,7 +17,8 @@ import pytest
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
-from kvswap.engine.commands import RoomReport, SlotErase, Submit
+from kvswap.engine.commands import RoomReport, SlotCapture, SlotErase, Submit
+from kvswap.engine.minds.anoncache import BLOCK_TOKENS, Kept
 from kvswap.engine.minds.registry import DiskCopy
 from kvswap.engine.minds.seating import NoRoomYet, NotYourMind
 from kvswap.engine.slot import Slot
@@ -282,6 +283,49 @@ def test_a_slot_verb_of_another_tenant_on_a_minds_slot_is_refused_naming_no_mind
     assert err.value.kind is ErrorKind.PERMISSION and "secret-name" not in err.value.message
     side.seating.seat(side.slots[0], erase(NS))  # the engine then erases it on the slot
     assert side.slots[0].mind == _m("secret-name") and len(side.slots[0].tokens) == 20
+
+
+def test_a_new_mind_starts_from_its_tenants_cached_prefix_and_leaves_it_cached() -> None:
+    """Decision: a new mind (a session key's first turn) starts from the longest prefix of its
+    prompt its own tenant's anonymous cache holds, copied in, so the next new mind with the
+    same system prompt finds it too (a moved entry would serve only the first). Defect
+    caught: another tenant's cached prompt seeding a mind (a prefix oracle across keys)."""
+    side = engine_side(n_slots=3)
+    side.with_cache(-1)
+    system = tokens(2 * BLOCK_TOKENS, start=500)
+    cached = side.slots[1]
+    cached.tokens.append(system)
+    cached.namespace = NS
+    side.anon.expect(cached)
+    side.worker.deliver()
+    assert side.anon.save(cached) is Kept.SAVED
+    side.runtime.verbs.clear(cached)
+    for name, slot_id in (("ann", 0), ("bob", 1)):
+        cmd, _ = submit(_m(name), [*system, *tokens(10, start=9000 + slot_id)])
+        side.seating.seat(side.slots[slot_id], cmd)
+        assert side.slots[slot_id].tokens.view().tolist() == system
+    stranger = mind_key("another-tenant", "eve")
+    side.seating.seat(side.slots[2], submit(stranger, [*system, 1])[0])
+    assert len(side.slots[2].tokens) == 0
+    side.check()
+
+
+def test_a_slot_verb_of_another_tenant_on_its_anonymous_prompt_is_refused() -> None:
+    """Defect caught: one API key saving (into a slot file it then probes at leisure) or
+    paging out a slot whose anonymous prompt another key sent. An empty slot, or one of the
+    caller's own prompts, is the caller's to act on."""
+    side = engine_side()
+    slot = side.slots[0]
+    slot.tokens.append(tokens(20))
+    slot.namespace = "another-tenant"
+    save = SlotCapture(1, 0, lambda _: None, namespace=NS)
+    with pytest.raises(NotYourMind):
+        side.seating.seat(slot, save)
+    slot.namespace = NS
+    side.seating.seat(slot, save)  # the engine then copies it
+    slot.tokens.truncate(0)
+    slot.namespace = "another-tenant"
+    side.seating.seat(slot, save)  # nothing of anyone's to read
 
 
 @pytest.mark.parametrize("action", [MindMove.TO_RAM, MindMove.ERASE])

@@ -18,12 +18,13 @@ from typing import Any
 import pytest
 from starlette.requests import Request
 
+from kvswap.config.settings import HttpSettings
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key, namespace_of
 from kvswap.engine.client import ClientGone
 from kvswap.minds.placement import OwnedElsewhere, Owner, TurnFacts
 from kvswap.server.asgi import ForwardSlot, with_failed_owners, with_namespace
-from kvswap.server.streaming import named_mind, turn
+from kvswap.server.streaming import named_mind, session_headers, turn
 
 NS = namespace_of("key")
 
@@ -78,6 +79,12 @@ class Minds:
         yield SimpleNamespace(key=key)
 
 
+def _state(minds: Minds, *, session_minds: bool = True) -> Any:
+    """The server state `turn` reads: the minds' session and the session-key flags."""
+    http = HttpSettings(session_minds=session_minds)
+    return SimpleNamespace(minds=minds, client=None, config=SimpleNamespace(http=http))
+
+
 def test_the_mind_is_named_by_the_header_or_the_body_in_the_callers_namespace() -> None:
     """Defect caught: the early key differing from the one the body's full parse gives (the
     turn held under one mind, run under another), or another tenant's mind reachable."""
@@ -103,7 +110,7 @@ def test_a_body_whose_mind_cannot_be_read_holds_nothing(raw: bytes) -> None:
     minds = Minds()
 
     async def main() -> None:
-        state = SimpleNamespace(minds=minds, client=None)
+        state = _state(minds)
         async with turn(state, request(raw, {"X-Mind-Id": "alice"}), raw) as runner:  # type: ignore[arg-type]
             assert runner.mind is None
 
@@ -121,7 +128,7 @@ def test_a_turn_for_another_replica_is_sent_there_before_the_body_is_prepared() 
     body = b'{"mind": "alice"}'
 
     async def main() -> None:
-        state = SimpleNamespace(minds=minds, client=None)
+        state = _state(minds)
         http = request(body, {"X-Request-Id": "req-1"}, forwarded=True)
         async with turn(state, http, body):  # type: ignore[arg-type]
             prepared.append("prepared")
@@ -141,10 +148,67 @@ def test_a_client_gone_while_its_turn_waits_for_the_mind_is_cancelled_there() ->
     body = b'{"mind": "alice"}'
 
     async def main() -> None:
-        state = SimpleNamespace(minds=minds, client=None)
+        state = _state(minds)
         async with turn(state, request(body, leaves=True), body):  # type: ignore[arg-type]
             pytest.fail("a gone client's turn ran")
 
     with pytest.raises(ClientGone):
         asyncio.run(main())
     assert minds.entered == []
+
+
+SESSION = ("x-conversation-id", "x-claude-code-session-id")
+
+
+def _named(body: dict[str, Any], headers: dict[str, str] | None = None) -> PageKey | None:
+    raw = json.dumps(body).encode()
+    return asyncio.run(named_mind(request(raw, headers), raw, SESSION))
+
+
+def test_a_session_key_names_a_mind_below_the_named_mind() -> None:
+    """Decision (the documented precedence): X-Mind-Id, then the body's "mind", then the
+    body's prompt_cache_key, then X-Conversation-Id, then x-claude-code-session-id. Defects
+    caught: a session key overriding a mind the client named, or a client's two session
+    keys naming different minds from turn to turn."""
+    conv = {"X-Conversation-Id": "conv-1"}
+    claude = {"x-claude-code-session-id": "cc-1"}
+    assert _named({}, claude) == mind_key(NS, "cc-1")
+    assert _named({}, {**claude, **conv}) == mind_key(NS, "conv-1")
+    assert _named({"prompt_cache_key": "pck"}, {**claude, **conv}) == mind_key(NS, "pck")
+    assert _named({"mind": "m", "prompt_cache_key": "pck"}, conv) == mind_key(NS, "m")
+    assert _named({"prompt_cache_key": "pck"}, {"X-Mind-Id": "h", **conv}) == mind_key(NS, "h")
+    assert _named({"prompt_cache_key": ""}, {"X-Conversation-Id": ""}) is None
+
+
+def test_a_session_key_no_mind_name_can_be_still_names_one_mind() -> None:
+    """Decision: a cache key never fails a request. One too long for a mind name, with
+    control characters, or not UTF-8, names `session-<sha256>`, the same on every turn."""
+    long_key = "k" * 300
+    first, again = _named({"prompt_cache_key": long_key}), _named({"prompt_cache_key": long_key})
+    assert first == again and first is not None
+    assert first.name.startswith("session-") and len(first.name) == len("session-") + 64
+    tab = _named({}, {"X-Conversation-Id": "a\tb"})
+    assert tab is not None and tab.name.startswith("session-")
+    latin = _named({}, {"X-Conversation-Id": "caf\xe9"})  # a Latin-1 byte, not UTF-8
+    assert latin is not None and latin.name.startswith("session-")
+    assert _named({"prompt_cache_key": 7}) is None  # not a key: the request stays anonymous
+
+
+def test_a_session_key_of_several_completions_names_no_mind() -> None:
+    """Decision: a mind runs one prompt and one completion, and a request naming one that
+    asks for more is a 400; a client that only sent a session key (llama-server's
+    X-Conversation-Id with n=2, a batch of prompts) keeps its anonymous answer instead."""
+    conv = {"X-Conversation-Id": "conv-1"}
+    assert _named({"n": 2}, conv) is None
+    assert _named({"n_cmpl": 3}, conv) is None
+    assert _named({"prompt": ["a", "b"]}, conv) is None
+    assert _named({"prompt": [1, 2, 3]}, conv) == mind_key(NS, "conv-1")  # token ids: one
+    assert _named({"prompt": ["a"], "n": 1}, conv) == mind_key(NS, "conv-1")
+
+
+def test_no_session_minds_turns_session_keys_off() -> None:
+    """Defect caught: --no-session-minds still turning session keys into minds."""
+    assert session_headers(_state(Minds(), session_minds=False)) is None
+    assert session_headers(_state(Minds())) == SESSION
+    raw = b'{"prompt_cache_key": "pck"}'
+    assert asyncio.run(named_mind(request(raw), raw, None)) is None

@@ -63,6 +63,7 @@ RANKS = {
 SERVER_RANKS = {
     "__init__": 0,
     "asgi": 0,  # ASGI aliases, the scope entries, the disconnect wait
+    "convstreams": 0,  # llama-server's resumable streams (X-Conversation-Id)
     "errors": 0,
     "formats": 0,
     "openapi": 0,

@@ -3,19 +3,27 @@ pinned llama-server, side by side in one run.
 
 N chat agents (minds), each with a long system prompt of its own, take turns for R rounds from C
 concurrent clients (client c serves agents c, c+C, ...); each turn sends the whole conversation
-to /v1/chat/completions and asks for a few greedy tokens. kvswap gets `X-Mind-Id: agent-N` (a
-mind per agent); llama-server gets the same bodies without the header and finds each agent's
-prefix itself (its slot similarity and `--cache-ram`). Both run `-c CTX` with no other geometry
-flag: 4 slots sharing one unified KV pool, where 8 agents cannot all stay resident.
+to /v1/chat/completions and asks for a few greedy tokens. Both servers run `-c CTX` with no
+other geometry flag: 4 slots sharing one unified KV pool, where 8 agents cannot all stay
+resident. The cases (`--cases`):
+- `header`: kvswap at its default flags; the agents send `X-Mind-Id: agent-N` (a mind each);
+- `key`: kvswap over its RAM budget (`--page-ram-bytes`, a temporary `--slot-save-path`: most
+  agents wait on disk); the agents name no mind and send `prompt_cache_key: agent-N` in the
+  body, as Codex does, which kvswap turns into a mind;
+- `llama-server` (with `--llama-server BIN`): the key case's bodies; it ignores the key and
+  finds each agent's prefix itself (its slot similarity and `--cache-ram`).
 
-Per server: the whole run's wall time, failed turns (with their first error), returning turns
+Per case: the whole run's wall time, failed turns (with their first error), returning turns
 that prefilled more than their new tokens (their cache held less than the previous prompt),
-tokens prefilled, and p50/p95 turn time. The report goes to stdout and `--out`/bench-agents.md.
+tokens prefilled, p50/p95 turn time, and the p50 of returning turns, with how many times
+faster kvswap's key case returns than llama-server. The report goes to stdout and
+`--out`/bench-agents.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,14 +60,23 @@ class Result:
     server: str
     turns: list[Turn] = field(default_factory=list)
     total_s: float = 0.0
+    found: str = "-"  # kvswap: turns that found their mind in a slot/RAM/disk
 
     @property
     def failed(self) -> list[Turn]:
         return [t for t in self.turns if t.status != 200]
 
     def wall(self, q: float) -> float:
-        values = sorted(t.wall_ms for t in self.turns)
-        return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+        return _quantile([t.wall_ms for t in self.turns], q)
+
+    def returning_p50(self) -> float:
+        """The median time of a returning turn (an agent's second turn on)."""
+        return _quantile([t.wall_ms for t in self.turns if t.round > 0 and t.status == 200], 0.5)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
 def system_prompt(agent: int, n_tokens: int) -> str:
@@ -71,13 +88,36 @@ def system_prompt(agent: int, n_tokens: int) -> str:
     return f"You are support agent {agent}. Follow these rules. {rules}"
 
 
+@dataclass(frozen=True)
+class Case:
+    """One server run: its label, the binary (None: kvswap), how agents name themselves
+    (`header`: X-Mind-Id; `key`: the body's prompt_cache_key), and flags beyond the defaults."""
+
+    label: str
+    binary: str | None
+    naming: str
+    flags: tuple[str, ...] = ()
+
+
+def cases(a: argparse.Namespace) -> list[Case]:
+    out = []
+    if "header" in a.cases:
+        out.append(Case("kvswap, X-Mind-Id", None, "header"))
+    if "key" in a.cases:
+        ram = ("--page-ram-bytes", a.page_ram_bytes)
+        out.append(Case(f"kvswap, prompt_cache_key, {a.page_ram_bytes} RAM", None, "key", ram))
+    if a.llama_server:
+        out.append(Case("llama-server", a.llama_server, "key"))
+    return out
+
+
 class Agents:
     """Plays the workload against one server, from several client threads."""
 
-    def __init__(self, server: BenchServer, a: argparse.Namespace, label: str, header: bool):
-        self.server, self.a, self.label, self.header = server, a, label, header
+    def __init__(self, server: BenchServer, a: argparse.Namespace, case: Case):
+        self.server, self.a, self.case, self.label = server, a, case, case.label
         self.lock = threading.Lock()
-        self.result = Result(label)
+        self.result = Result(case.label)
         self.n_done = 0
 
     def run(self) -> Result:
@@ -120,8 +160,13 @@ class Agents:
     def _turn(
         self, http: httpx.Client, m: int, r: int, messages: list[dict[str, str]], n_before: int
     ) -> Turn:
-        body = {"messages": messages, "max_tokens": self.a.n_predict, "temperature": 0}
-        headers = {"X-Mind-Id": f"agent-{m}"} if self.header else {}
+        body: dict[str, Any] = {"messages": messages, "max_tokens": self.a.n_predict}
+        body["temperature"] = 0
+        headers = {}
+        if self.case.naming == "header":
+            headers["X-Mind-Id"] = f"agent-{m}"
+        else:
+            body["prompt_cache_key"] = f"agent-{m}"
         t = time.perf_counter()
         resp = http.post("/v1/chat/completions", json=body, headers=headers)
         wall_ms = (time.perf_counter() - t) * 1e3
@@ -141,26 +186,58 @@ def _server_args(a: argparse.Namespace) -> list[str]:
     return ["-m", a.model, "-c", str(a.ctx), "-t", str(a.threads), "-tb", str(a.threads)]
 
 
-def run(a: argparse.Namespace, binary: str | None) -> Result:
-    label = "llama-server" if binary else "kvswap"
-    with BenchServer(_server_args(a), binary=binary) as server:
-        return Agents(server, a, label, header=binary is None).run()
+def run(a: argparse.Namespace, case: Case) -> Result:
+    with tempfile.TemporaryDirectory(prefix="bench-agents-") as save:
+        flags = [*case.flags, "--slot-save-path", save] if case.flags else []
+        if case.binary is None:
+            flags.append("--metrics")  # where the returning minds were found
+        with BenchServer(_server_args(a) + flags, binary=case.binary) as server:
+            result = Agents(server, a, case).run()
+            if case.binary is None:
+                result.found = _found(server.client.get("/metrics").text)
+            return result
+
+
+def _found(metrics: str) -> str:
+    """kvswap's mind hits by tier (slot/RAM/disk) from its /metrics text."""
+    counts = {}
+    for line in metrics.splitlines():
+        for tier in ("slot", "ram", "disk"):
+            if line.startswith(f"llamacpp:mind_hits_{tier}_total "):
+                counts[tier] = int(float(line.split()[1]))
+    return "/".join(str(counts.get(t, 0)) for t in ("slot", "ram", "disk"))
 
 
 def table(results: list[Result]) -> list[str]:
     lines = [
-        "| server | total s | failed turns | returning turns re-prefilled | tokens prefilled "
-        "| turn p50 ms | turn p95 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| case | total s | failed turns | returning turns re-prefilled | tokens prefilled "
+        "| turn p50 ms | turn p95 ms | returning turn p50 ms | mind found in slot/RAM/disk |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         n_turns, n_back = len(r.turns), sum(t.round > 0 for t in r.turns)
         n_re = sum(t.reprefilled for t in r.turns)
         lines.append(
             f"| {r.server} | {r.total_s:.1f} | {len(r.failed)} of {n_turns} | {n_re} of {n_back} "
-            f"| {sum(t.prompt_n for t in r.turns)} | {r.wall(0.5):.0f} | {r.wall(0.95):.0f} |"
+            f"| {sum(t.prompt_n for t in r.turns)} | {r.wall(0.5):.0f} | {r.wall(0.95):.0f} "
+            f"| {r.returning_p50():.0f} | {r.found} |"
         )
     return lines
+
+
+def speedup(results: list[Result], cases_run: list[Case]) -> list[str]:
+    """How many times faster the key case's returning turns are than llama-server's (p50)."""
+    by_label = {c.label: c for c in cases_run}
+    key = next((r for r in results if by_label[r.server].naming == "key"), None)
+    other = next((r for r in results if by_label[r.server].binary is not None), None)
+    if key is None or other is None or key.returning_p50() <= 0:
+        return []
+    ratio = other.returning_p50() / key.returning_p50()
+    return [
+        "",
+        f"Returning turns (p50): {key.server} {key.returning_p50():.0f} ms, {other.server} "
+        f"{other.returning_p50():.0f} ms: {ratio:.1f}x faster.",
+    ]
 
 
 def main(argv: list[str]) -> int:
@@ -178,11 +255,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("-t", "--threads", type=int, default=2, help="-t and -tb of both servers")
     p.add_argument("-m", "--model", default=str(default_model_path()), help="the GGUF model")
     p.add_argument("--llama-server", default="", help="the pinned llama-server binary")
+    p.add_argument(
+        "--cases",
+        default="header,key",
+        help="kvswap's cases: header (X-Mind-Id), key (prompt_cache_key over the RAM budget)",
+    )
+    p.add_argument("--page-ram-bytes", default="64M", help="kvswap's RAM budget in the key case")
     p.add_argument("--out", default="docs", help="folder for bench-agents.md")
     a = p.parse_args(argv)
-    results = [run(a, None)]
-    if a.llama_server:
-        results.append(run(a, a.llama_server))
+    a.cases = {c.strip() for c in a.cases.split(",") if c.strip()}
+    if not a.cases <= {"header", "key"}:
+        p.error(f"--cases: header and/or key, not {sorted(a.cases)}")
+    cases_run = cases(a)
+    results = [run(a, case) for case in cases_run]
     title = (
         f"{a.agents} chat agents, ~{a.system_tokens}-token system prompts, {a.rounds} rounds, "
         f"{a.clients} clients, {a.n_predict} tokens a turn, -c {a.ctx} -t {a.threads}"
@@ -193,7 +278,7 @@ def main(argv: list[str]) -> int:
         f"command: `kvswap bench agents {' '.join(argv)}`",
         "",
     ]
-    lines += table(results)
+    lines += table(results) + speedup(results, cases_run)
     for r in results:
         if r.failed:
             lines.append(f"- {r.server}: first failure: {r.failed[0].error}")
@@ -201,5 +286,6 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench-agents.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    kvswap = results[0]
-    return 0 if not kvswap.failed and not any(t.reprefilled for t in kvswap.turns) else 1
+    ours = [r for r, c in zip(results, cases_run, strict=True) if c.binary is None]
+    bad = any(r.failed or any(t.reprefilled for t in r.turns) for r in ours)
+    return 1 if bad else 0

@@ -11,7 +11,8 @@ Two formats, chosen from the chat template:
   in JSON, `{"tool_call": {"name", "arguments"}}` (`{"tool_calls": [...]}` with
   `parallel_tool_calls`) or `{"response": "..."}`, always under a grammar, as llama-server's
   former "generic" chat format. The system message lists the tools and asks for that JSON when
-  the template cannot show tools; past calls and results are written into the messages in the
+  the template cannot show tools, in the same words for every tool choice (the grammar alone
+  holds a forced call, so a switch of choice keeps the conversation's prefix); past calls and results are written into the messages in the
   same JSON when the template cannot render them. The pinned llama-server answers such templates
   in plain text, even for `tool_choice: "required"`.
 
@@ -54,7 +55,6 @@ class ToolFormat(Protocol):
         self,
         messages: list[dict[str, Any]],
         tools: tuple[Tool, ...],
-        choice: ToolChoice,
         parallel: bool,
         template_caps: Any,
     ) -> list[dict[str, Any]]: ...
@@ -103,7 +103,6 @@ GENERIC_INSTRUCTION = (
     "Respond in JSON format, either with `tool_call` (a request to call tools) or with "
     "`response` reply to the user's request"
 )
-GENERIC_REQUIRED = "Respond in JSON format with `tool_call` (a request to call tools)"
 
 
 class GenericFormat:
@@ -115,7 +114,6 @@ class GenericFormat:
         self,
         messages: list[dict[str, Any]],
         tools: tuple[Tool, ...],
-        choice: ToolChoice,
         parallel: bool,
         template_caps: Any,
     ) -> list[dict[str, Any]]:
@@ -144,14 +142,15 @@ class GenericFormat:
                 response["content"] = msg.get("content", "")
                 msg = {"role": "user", "content": json.dumps({"tool_response": response})}
             out.append(msg)
-        if choice.mode is ToolMode.NONE:
-            return out
-        system = GENERIC_REQUIRED if choice.forces_call else GENERIC_INSTRUCTION
+        # One instruction and every tool for any choice and output constraint: a forced call
+        # (`required`, a named function), `none` and a response format are held by the grammar
+        # alone, so switching them mid-conversation keeps the prompt, and the cached prefix.
+        system = GENERIC_INSTRUCTION
         if parallel:
             system = system.replace("`tool_call`", "`tool_calls`")
         if not template_caps.supports_tools:
             listing = json.dumps(
-                [t.as_openai()["function"] for t in callable_tools(tools, choice)],
+                [t.as_openai()["function"] for t in tools],
                 indent=2,
                 ensure_ascii=False,
             )
@@ -232,7 +231,6 @@ class HermesFormat:
         self,
         messages: list[dict[str, Any]],
         tools: tuple[Tool, ...],
-        choice: ToolChoice,
         parallel: bool,
         template_caps: Any,
     ) -> list[dict[str, Any]]:

@@ -271,6 +271,13 @@ class HttpSettings:
     server_tools: tuple[str, ...] = ()
     # --mcp-servers-config/--mcp-servers-json given (not run by kvswap; the CORS default).
     mcp_servers: bool = False
+    # kvswap-only --session-minds/--no-session-minds (KVSWAP_ARG_SESSION_MINDS): a request's
+    # session key (the body's prompt_cache_key, a session header) names its mind when it names
+    # none itself (kvswap.minds.names).
+    session_minds: bool = True
+    # kvswap-only --session-header (KVSWAP_ARG_SESSION_HEADER, comma-separated, added after
+    # these): the headers whose value is a session key, lower case, in precedence order.
+    session_headers: tuple[str, ...] = ("x-conversation-id", "x-claude-code-session-id")
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,14 @@ def _add_api_keys(b: Builder, v: str) -> None:
     b.update("http", api_keys=b.http.api_keys + keys)
 
 
+def _add_session_headers(b: Builder, v: str) -> None:
+    names = tuple(name.strip().lower() for name in split_csv(v) if name.strip())
+    if not names:
+        raise ValueError("--session-header requires at least one header name")
+    added = tuple(n for n in names if n not in b.http.session_headers)
+    b.update("http", session_headers=b.http.session_headers + added)
+
+
 def _add_api_key_file(b: Builder, v: str) -> None:
     try:
         with open(v, encoding="utf-8") as f:
@@ -269,6 +277,14 @@ FLAGS: tuple[Flag, ...] = (
          help="with --slot-save-path, write each mind changed this many seconds ago to disk "
          "when it is idle, so a SIGKILL loses at most that window (default: 30; 0 = only under "
          "RAM pressure and at exit)"),
+    flag("--session-minds", TOGGLE, PAGES, set_bool("http", "session_minds"),
+         neg="--no-session-minds", env="KVSWAP_ARG_SESSION_MINDS",
+         help="a request that names no mind gets one from its session key: the body's "
+         "prompt_cache_key, else the X-Conversation-Id or x-claude-code-session-id header "
+         "(default: enabled)"),
+    flag("--session-header", VALUE, PAGES, _add_session_headers,
+         env="KVSWAP_ARG_SESSION_HEADER", hint="NAME[,NAME]",
+         help="more headers whose value is a session key, after the two above (default: none)"),
     flag("--max-body-bytes", VALUE, LIMITS, _set_max_body_bytes,
          env="KVSWAP_ARG_MAX_BODY_BYTES", hint="SIZE",
          help="largest request body accepted (default: 32M)"),

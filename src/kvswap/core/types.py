@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from kvswap.core.errors import ErrorKind
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.sampling import SamplingParams
 from kvswap.core.vocab import MindSource
 
@@ -49,6 +49,12 @@ class GenerationRequest:
     lora: LoraSet = ()
     lora_request: LoraSet = ()
     mind: PageKey | None = None  # the mind's key (core.keys.mind_key); None: anonymous
+    # The tenant that sent it (core.keys.namespace_of its API key): an anonymous request reuses
+    # only the prefixes its own tenant left in slots and in the anonymous cache.
+    namespace: str = PUBLIC_NAMESPACE
+    # A retention floor (Anthropic's cache_control): a mind's state stays in some tier (RAM or
+    # disk) at least this many seconds after this turn; 0: none.
+    retain_s: int = 0
 
 
 @dataclass(frozen=True)

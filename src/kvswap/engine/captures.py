@@ -106,6 +106,8 @@ class Captures:
                     raise
                 counters.page_in_total += 1
             slot.t_last_used = time.monotonic()
+            if not isinstance(cmd, SlotErase):
+                slot.namespace = cmd.namespace  # the state is the caller's prefix now
         except KvswapError as err:
             cmd.reply(err)
         return None

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.core.errors import KvswapError
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.page import PageLayout, SlotState
 from kvswap.core.types import EngineError, Event, GenerationRequest
 from kvswap.core.vocab import MindMove
@@ -66,6 +66,7 @@ class SlotApply:
     slot_id: int
     state: SlotState
     reply: Reply[Applied]
+    namespace: str = PUBLIC_NAMESPACE  # the caller's: only its requests reuse the prefix
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class PageIn:
     slot_id: int
     key: PageKey
     reply: Reply[PageMoved]
+    namespace: str = PUBLIC_NAMESPACE  # the caller's: only its requests reuse the prefix
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ class Engine:
         self.buffers = BufferWorker(self.inbox.put)
         self.store = self._new_store(config)
         # A mind's bookkeeping, each shared with the HTTP side and the demoter (`PagesHandle`).
-        self.registry, self.flushes, self.handoffs = MindRegistry(), FlushSchedule(), Handoffs()
+        self.registry = MindRegistry(config.clock)
+        self.flushes, self.handoffs = FlushSchedule(), Handoffs()
         self.runtime = rt = self._new_runtime()
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
         # A client's slot verbs, and captures waiting for their buffer (the flush before exit).
@@ -274,11 +275,7 @@ class Engine:
                 cmd.sink(err)
                 return
             prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
-            mind = cmd.request.mind
-            slot_id = -1 if mind else cmd.request.id_slot  # a mind's slot is where it lives
-            self.waiting.add(
-                Job(cmd.req_id, slot_id, prompt, cmd, mind=mind, lora=cmd.request.lora)
-            )
+            self.waiting.add(Job.of(cmd.req_id, cmd.request, prompt, cmd))
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
         elif isinstance(cmd, BufferReady):
@@ -348,12 +345,11 @@ class Engine:
         req = cmd.request
         rt = self.runtime
         served = self.seating.served(seat, slot, prompt) if seat is not None else None
-        # KV computed under one LoRA set never serves a request under another.
-        same_lora = slot.lora == req.lora
-        n_keep = slot.tokens.common_prefix(prompt) if req.cache_prompt and same_lora else 0
+        n_keep = slot.reusable(prompt, req)
         n_keep = min(n_keep, len(prompt) - 1)  # at least one token is evaluated
         n_keep = rt.memory.cut(slot, n_keep)
         slot.lora = req.lora
+        slot.namespace = req.namespace
         sampler = SamplerChain(self.vocab, req.sampling, rt.n_ctx_slot)
         for tok in prompt[max(0, len(prompt) - req.sampling.history_needed(rt.n_ctx_slot)) :]:
             sampler.accept(int(tok))

@@ -257,6 +257,7 @@ class Reconfigurer:
         receipt.n_bytes_moved = sum(page.n_bytes for page in pages.values())
         runs = {s.id: s.running for s in slots.busy() if s.running is not None}
         minds = {s.id: s.mind for s in slots if s.mind is not None}
+        tenants = {s.id: s.namespace for s in slots}
         rt.close()
         t2 = time.monotonic()
         timings["free_ms"] = (t2 - t1) * 1e3
@@ -270,7 +271,7 @@ class Reconfigurer:
             self._drop_stored_states(exclude={page.generation for page in pages.values()})
         slots.rebuild(rt.geometry.n_parallel, rt.n_ctx_slot)
 
-        receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change)
+        receipt.slots = self._page_in_all(occupants, plan, pages, runs, kv_change, tenants)
         self._reseat_minds(minds, receipt.slots)
         t4 = time.monotonic()
         timings["page_in_ms"] = (t4 - t3) * 1e3
@@ -426,7 +427,10 @@ class Reconfigurer:
         pages: dict[int, Page],
         runs: Mapping[int, RunningRequest],
         kv_change: bool,
+        tenants: Mapping[int, str],
     ) -> list[SlotFate]:
+        """Every state back into its seat, with the tenant whose prompt it holds (`tenants`,
+        by old slot id); an idle anonymous state without a seat joins the anonymous cache."""
         store, mover = self.store, self.runtime.verbs.mover
         fates = []
         for occ in occupants:
@@ -440,7 +444,8 @@ class Reconfigurer:
                     "the KV types changed: it holds tokens only and re-prefills on page_in",
                 )
                 if cached:
-                    fates.append(self._cache_unseated(occ, page, kv_change, reason))
+                    tenant = tenants[occ.slot_id]
+                    fates.append(self._cache_unseated(occ, page, kv_change, reason, tenant))
                     continue
                 fate = "token_only" if kv_change else "paged"
                 fates.append(SlotFate(occ.slot_id, kind, None, page.key, fate, reason))
@@ -454,6 +459,7 @@ class Reconfigurer:
                     state.release()
             assert store is not None
             store.remove(page.key, page.generation)
+            slot.namespace = tenants[occ.slot_id]
             run = runs.get(occ.slot_id)
             if run is not None:
                 slot.running = run
@@ -463,15 +469,17 @@ class Reconfigurer:
             )
         return fates
 
-    def _cache_unseated(self, occ: Occupant, page: Page, kv_change: bool, reason: str) -> SlotFate:
-        """An idle anonymous state left without a seat joins the anonymous cache (of the old
-        KV types it is dropped: re-prefilling it costs what a cache miss costs)."""
+    def _cache_unseated(
+        self, occ: Occupant, page: Page, kv_change: bool, reason: str, tenant: str
+    ) -> SlotFate:
+        """An idle anonymous state of `tenant` left without a seat joins the anonymous cache
+        (of the old KV types it is dropped: re-prefilling it costs what a cache miss costs)."""
         store = self.store
         assert store is not None
         if not kv_change:
             with page.view() as view:
                 tokens = read_tokens(view, page.layout)
-            if self.anon.adopt(page.key, tokens):
+            if self.anon.adopt(page.key, tokens, tenant):
                 return SlotFate(occ.slot_id, "cache", None, None, "cached", reason)
             reason = f"{reason}; the anonymous cache has no room for it"
         else:

@@ -84,6 +84,6 @@ def reprefill_request(
         store.release(page)
 
     request = GenerationRequest(
-        prompt_tokens=tuple(int(t) for t in tokens), n_predict=0, id_slot=slot.id, lora=lora
+        tuple(tokens.tolist()), n_predict=0, id_slot=slot.id, lora=lora, namespace=cmd.namespace
     )
     return Submit(cmd.req_id, request, done)

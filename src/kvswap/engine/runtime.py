@@ -9,7 +9,8 @@ live context through it and never keep a stale one. Engine thread only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,8 @@ class EngineConfig:
     check_integrity: bool = False
     # One empty decode when the engine is built (--warmup), as llama-server.
     warmup: bool = False
+    # The retention floors' clock (unix seconds; a test seam moves it: files.faults).
+    clock: Callable[[], float] = time.time
 
 
 class Runtime:

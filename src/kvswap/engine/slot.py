@@ -12,8 +12,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvswap.core.keys import PageKey
-from kvswap.core.types import LoraSet
+import numpy as np
+import numpy.typing as npt
+
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
+from kvswap.core.types import GenerationRequest, LoraSet
 from kvswap.engine.tokens import TokenBuffer
 
 if TYPE_CHECKING:
@@ -33,6 +36,9 @@ class Slot:
     # The LoRA set its KV was computed under (core.types.LoraSet); only equal sets share it.
     lora: LoraSet = ()
     mind: PageKey | None = None  # the mind whose state the slot holds
+    # The tenant whose anonymous request (or slot verb) left the tokens: only its own requests
+    # reuse them (`prefix_for`).
+    namespace: str = PUBLIC_NAMESPACE
 
     @property
     def seq_id(self) -> int:
@@ -41,6 +47,23 @@ class Slot:
     @property
     def is_idle(self) -> bool:
         return self.running is None and not self.locked
+
+    def reusable(self, prompt: npt.NDArray[np.int32], req: GenerationRequest) -> int:
+        """How many leading tokens of `req`'s prompt the slot's KV may serve: its mind's (the
+        slot holds that mind: seated first) or its own tenant's prompt, computed under the
+        request's LoRA set; none without `cache_prompt`."""
+        if not req.cache_prompt or self.lora != req.lora:
+            return 0
+        if req.mind is not None:
+            return self.tokens.common_prefix(prompt)
+        return self.prefix_for(prompt, req.namespace)
+
+    def prefix_for(self, prompt: npt.NDArray[np.int32], namespace: str) -> int:
+        """How many leading tokens of an anonymous prompt of tenant `namespace` the slot holds
+        already: none of another tenant's (no request learns what another key sent)."""
+        if self.mind is not None or self.namespace != namespace:
+            return 0
+        return self.tokens.common_prefix(prompt)
 
 
 class SlotTable(Sequence[Slot]):

@@ -7,7 +7,8 @@ a subprocess, `KillAt(k)` (the process ends right after step k, as a crash would
 The one production use is the crash tests' seam into a real server: `kill_seam_from_env` reads
 `KVSWAP_KILL_AT_STEP=N[:KIND]` and answers an adapter that SIGKILLs the process right after its
 N-th step (0-based; only steps of KIND, e.g. `fsync`, are counted when it is given); unset, it
-answers None and the server's adapter has no hook.
+answers None and the server's adapter has no hook. The retention tests' seam, `clock_from_env`,
+reads `KVSWAP_CLOCK_SKEW_FILE`: the retention floors' clock runs that file's seconds ahead.
 
 Owns nothing but the hooks' own counters; a hook instance serves one adapter at a time.
 """
@@ -18,6 +19,7 @@ import errno as errno_mod
 import os
 import signal
 import threading
+import time
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from kvswap.files.osio import OsAdapter, Phase, StepName
 
 KILL_AT_STEP_ENV = "KVSWAP_KILL_AT_STEP"
+CLOCK_SKEW_ENV = "KVSWAP_CLOCK_SKEW_FILE"
 STEP_NAMES: frozenset[str] = frozenset(typing.get_args(StepName))
 
 
@@ -104,3 +107,22 @@ def kill_seam_from_env(environ: Mapping[str, str]) -> OsAdapter | None:
         )
     only = typing.cast(StepName, kind) if kind else None
     return OsAdapter(KillAt(int(count), only=only))
+
+
+def clock_from_env(environ: Mapping[str, str]) -> Callable[[], float]:
+    """`time.time`, or, when `KVSWAP_CLOCK_SKEW_FILE` names a file, `time.time` plus the seconds
+    the file holds when asked (missing or empty: 0): a test moves a server's retention floors'
+    clock ahead without waiting."""
+    path = environ.get(CLOCK_SKEW_ENV, "")
+    if not path:
+        return time.time
+
+    def skewed() -> float:
+        try:
+            with open(path, encoding="ascii") as f:
+                text = f.read().strip()
+        except FileNotFoundError:
+            text = ""
+        return time.time() + (float(text) if text else 0.0)
+
+    return skewed

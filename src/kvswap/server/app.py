@@ -27,7 +27,13 @@ from kvswap.server.forward import Forwarder
 from kvswap.server.gcp import GcpCompat
 from kvswap.server.gcp import install as install_gcp
 from kvswap.server.guard import Guard
-from kvswap.server.llama import routes_completion, routes_info, routes_lora, routes_proxy
+from kvswap.server.llama import (
+    routes_completion,
+    routes_info,
+    routes_lora,
+    routes_proxy,
+    routes_stream,
+)
 from kvswap.server.loader import Loader
 from kvswap.server.openai import routes_chat, routes_responses
 from kvswap.server.openapi import hoist_defs, resolve_bodies
@@ -93,6 +99,7 @@ def _routers() -> list[APIRouter]:
         routes_reconfigure.router,
         routes_lora.router,
         routes_proxy.router,
+        routes_stream.router,
     ]
 
 
@@ -107,6 +114,8 @@ def _lifespan(
         loader.start(asyncio.get_running_loop())
         sleeper.start()
         yield
+        if loader.state is not None:
+            loader.state.streams.close()  # resumable streams' generations end here
         await sleeper.stop()
         for forwarder in forwarders:
             await forwarder.aclose()

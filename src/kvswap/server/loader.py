@@ -34,7 +34,7 @@ from kvswap.engine.plan.geometry import Geometry, resolve_geometry
 from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
 from kvswap.files import Publisher
-from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
+from kvswap.files.faults import KILL_AT_STEP_ENV, clock_from_env, kill_seam_from_env
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
@@ -94,6 +94,7 @@ def engine_config(
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
         check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
         warmup=config.model.warmup,
+        clock=clock_from_env(os.environ),  # the retention tests' seam
     )
 
 

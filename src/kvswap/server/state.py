@@ -27,6 +27,7 @@ from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
+from kvswap.server.convstreams import ConvStreams
 from kvswap.server.prometheus import MetricsRenderer
 from kvswap.server.requests.lora import LoraScales
 from kvswap.text.builtin_template import BuiltinTemplate
@@ -58,6 +59,7 @@ class ServerState:
     # each API key's slot files (a keyed server; the key-less one uses `publisher`)
     tenant_files: dict[str, Publisher] = field(default_factory=dict)
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
+    streams: ConvStreams = field(default_factory=ConvStreams)  # X-Conversation-Id's streams
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it
 

@@ -3,10 +3,12 @@ one or several tasks, streamed or not.
 
 Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HTTP responses:
 - `turn(state, http, raw)` comes first in a generation route, before the body is prepared:
-  the mind the request names (`X-Mind-Id`, the body's `"mind"`: a parse of that one field)
-  is held (`MindSession.turn`: its lock, busy and claimed; in a cluster placed, so a turn
-  bound for another replica is forwarded from here, never rendered or tokenized here). A body
-  whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
+  the mind the request names (`X-Mind-Id`, the body's `"mind"`, else a session key:
+  `minds.names`; a parse of those few fields) is held (`MindSession.turn`: its lock, busy and
+  claimed; in a cluster placed, so a turn bound for another replica is forwarded from here,
+  never rendered or tokenized here). A body whose `"mind"` cannot be read holds nothing: its
+  preparation answers the typed 400. A request with `X-Conversation-Id` cancels that
+  conversation's previous resumable stream (`convstreams`).
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
   turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
   `MindSeated`, its first event) is kept for the answer's headers (`Turn.headers`) and its
@@ -14,7 +16,9 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
-  `finally` posts `Cancel`). A stream keeps the mind held until it ends (`Turn.keep`).
+  `finally` posts `Cancel`). A stream keeps the mind held until it ends (`Turn.keep`). A
+  stream with `X-Conversation-Id`, once started, is produced into its conversation's stream
+  by a task of its own: the client reads it there and may leave without stopping it.
 
 A client can leave before its first event (while it waits for its mind, queues for a slot or
 prefills a long prompt): those waits watch the connection itself (`asgi.until_disconnect`, the
@@ -34,14 +38,14 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.types import (
     Completion,
     EngineError,
@@ -51,9 +55,10 @@ from kvswap.core.types import (
     MindServed,
 )
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
-from kvswap.minds.names import request_mind
+from kvswap.minds.names import request_mind, session_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
+from kvswap.server.convstreams import ConvStream, ConvStreams, StreamKey
 from kvswap.server.errors import error_json
 from kvswap.server.formats import served_headers
 from kvswap.server.requests.offload import prepared
@@ -66,6 +71,17 @@ T = TypeVar("T")
 Indexed = tuple[int, Event]
 # Turns one task's event into zero or more JSON objects to send.
 Render = Callable[[int, Event], Iterable[dict[str, object]]]
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """A request's resumable stream (llama-server's `X-Conversation-Id`): where it goes."""
+
+    streams: ConvStreams
+    key: StreamKey  # (tenant namespace, conversation id)
+
+    def start(self, produce: AsyncIterator[bytes]) -> ConvStream:
+        return self.streams.start(self.key, produce)
 
 
 def raise_error(event: EngineError) -> None:
@@ -81,11 +97,15 @@ class Turn:
         minds: MindSession,
         held: HeldMind | None = None,
         exits: AsyncExitStack | None = None,
+        namespace: str = PUBLIC_NAMESPACE,
+        resumable: Resumable | None = None,
     ) -> None:
         self.client = client
         self.minds = minds
         self.held = held
         self.exits = exits or AsyncExitStack()
+        self.namespace = namespace  # the caller's tenant: its requests carry it
+        self.resumable = resumable  # X-Conversation-Id: its stream outlives its client
         self.served: MindServed | None = None  # how the mind was served, once it is seated
 
     @property
@@ -105,6 +125,7 @@ class Turn:
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
         """The request's events; the last is a Completion or an EngineError. A mind's seating
         (`MindSeated`) is kept as `served`, not yielded."""
+        request = replace(request, namespace=self.namespace)
         held = self.held
         if held is None:
             async for event in self.client.stream(request):
@@ -137,27 +158,48 @@ class Turn:
             await agen.aclose()
 
 
-async def named_mind(http: Request, raw: bytes) -> PageKey | None:
-    """The mind a request names (the header and the body's field, in the caller's tenant
-    namespace); None when it names none, or its body's `"mind"` cannot be read."""
+async def named_mind(
+    http: Request, raw: bytes, session_headers: Sequence[str] | None = None
+) -> PageKey | None:
+    """The mind a request names in the caller's tenant namespace (`minds.names`: the header
+    and the body's field, else a session key when `session_headers` is given, the session
+    minds being on); None when it names none, or its body's `"mind"` cannot be read. A session
+    key of a body asking for several completions names nothing (a mind runs one)."""
     try:
-        body_mind = await prepared(raw, lambda: parse_body(MindField, raw).mind)
+        field = await prepared(raw, lambda: parse_body(MindField, raw))
     except KvswapError:
         return None  # the body's own parse answers the 400
-    return request_mind(http.headers.get("x-mind-id"), body_mind, tenant_namespace(http.scope))
+    session = None
+    if session_headers is not None and not field.several:
+        values = [http.headers.get(name) for name in session_headers]
+        session = session_mind(field.prompt_cache_key, values)
+    header = http.headers.get("x-mind-id")
+    return request_mind(header, field.mind, tenant_namespace(http.scope), session)
+
+
+def session_headers(state: ServerState) -> Sequence[str] | None:
+    """The headers whose value is a session key; None with `--no-session-minds`."""
+    http = state.config.http
+    return http.session_headers if http.session_minds else None
 
 
 @asynccontextmanager
 async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[Turn]:
     """The route's work, its mind held first when it names one (see the module docstring)."""
-    key = await named_mind(http, raw)
+    key = await named_mind(http, raw, session_headers(state))
+    namespace = tenant_namespace(http.scope)
+    resumable = None
+    conv = http.headers.get("x-conversation-id")
+    if conv:  # llama-server's resumable stream: this request replaces the previous one
+        resumable = Resumable(state.streams, (namespace, conv))
+        state.streams.replace(resumable.key)
     async with AsyncExitStack() as exits:
         held = None
         if key is not None:
             session = state.minds.turn(key, turn_facts(http.scope, raw))
             gone = until_disconnect(http.receive)
             held = await _unless_gone(exits.enter_async_context(session), gone)
-        yield Turn(state.client, state.minds, held, exits)
+        yield Turn(state.client, state.minds, held, exits, namespace, resumable)
 
 
 async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:
@@ -283,8 +325,11 @@ async def open_stream(
         finally:
             await events.aclose()
 
+    out: AsyncIterator[bytes] = body()
+    if runner.resumable is not None:  # the answer outlives its client: read from its stream
+        out = runner.resumable.start(out).read_from(0)
     return StreamingResponse(
-        body(),
+        out,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", **runner.headers()},
     )

@@ -10,7 +10,8 @@ not fit:
   (the mind switch waiting for room answers it), counted and logged;
 - with it, idle minds' spilled copies go, least recently used first, until the copy fits: their
   files are removed, each is counted and logged, and `settle` lets a mind that now lives nowhere
-  be forgotten. A mind a request holds never loses its copy.
+  be forgotten. A mind a request holds never loses its copy, nor one a retention floor keeps
+  (Anthropic's `cache_control`: `MindRegistry.retain`) until the floor has passed.
 
 Called by the demoter (its thread, the closing thread, the I/O executor) under no lock of its
 own: the registry and the publisher are thread-safe, and the demoter's spill lock orders the
@@ -71,7 +72,7 @@ class DiskBudget:
             )
             log.warning("spill of mind %s refused: %s", key, why)
             return why
-        for victim in reg.idle(k for k in copies if k != key):
+        for victim in reg.droppable(k for k in copies if k != key):
             if used + n_bytes <= bound:
                 break
             used -= self._drop(victim)

@@ -93,6 +93,13 @@ class SlotVerbs:
 
     def page_in(self, slot: Slot, key: PageKey) -> PageMoved:
         """Load page `key` into the slot; on success the page leaves the store."""
+        return self._load(slot, key, keep=False)
+
+    def copy_in(self, slot: Slot, key: PageKey) -> PageMoved:
+        """Load a copy of page `key` into the slot; the page stays in the store."""
+        return self._load(slot, key, keep=True)
+
+    def _load(self, slot: Slot, key: PageKey, *, keep: bool) -> PageMoved:
         store = self._store()
         t0 = time.perf_counter()
         page = store.hold(key)  # typed 404; the hold keeps the bytes alive during the copy
@@ -110,7 +117,8 @@ class SlotVerbs:
                     self.mover.apply(slot, state)
                 finally:
                     state.release()
-            store.remove(key, page.generation)
+            if not keep:
+                store.remove(key, page.generation)
         finally:
             store.release(page)
         return PageMoved(

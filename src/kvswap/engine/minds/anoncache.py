@@ -13,7 +13,9 @@ again by their longest common token prefix (as llama-server's `--cache-ram`).
 - An anonymous request takes whichever is longer: the prefix its slot already holds or the
   best cached state's, which is then paged into its slot.
 - Cached states are indexed by chained hashes of `BLOCK_TOKENS`-token blocks, so a lookup walks
-  the prompt's blocks once instead of comparing every cached state.
+  the prompt's blocks once instead of comparing every cached state. The chain starts from the
+  tenant's namespace (the API key's): one key's prompts are never a hit for another key, so
+  `cache_n` and the time to first token tell no key what another sent.
 - With `--cache-idle-slots` (on by default, as llama-server), a task starting on a slot saves
   every other idle anonymous slot, and with unified KV clears it (`cache_idle_slots`).
 - It is a cache: under its byte budget (`--cache-ram`, and at most half the page store) the
@@ -39,6 +41,7 @@ import numpy.typing as npt
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey, PageKind, anon_key
+from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly
@@ -62,10 +65,11 @@ class Kept(Enum):
     REFUSED = "refused"  # off, too short, past the budget, or no room in the store
 
 
-def block_hashes(tokens: npt.NDArray[np.int32]) -> list[bytes]:
-    """Chained hashes of the full blocks of `tokens`: entry i covers tokens [0, (i+1)*B)."""
+def block_hashes(tokens: npt.NDArray[np.int32], namespace: str) -> list[bytes]:
+    """Chained hashes of the full blocks of `tokens` of tenant `namespace`: entry i covers
+    tokens [0, (i+1)*B); the chain starts from the namespace, so tenants never share one."""
     out: list[bytes] = []
-    h = b""
+    h = hashlib.blake2b(namespace.encode(), digest_size=16).digest()
     for i in range(len(tokens) // BLOCK_TOKENS):
         block = np.ascontiguousarray(tokens[i * BLOCK_TOKENS : (i + 1) * BLOCK_TOKENS])
         h = hashlib.blake2b(h + block.tobytes(), digest_size=16).digest()
@@ -77,6 +81,7 @@ def block_hashes(tokens: npt.NDArray[np.int32]) -> list[bytes]:
 class _Entry:
     key: PageKey
     tokens: npt.NDArray[np.int32]
+    namespace: str  # the tenant whose prompt it is
     hashes: list[bytes]
     n_bytes: int
     t_used: float = field(default_factory=time.monotonic)
@@ -127,11 +132,12 @@ class AnonCache:
 
     # -- lookup -----------------------------------------------------------------------------
 
-    def best(self, prompt: npt.NDArray[np.int32]) -> tuple[PageKey, int] | None:
-        """The cached state sharing the longest prefix with `prompt`, and that length."""
+    def best(self, prompt: npt.NDArray[np.int32], namespace: str) -> tuple[PageKey, int] | None:
+        """The cached state of tenant `namespace` sharing the longest prefix with `prompt`, and
+        that length."""
         self._forget_gone()
         found: set[PageKey] = set()
-        for h in block_hashes(prompt[: len(prompt) - 1]):
+        for h in block_hashes(prompt[: len(prompt) - 1], namespace):
             names = self._index.get(h)
             if not names:
                 break
@@ -148,13 +154,13 @@ class AnonCache:
 
     # -- the two moves ----------------------------------------------------------------------
 
-    def prepare(self, slot: Slot, prompt: npt.NDArray[np.int32]) -> None:
-        """Before an anonymous request starts on `slot`: bring the best cached prefix in, and
-        keep what the slot would lose."""
+    def prepare(self, slot: Slot, prompt: npt.NDArray[np.int32], namespace: str) -> None:
+        """Before an anonymous request of tenant `namespace` starts on `slot`: bring its best
+        cached prefix in, and keep what the slot would lose."""
         if not self.enabled:
             return
-        n_slot = min(slot.tokens.common_prefix(prompt), len(prompt) - 1)
-        best = self.best(prompt)
+        n_slot = min(slot.prefix_for(prompt, namespace), len(prompt) - 1)
+        best = self.best(prompt, namespace)
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
             assert self.store is not None and self.spare is not None
             log.debug(
@@ -174,10 +180,38 @@ class AnonCache:
             self.spare.adopt(page)  # no fault-in for the next save, no unmap for this page
             ask_quietly(self.spare, page.n_bytes)  # (a no-op when the adopted one will do)
             self._remove(key)
+            slot.namespace = namespace
             self.n_hits += 1
             slot.t_last_used = time.monotonic()
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
             self.save(slot)
+
+    def seed(self, slot: Slot, request: GenerationRequest | None, mind: PageKey) -> None:
+        """A new `mind` starts on `slot` (whose own state was saved) for `request` (None: a
+        mind verb, which starts it empty): it begins with the longest prefix of its prompt that
+        the slot or its tenant's cache holds, copied in so the entry stays for the next mind (a
+        shared system prompt is prefilled once); the slot keeps nothing of another tenant's."""
+        if request is None or not request.cache_prompt:
+            self.runtime.verbs.clear(slot)
+            return
+        namespace = mind.namespace
+        prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
+        n_slot = min(slot.prefix_for(prompt, namespace), len(prompt) - 1)
+        best = self.best(prompt, namespace) if self.enabled else None
+        if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
+            key = best[0]
+            try:
+                self.runtime.verbs.copy_in(slot, key)
+            except KvswapError as err:  # another geometry's, or no room in a full pool now
+                log.warning("anonymous cache: %s could not seed a mind: %s", key, err.message)
+            else:
+                slot.namespace = namespace
+                self._entries[key].t_used = time.monotonic()
+                self.n_hits += 1
+                return
+            n_slot = 0  # the slot was emptied by the failed load
+        if n_slot == 0:
+            self.runtime.verbs.clear(slot)
 
     def expect(self, slot: Slot) -> None:
         """An anonymous request ended on `slot`: have a buffer prepared that can hold its state,
@@ -194,7 +228,7 @@ class AnonCache:
         if not self.enabled or slot.mind is not None or len(slot.tokens) < BLOCK_TOKENS:
             return Kept.REFUSED
         tokens = slot.tokens.view().copy()
-        hashes = block_hashes(tokens)
+        hashes = block_hashes(tokens, slot.namespace)
         if any(len(e.tokens) == len(tokens) and e.hashes == hashes for e in self._entries.values()):
             return Kept.CACHED  # an earlier save of the same prompt
         verbs, spare = self.runtime.verbs, self.spare
@@ -219,7 +253,7 @@ class AnonCache:
         verbs.capture_to_page(
             slot, layout=layout, reservation=reservation, buffer=buffer, keep_slot=True
         )
-        self._add(_Entry(key, tokens, hashes, layout.n_bytes))
+        self._add(_Entry(key, tokens, slot.namespace, hashes, layout.n_bytes))
         self.n_saved += 1
         if ask_next:
             ask_quietly(spare, layout.n_bytes)  # the next save's buffer, mapped meanwhile
@@ -259,16 +293,16 @@ class AnonCache:
         """The key of an entry-to-be (a reconfigure moves an idle anonymous slot under it)."""
         return anon_key(next(self._ids))
 
-    def adopt(self, key: PageKey, tokens: npt.NDArray[np.int32]) -> bool:
-        """Make the stored page `key` (made by `new_key`) an entry holding `tokens`; under the
-        budget it is dropped instead (False)."""
+    def adopt(self, key: PageKey, tokens: npt.NDArray[np.int32], namespace: str) -> bool:
+        """Make the stored page `key` (made by `new_key`) an entry holding `tokens` of tenant
+        `namespace`; under the budget it is dropped instead (False)."""
         store = self.store
         assert store is not None
         page = store.get(key)
         if not self.enabled or len(tokens) < BLOCK_TOKENS or not self._make_room(page.n_bytes):
             store.remove(key)
             return False
-        self._add(_Entry(key, tokens, block_hashes(tokens), page.n_bytes))
+        self._add(_Entry(key, tokens, namespace, block_hashes(tokens, namespace), page.n_bytes))
         return True
 
     def drop_all(self) -> int:
@@ -343,7 +377,8 @@ class AnonCache:
         """Assert the index is exactly the entries' block hashes, and each entry is a page."""
         expected: dict[bytes, set[PageKey]] = {}
         for key, entry in self._entries.items():
-            assert entry.key == key and entry.hashes == block_hashes(entry.tokens), key
+            assert entry.key == key, key
+            assert entry.hashes == block_hashes(entry.tokens, entry.namespace), key
             assert key.kind is PageKind.ANON, key
             for h in entry.hashes:
                 expected.setdefault(h, set()).add(key)

@@ -15,7 +15,8 @@ last durable state (what a SIGKILL leaves), never served while a live copy exist
 Owns which slot each resident mind is in (told by the engine thread, read by the HTTP side), the
 disk index, last use times, the set of minds with a request in progress (`busy`: a busy mind's
 RAM page is never dropped by the demoter), minds of another model or KV types, minds a slot verb
-ended, the last read-back's apply time and the tier counters. Its neighbours own the rest of a
+ended, the last read-back's apply time, retention floors (`retain`: Anthropic's
+`cache_control` keeps a mind's state that long, `droppable`) and the tier counters. Its neighbours own the rest of a
 mind's bookkeeping, each behind a lock of its own: the flush schedule (`minds.flushes`) and the
 hand-offs to disk (`minds.handoffs`); the page store keeps the headroom.
 
@@ -108,10 +109,12 @@ class MindRegistry:
     executor (`forget`, `when_not_live`, `forget_if_gone` through the demoter's `settle`), and
     the shared tier's workers (`idle`, `resident_slot`, `disk_copy`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._lock = threading.Lock()
+        self._clock = clock  # retention floors' unix seconds (a test's own makes them exact)
         self._disk: dict[PageKey, DiskCopy] = {}
         self._last_used: dict[PageKey, float] = {}  # key -> unix seconds
+        self._kept_until: dict[PageKey, float] = {}  # key -> its retention floor, unix s
         self._busy: set[PageKey] = set()
         self._resident: dict[PageKey, int] = {}  # key -> the slot holding it (the engine says)
         self._counters = MindCounters()
@@ -131,6 +134,21 @@ class MindRegistry:
                 self._last_used[key] = time.time()
             else:
                 self._last_used.setdefault(key, when_unix_s)
+
+    def retain(self, key: PageKey, ttl_s: float) -> None:
+        """Keep the mind's state at least `ttl_s` from now in some tier (Anthropic's
+        `cache_control`): `--page-disk-drop-lru` drops it only once that has passed."""
+        with self._lock:
+            until = self._clock() + ttl_s
+            self._kept_until[key] = max(until, self._kept_until.get(key, 0.0))
+
+    def droppable(self, keys: Iterable[PageKey]) -> list[PageKey]:
+        """Those of `keys` no request holds and no retention floor keeps now, least recently
+        used first: what a full disk tier may drop."""
+        with self._lock:
+            now = self._clock()
+            free = [k for k in keys if k not in self._busy and self._kept_until.get(k, 0.0) <= now]
+            return sorted(free, key=lambda k: self._last_used.get(k, 0.0))
 
     def any_busy(self) -> bool:
         """A request is using some mind now."""
@@ -197,6 +215,7 @@ class MindRegistry:
             if key in self._busy or key in self._resident or key in self._disk or held(key):
                 return False
             self._last_used.pop(key, None)
+            self._kept_until.pop(key, None)
             also(key)
             return True
 
@@ -255,6 +274,7 @@ class MindRegistry:
         with self._lock:
             self._forgotten[key] = time.time()
             self._last_used.pop(key, None)
+            self._kept_until.pop(key, None)
             also(key)
             return self._disk.pop(key, None)
 

@@ -11,10 +11,12 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   request re-prefills it), and the slot serves the waiting work;
 - `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
   save copies it (the mind stays), erase and page_out end it (the caller then forgets its
-  spilled copy). A verb of another tenant is refused, naming no mind;
+  spilled copy). A verb of another tenant is refused, naming no mind, as is one on a slot
+  whose anonymous prompt another tenant sent;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
-  starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
+  starts from the longest prefix of its prompt its tenant's anonymous cache or the slot
+  holds, else empty). In a unified KV pool a returning mind needs free cells for its
   state: the least recently used idle residents move out first (`_make_cells`), exactly as a
   full pool moves them for a prefill; while running requests hold the cells the job waits.
 
@@ -88,7 +90,8 @@ class NoRoomYet(Exception):
 
 
 class NotYourMind(KvswapError):
-    """A slot verb of one tenant on a slot holding another tenant's mind (named nowhere)."""
+    """A slot verb of one tenant on a slot holding another tenant's mind (named nowhere) or
+    another tenant's prompt."""
 
     def __init__(self, slot_id: int) -> None:
         super().__init__(
@@ -147,12 +150,15 @@ class Seating:
         mind, how its mind came into the slot.
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
-        if slot.mind is not None and isinstance(cmd, SlotCapture | SlotErase | PageOut):
+        if isinstance(cmd, SlotCapture | SlotErase | PageOut):
             # These verbs act on the state the slot holds: the mind's, where it is (the engine
-            # calls `left` after erase and page_out).
-            if cmd.namespace is not None and slot.mind.namespace != cmd.namespace:
+            # calls `left` after erase and page_out), or another key's prompt, never theirs.
+            owner = slot.mind.namespace if slot.mind is not None else slot.namespace
+            held = slot.mind is not None or len(slot.tokens) > 0
+            if held and cmd.namespace is not None and owner != cmd.namespace:
                 raise NotYourMind(slot.id)
-            return None
+            if slot.mind is not None:
+                return None
         if isinstance(cmd, MindVerb) and cmd.action != MindMove.TO_SLOT:
             if slot.mind != cmd.key:
                 return None  # the mind is in no slot: nothing to do
@@ -171,10 +177,12 @@ class Seating:
         if not mind:
             if isinstance(cmd, Submit) and cmd.request.cache_prompt:
                 prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
-                self.anon.prepare(slot, prompt)
+                self.anon.prepare(slot, prompt, cmd.request.namespace)
             return None
         reg = self.registry
         reg.touch(mind)
+        if isinstance(cmd, Submit) and cmd.request.retain_s:
+            reg.retain(mind, cmd.request.retain_s)
         self.flushes.changed(mind)
         if slot.mind == mind:
             reg.count(hits_slot_total=1)
@@ -197,9 +205,10 @@ class Seating:
         (its prefill writes over it), counted and logged, never silently."""
         mind = slot.mind
         assert mind is not None, "a mind's request is seated with its mind"
-        served = MindServed(
-            mind, seat.source, seat.switch_ms, len(slot.tokens), slot.tokens.common_prefix(prompt)
-        )
+        # A new mind has no history of its own (what the slot holds is a seeded prefix).
+        n_tokens = 0 if seat.source is MindSource.NEW else len(slot.tokens)
+        n_kept = min(n_tokens, slot.tokens.common_prefix(prompt))
+        served = MindServed(mind, seat.source, seat.switch_ms, n_tokens, n_kept)
         if served.diverged:
             self.registry.count(diverged_total=1, dropped_tokens_total=served.n_dropped)
             log.info(
@@ -231,8 +240,8 @@ class Seating:
             reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
             source = MindSource.DISK  # or the shared tier: the HTTP side knows which
-        else:
-            verbs.clear(slot)
+        else:  # a new mind: from its tenant's longest cached prefix, if any
+            self.anon.seed(slot, cmd.request if isinstance(cmd, Submit) else None, mind)
             reg.count(new_total=1)
             source = MindSource.NEW
         slot.t_last_used = time.monotonic()

@@ -12,6 +12,9 @@ Pure (slots are read, never changed). Rules, as llama-server plus ordering it la
   anonymous cache, then the least recently used idle mind's (the engine pages that mind out
   first). An anonymous request never matches a prefix in a mind's slot and takes a mind's slot
   only when every idle slot holds a mind.
+- Tenants: an anonymous request's prefix counts only in slots its own tenant (API key) left
+  (`Slot.prefix_for`): another key's prompt is never a cache hit, so `cache_n` tells no key
+  what another sent.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.core.keys import PageKey
-from kvswap.core.types import LoraSet
+from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
+from kvswap.core.types import GenerationRequest, LoraSet
 from kvswap.engine.slot import Slot
 
 
@@ -38,6 +41,16 @@ class Job:
     cancelled: bool = False
     lora: LoraSet = ()  # a request's LoRA set: only its slots' prefixes count
     mind: PageKey | None = None  # the mind the request names (None: anonymous)
+    namespace: str = PUBLIC_NAMESPACE  # the tenant of an anonymous request
+
+    @staticmethod
+    def of(
+        req_id: int, request: GenerationRequest, prompt: npt.NDArray[np.int32], cmd: object
+    ) -> Job:
+        """A generation request's job (a mind's runs on the slot where the mind lives)."""
+        mind = request.mind
+        slot_id = -1 if mind else request.id_slot
+        return Job(req_id, slot_id, prompt, cmd, False, request.lora, mind, request.namespace)
 
 
 def choose_slot(
@@ -47,9 +60,11 @@ def choose_slot(
     taken: set[int],
     lora: LoraSet = (),
     mind: PageKey | None = None,
+    namespace: str = PUBLIC_NAMESPACE,
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's
-    cached prefix counts only when it was computed under the request's LoRA set."""
+    cached prefix counts only when it was computed under the request's LoRA set, for the
+    request's own tenant (`namespace`)."""
     idle = [s for s in slots if s.is_idle and s.id not in taken]
     if mind:
         home = next((s for s in slots if s.mind == mind), None)
@@ -65,7 +80,7 @@ def choose_slot(
         for slot in free:
             if len(slot.tokens) == 0 or slot.lora != lora:
                 continue
-            sim = slot.tokens.common_prefix(prompt) / len(prompt)
+            sim = slot.prefix_for(prompt, namespace) / len(prompt)
             if sim > best_sim and sim > similarity:
                 best, best_sim = slot, sim
         if best is not None:
@@ -123,7 +138,13 @@ class WaitQueue:
                 assert job.prompt is not None
                 # A mind's home slot is found even when other work waits on it (then it waits).
                 slot = choose_slot(
-                    slots, job.prompt, self.similarity, taken | waiting_on, job.lora, job.mind
+                    slots,
+                    job.prompt,
+                    self.similarity,
+                    taken | waiting_on,
+                    job.lora,
+                    job.mind,
+                    job.namespace,
                 )
                 if slot is None:
                     unpinned_blocked = True

@@ -1,11 +1,12 @@
 """Response bodies of POST /v1/messages, whole and streamed, in Anthropic's shapes.
 
 Owns llama-server's `to_json_anthropic` and `to_json_anthropic_stream` shapes: a `message`
-with `thinking`, `text` and `tool_use` blocks, `stop_reason`, `usage` (`input_tokens` are the
-prompt tokens not read from the cache, `cache_read_input_tokens` those that were); a stream of
+with `thinking`, `text` and `tool_use` blocks, `stop_reason`, `usage` (read, newly kept and
+uncached prompt tokens: `anthropic.cache`), and llama-server's `timings` only when the request
+asks for them (`timings_per_token`: Anthropic's shapes have none); a stream of
 `message_start`, `content_block_start`/`_delta`/`_stop` per block (`thinking_delta` and an
 empty `signature_delta`, `text_delta`, `input_json_delta`), `message_delta` and
-`message_stop`. Beyond llama-server: blocks stream one after another, each closed before the
+`message_stop` (`message_delta`'s usage cumulative, as Anthropic's). Beyond llama-server: blocks stream one after another, each closed before the
 next opens (`BlockStream`), and a matched stop sequence ends with `stop_reason:
 "stop_sequence"` and names it. Pure.
 """
@@ -15,13 +16,15 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvswap.chat.blocks import BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, StopType
+from kvswap.server.anthropic.cache import CacheMarks, usage
 from kvswap.server.anthropic.errors import anthropic_error
-from kvswap.server.formats import served_block
+from kvswap.server.formats import served_block, timings_json
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -29,6 +32,17 @@ _ALNUM = string.ascii_letters + string.digits
 
 def new_message_id() -> str:
     return "msg_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+@dataclass(frozen=True)
+class MessageMeta:
+    """What every shape of one answer repeats: its id, the model's name, where its cache
+    breakpoints lie, and whether the request asked for llama-server's `timings`."""
+
+    msg_id: str
+    model: str
+    cache: CacheMarks = field(default_factory=CacheMarks)
+    timings: bool = False
 
 
 def stop_reason(c: Completion, msg: ChatMsg) -> tuple[str, str | None]:
@@ -48,17 +62,11 @@ def _input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-def usage_json(c: Completion) -> dict[str, Any]:
-    cached = c.timings.cache_n
-    return {
-        "input_tokens": c.n_prompt_tokens - cached,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-        "output_tokens": c.n_decoded,
-    }
+def usage_json(c: Completion, cache: CacheMarks) -> dict[str, Any]:
+    return usage(c.n_prompt_tokens, c.timings.cache_n, c.n_decoded, cache)
 
 
-def message_json(c: Completion, msg: ChatMsg, *, msg_id: str, model: str) -> dict[str, Any]:
+def message_json(c: Completion, msg: ChatMsg, meta: MessageMeta) -> dict[str, Any]:
     """The whole answer of a non-streamed request."""
     content: list[dict[str, Any]] = []
     if msg.reasoning_content:
@@ -71,39 +79,30 @@ def message_json(c: Completion, msg: ChatMsg, *, msg_id: str, model: str) -> dic
         )
     reason, sequence = stop_reason(c, msg)
     return {
-        "id": msg_id,
+        "id": meta.msg_id,
         "type": "message",
         "role": "assistant",
         "content": content,
-        "model": model,
+        "model": meta.model,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": usage_json(c),
-        **served_block(
-            c
-        ),  # beyond Anthropic's shape: kvswap's mind block (no timings, as llama-server)
-    }
+        "usage": usage_json(c, meta.cache),
+        **served_block(c),  # beyond Anthropic's shape: kvswap's mind block
+    } | ({"timings": timings_json(c.timings)} if meta.timings else {})
 
 
-def message_start(
-    *, msg_id: str, model: str, n_prompt_tokens: int, n_cached: int
-) -> dict[str, Any]:
+def message_start(meta: MessageMeta, n_prompt_tokens: int, n_cached: int) -> dict[str, Any]:
     return {
         "type": "message_start",
         "message": {
-            "id": msg_id,
+            "id": meta.msg_id,
             "type": "message",
             "role": "assistant",
             "content": [],
-            "model": model,
+            "model": meta.model,
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": n_prompt_tokens - n_cached,
-                "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": n_cached,
-                "output_tokens": 0,
-            },
+            "usage": usage(n_prompt_tokens, n_cached, 0, meta.cache),
         },
     }
 
@@ -155,15 +154,20 @@ def block_events(events: list[BlockEvent]) -> list[dict[str, Any]]:
     return out
 
 
-def message_end(c: Completion, msg: ChatMsg) -> list[dict[str, Any]]:
+def message_end(c: Completion, msg: ChatMsg, meta: MessageMeta) -> list[dict[str, Any]]:
+    """message_delta, whose usage is cumulative (Anthropic's: the input fields repeated, the
+    output tokens of the whole answer), with the answer's timings when asked; message_stop."""
     reason, sequence = stop_reason(c, msg)
+    delta: dict[str, Any] = {
+        "type": "message_delta",
+        "delta": {"stop_reason": reason, "stop_sequence": sequence},
+        "usage": usage_json(c, meta.cache),
+        **served_block(c),
+    }
+    if meta.timings:
+        delta["timings"] = timings_json(c.timings)
     return [
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": {"output_tokens": c.n_decoded},
-            **served_block(c),
-        },
+        delta,
         {"type": "message_stop"},
     ]
 

@@ -21,25 +21,45 @@ from fastapi.responses import JSONResponse, Response
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, Event, TokenEvent
 from kvswap.server.anthropic import formats as fa
+from kvswap.server.anthropic.cache import CacheMarks, marks
 from kvswap.server.anthropic.schemas import MessagesRequest, to_chat_body
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import ChatPlan, count_chat_tokens, prepare_chat
+from kvswap.server.requests.chat import ChatJob, ChatPlan, count_chat_tokens, prepare_chat
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
+from kvswap.server.requests.serving import Serving
 from kvswap.server.state import get_state
 from kvswap.server.streaming import Render, complete_all, open_stream, turn
 
 router = APIRouter()
 
 
-def _chat_body(raw: bytes, *, generate: bool = True) -> ChatCompletionRequest:
+def _bodies(raw: bytes, *, generate: bool = True) -> tuple[MessagesRequest, ChatCompletionRequest]:
     req = parse_body(MessagesRequest, raw)
     if generate and req.max_tokens is None:
         raise KvswapError(ErrorKind.INVALID_REQUEST, "max_tokens: Field required")
     data = json.loads(raw)  # valid: parse_body accepted it
-    return parse_body(ChatCompletionRequest, to_chat_body(req, data))
+    return req, parse_body(ChatCompletionRequest, to_chat_body(req, data))
+
+
+def _chat_body(raw: bytes, *, generate: bool = True) -> ChatCompletionRequest:
+    return _bodies(raw, generate=generate)[1]
+
+
+def _prepare(state: Serving, raw: bytes, mind: PageKey | None) -> tuple[ChatJob, CacheMarks]:
+    """The chat job of a Messages body and where its cache breakpoints lie; under a mind, its
+    requests carry the retention floor the breakpoints ask for."""
+    req, body = _bodies(raw)
+    job = prepare_chat(state, body, mind)
+    prompt = job.requests[0].prompt_tokens
+    cache = marks(state, req, body, job.plan, prompt, kept=mind is not None)
+    if cache.retain_s:
+        requests = [dataclasses.replace(r, retain_s=cache.retain_s) for r in job.requests]
+        job = dataclasses.replace(job, requests=requests)
+    return job, cache
 
 
 @router.post("/v1/messages", openapi_extra=body_schema(MessagesRequest))
@@ -47,21 +67,19 @@ async def messages(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        job = await prepared(raw, lambda: prepare_chat(state, _chat_body(raw), runner.mind))
-        msg_id = fa.new_message_id()
-        model = state.model_name
+        job, cache = await prepared(raw, lambda: _prepare(state, raw, runner.mind))
+        asked = bool(job.body.timings_per_token)  # llama-server's timings, only when asked
+        meta = fa.MessageMeta(fa.new_message_id(), state.model_name, cache, asked)
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)
             msg = ChatParser(job.plan.spec).parse_all(c.content)
-            return JSONResponse(
-                fa.message_json(c, msg, msg_id=msg_id, model=model), headers=runner.headers()
-            )
+            return JSONResponse(fa.message_json(c, msg, meta), headers=runner.headers())
         # Token events carry timings, so message_start can report the cached prompt tokens.
         reqs = [dataclasses.replace(r, timings_per_token=True) for r in job.requests]
         return await open_stream(
             runner,
             reqs,
-            _message_stream(job.plan, msg_id=msg_id, model=model),
+            _message_stream(job.plan, meta),
             http=request,
             done_marker=False,
             encode=fa.encode,
@@ -69,7 +87,7 @@ async def messages(request: Request) -> Response:
         )
 
 
-def _message_stream(plan: ChatPlan, *, msg_id: str, model: str) -> Render:
+def _message_stream(plan: ChatPlan, meta: fa.MessageMeta) -> Render:
     """The Messages stream's events: message_start with the first token, content blocks as the
     parser releases them, then message_delta and message_stop."""
     parser = ChatParser(plan.spec)
@@ -83,14 +101,12 @@ def _message_stream(plan: ChatPlan, *, msg_id: str, model: str) -> Render:
         if not started:
             started = True
             cached = event.timings.cache_n if event.timings is not None else 0
-            yield fa.message_start(
-                msg_id=msg_id, model=model, n_prompt_tokens=event.n_prompt_tokens, n_cached=cached
-            )
+            yield fa.message_start(meta, event.n_prompt_tokens, cached)
         if isinstance(event, TokenEvent):
             yield from fa.block_events(blocks.feed(parser.feed(event.text)))
         else:
             yield from fa.block_events(blocks.feed(parser.finish()) + blocks.close())
-            yield from fa.message_end(event, parser.msg)
+            yield from fa.message_end(event, parser.msg, meta)
 
     return render
 

@@ -21,6 +21,28 @@ from pydantic import model_validator
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.server.requests.schemas import Body, JsonInt, NonNegInt, PositiveInt
 
+CACHE_TTL_S = {"5m": 300, "1h": 3600}  # cache_control's `ttl` (absent: 5m)
+
+
+class CacheControl(Body):
+    """A prompt-cache breakpoint: the prefix up to and including its block is kept at least
+    `ttl` (kvswap.server.anthropic.cache)."""
+
+    type: str
+    ttl: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> CacheControl:
+        if self.type != "ephemeral":
+            raise ValueError(f"cache_control: type must be 'ephemeral', got {self.type!r}")
+        if self.ttl is not None and self.ttl not in CACHE_TTL_S:
+            raise ValueError(f"cache_control: ttl must be '5m' or '1h', got {self.ttl!r}")
+        return self
+
+    @property
+    def ttl_s(self) -> int:
+        return CACHE_TTL_S[self.ttl or "5m"]
+
 
 class ContentBlock(Body):
     """One block of Anthropic content (fields by `type`; unknown ones ignored)."""
@@ -36,6 +58,7 @@ class ContentBlock(Body):
     content: str | list[ContentBlock] | None = None
     is_error: bool | None = None
     source: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
 
 
 class AnthropicMessage(Body):
@@ -54,6 +77,7 @@ class AnthropicTool(Body):
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     type: str | None = None  # "custom" or absent; server tools are not supported
+    cache_control: CacheControl | None = None
 
 
 class AnthropicToolChoice(Body):
@@ -83,6 +107,7 @@ class MessagesRequest(Body):
     tool_choice: AnthropicToolChoice | None = None
     thinking: AnthropicThinking | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None  # automatic: on the last block
 
 
 def _unsupported(what: str) -> KvswapError:
@@ -107,7 +132,7 @@ def _text_of(content: str | list[ContentBlock] | None, where: str) -> str:
     return "".join(parts)
 
 
-def _message(msg: AnthropicMessage, i: int) -> list[dict[str, Any]]:
+def to_chat_messages(msg: AnthropicMessage, i: int) -> list[dict[str, Any]]:
     """One Anthropic turn as chat messages: the turn, then one `tool` message per result."""
     if isinstance(msg.content, str):
         return [{"role": msg.role, "content": msg.content}]
@@ -191,6 +216,7 @@ _CONSUMED = {
     "service_tier",
     "container",
     "mcp_servers",
+    "cache_control",
 }
 
 
@@ -205,7 +231,7 @@ def to_chat_body(req: MessagesRequest, raw: dict[str, Any] | None = None) -> dic
     if req.system is not None:
         messages.append({"role": "system", "content": _text_of(req.system, "system")})
     for i, msg in enumerate(req.messages):
-        messages += _message(msg, i)
+        messages += to_chat_messages(msg, i)
     body: dict[str, Any] = {k: v for k, v in (raw or {}).items() if k not in _CONSUMED}
     body["messages"] = messages
     if req.max_tokens is not None:  # required by /v1/messages, not by count_tokens

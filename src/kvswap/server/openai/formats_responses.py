@@ -42,6 +42,7 @@ class ResponseMeta:
     model: str
     created_at: int
     params: dict[str, Any] = field(default_factory=dict)
+    kept: bool = False  # it runs under a mind, which keeps what it prefills
 
 
 # Request settings a response repeats, when the request did not set them.
@@ -57,11 +58,15 @@ DEFAULT_PARAMS: dict[str, Any] = {
 }
 
 
-def usage_json(c: Completion, n_reasoning: int = 0) -> dict[str, Any]:
-    """Token usage; `n_reasoning`: the output tokens of the reasoning items."""
+def usage_json(c: Completion, n_reasoning: int = 0, kept: bool = False) -> dict[str, Any]:
+    """Token usage; `n_reasoning`: the output tokens of the reasoning items. `cached_tokens`
+    were reused from any tier; `cache_write_tokens` are the prompt's other tokens when a mind
+    keeps them (`kept`), else 0 (the anonymous cache keeps nothing for sure)."""
+    cached = c.timings.cache_n
+    written = c.n_prompt_tokens - cached if kept else 0
     return {
         "input_tokens": c.n_prompt_tokens,
-        "input_tokens_details": {"cached_tokens": c.timings.cache_n, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "output_tokens": c.n_decoded,
         "output_tokens_details": {"reasoning_tokens": min(n_reasoning, c.n_decoded)},
         "total_tokens": c.n_prompt_tokens + c.n_decoded,
@@ -90,7 +95,7 @@ def response_json(
         "output": output,
         **DEFAULT_PARAMS,
         **meta.params,
-        "usage": usage_json(c, n_reasoning) if c is not None else None,
+        "usage": usage_json(c, n_reasoning, meta.kept) if c is not None else None,
     }
     if c is not None:
         out["completed_at"] = (

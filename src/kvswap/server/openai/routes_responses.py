@@ -75,6 +75,7 @@ async def responses(request: Request) -> Response:
             model=state.model_name,
             created_at=int(time.time()),
             params=_echo(req, job.body),
+            kept=runner.mind is not None,
         )
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)

@@ -133,7 +133,7 @@ async def slot_action(
         filename = _name(validate_filename, body.filename, f"{action} slot")
         if action == "save":
             return await _save(state, publisher, request, id_slot, filename, namespace)
-        return await _restore(state, publisher, request, id_slot, filename)
+        return await _restore(state, publisher, request, id_slot, filename, namespace)
     store = _store(state)
     key = page_key(namespace, _name(validate_page_name, page, action))
     if action == "page_out":
@@ -145,7 +145,9 @@ async def slot_action(
         answer = page_moved_json(moved, page_in=False)
         return JSONResponse(_with_mind(answer, moved.mind, namespace))
     if action == "page_in":
-        moved = await _verb(state, request, lambda rid, reply: PageIn(rid, id_slot, key, reply))
+        moved = await _verb(
+            state, request, lambda rid, reply: PageIn(rid, id_slot, key, reply, namespace)
+        )
         return JSONResponse(page_moved_json(moved, page_in=True))
     if not 0 <= id_slot < len(state.snapshot.slots):
         raise KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID")
@@ -191,7 +193,12 @@ async def _save(
 
 
 async def _restore(
-    state: ServerState, publisher: Publisher, request: Request, id_slot: int, filename: str
+    state: ServerState,
+    publisher: Publisher,
+    request: Request,
+    id_slot: int,
+    filename: str,
+    namespace: str,
 ) -> JSONResponse:
     t0 = time.perf_counter()
     try:
@@ -203,7 +210,7 @@ async def _restore(
     applied: Applied = await _verb(
         state,
         request,
-        lambda rid, reply: SlotApply(rid, id_slot, read.state, reply),
+        lambda rid, reply: SlotApply(rid, id_slot, read.state, reply, namespace),
         on_reply=lambda _: read.close(),
     )
     ms = (time.perf_counter() - t0) * 1e3

@@ -15,8 +15,11 @@ and `count_chat_tokens` the one token count, for every chat route and its count 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from kvswap.chat.parser import ParseSpec
 from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning, close_thinking
@@ -60,6 +63,11 @@ class ChatPlan:
     spec: ParseSpec
     tool_format: str  # "generic", "hermes", or "" without tools
     reasoning_format: str
+    # The messages and tools as the template saw them, and how many messages the tool format
+    # put before the body's first (a system message listing the tools): `prefix_length`.
+    shown: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    n_front: int = 0
 
 
 def _invalid(message: str) -> KvswapError:
@@ -93,9 +101,8 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
     )
     # A response format wins over optional tool calls, as llama-server's autoparser.
     calling = calling and schema is None
-    # tool_choice "none" shows the tools as "auto" does (llama-server renders them either way),
-    # so a switch between the two keeps the prompt and the conversation's cache; a template
-    # with no tool syntax is then held to the JSON reply, without its call alternative.
+    # Under tool_choice "none" a template with no tool syntax is held to the JSON reply the
+    # prompt asks for, without its call alternative.
     answering = (
         choice.mode is ToolMode.NONE
         and fmt is not None
@@ -103,12 +110,14 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
         and schema is None
         and not body.grammar
     )
-    messages = chat_messages(body)
+    messages = given = chat_messages(body)
     if fmt is not None:
-        shown = ToolChoice(ToolMode.AUTO) if answering else choice
-        shown = shown if calling or answering else ToolChoice(ToolMode.NONE)
-        messages = fmt.adapt_messages(messages, tools, shown, parallel, template.caps)
-    prompt = _render(state, body, messages, [t.as_openai() for t in tools] or None)
+        # The tools shown alike for every choice and output constraint (a grammar holds them):
+        # switching between auto, required, a named function, none or a response format keeps
+        # the prompt, and the conversation's cached prefix.
+        messages = fmt.adapt_messages(messages, tools, parallel, template.caps)
+    listed = [t.as_openai() for t in tools] or None
+    prompt = _render(state, body, messages, listed)
     reasoning_format = _reasoning_format(body)
     reasoning = Reasoning.detect(template.source, prompt) if reasoning_format != "none" else None
     tool_calls = fmt if (calling or answering) and fmt is not None else None
@@ -121,7 +130,9 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
         reasoning=None if streamed_legacy else reasoning,
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
-    return ChatPlan(prompt, constraint, spec, fmt.name if fmt else "", reasoning_format)
+    name = fmt.name if fmt else ""
+    n_front = len(messages) - len(given)
+    return ChatPlan(prompt, constraint, spec, name, reasoning_format, messages, listed, n_front)
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[tuple[Tool, ...], ToolChoice]:
@@ -181,6 +192,29 @@ def prepare_chat(state: Serving, body: ChatCompletionRequest, mind: PageKey | No
     tokens = [prompt_tokens(state, plan.prompt)]
     requests = generation_requests(state, body, tokens, plan.constraint, mind=mind)
     return ChatJob(body, plan, requests)
+
+
+def prefix_length(
+    state: Serving,
+    body: ChatCompletionRequest,
+    plan: ChatPlan,
+    n_messages: int,
+    prompt: Sequence[int],
+) -> int:
+    """How many leading tokens of `prompt` (the body's rendered prompt) the body's first
+    `n_messages` messages render to, with the tools and what the tool format put before them:
+    where a prompt-cache breakpoint at the end of those messages lies. A template that cannot
+    render the shorter conversation places it at the prompt's end."""
+    shown = plan.shown[: plan.n_front + n_messages]
+    part = body.model_copy(update={"add_generation_prompt": False})
+    try:
+        text = _render(state, part, shown, plan.tools)
+    except KvswapError:
+        return len(prompt)
+    tokens = prompt_tokens(state, text)
+    n = min(len(tokens), len(prompt))
+    diff = np.flatnonzero(np.asarray(tokens[:n]) != np.asarray(prompt[:n]))
+    return int(diff[0]) if len(diff) else n
 
 
 def count_chat_tokens(state: Serving, body: ChatCompletionRequest) -> int:

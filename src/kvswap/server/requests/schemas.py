@@ -63,11 +63,26 @@ class Body(BaseModel):
 
 
 class MindField(Body):
-    """A generation body's `mind` alone: read before the body is prepared, so the mind's turn
-    is held (and in a cluster placed) first (`streaming.turn`). Validated as every body's
-    `mind` is: a body this refuses, the body's own model refuses too."""
+    """What a generation body says of its mind, read before the body is prepared, so the mind's
+    turn is held (and in a cluster placed) first (`streaming.turn`): its `mind`, validated as
+    every body's `mind` is (a body this refuses, the body's own model refuses too); and, taken
+    as sent (never a refusal), its session key and whether it asks for several completions."""
 
     mind: str | None = None
+    prompt_cache_key: Any = None  # OpenAI's session key (chat completions, Responses)
+    n: Any = None
+    n_cmpl: Any = None
+    prompt: Any = None
+
+    @property
+    def several(self) -> bool:
+        """Several completions (`n`, `n_cmpl`) or a batch of prompts (a list holding no token
+        id and more than one prompt, as `params.parse_prompt` reads it)."""
+        counts = [c for c in (self.n, self.n_cmpl) if isinstance(c, int | float)]
+        if any(c > 1 for c in counts):
+            return True
+        p = self.prompt
+        return isinstance(p, list) and len(p) > 1 and not any(type(x) is int for x in p)
 
 
 class PromptObject(Body):

@@ -1,0 +1,164 @@
+"""Agent sessions that never name a mind, through the official client libraries: a Claude Code
+like session (the `anthropic` SDK, `x-claude-code-session-id`, tools and tool results, a moving
+`cache_control` breakpoint, the whole history every turn) and a Codex like one (the `openai` SDK
+on /v1/responses, `prompt_cache_key`, function calls and their outputs). Between turns the mind
+is moved to disk (`POST /minds/{name}?action=spill`); each returning turn must read back at
+least 95% of the previous turn's prompt and prefill at most its new tokens + 64. A tiny random
+model: its answers are whatever the tool grammar lets it write; only token counts are asserted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from kvswap.tiny import tiny_model_path
+from tests.server.harness import ServerProcess
+
+pytestmark = pytest.mark.model
+
+N_TURNS = 30
+ARGS = ("-c", "8192", "-np", "2", "-t", "1", "-tb", "1", "-ub", "128", "--metrics")
+SYSTEM = "You are a coding agent in a small repository. Read before you write. " * 6
+TOOLS = [
+    {
+        "name": "read_file",
+        "description": "Read a file of the repository",
+        "input_schema": {
+            "type": "object",
+            "properties": {"path": {"type": "string", "maxLength": 12}},
+            "required": ["path"],
+        },
+    },
+    {
+        "name": "run_tests",
+        "description": "Run the test suite",
+        "input_schema": {"type": "object", "properties": {}},
+    },
+]
+ASKS = ["Fix the failing test.", "Why?", "Go on.", "Check the parser.", "Done?"]
+# The tool choice changes from turn to turn (a random model calls a tool only when made to).
+CHOICES: list[Any] = [{"type": "tool", "name": "run_tests"}, {"type": "auto"}, {"type": "any"}]
+OAI_CHOICES: list[Any] = [{"type": "function", "name": "run_tests"}, "auto", "required"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    model = tiny_model_path("llama", seed=7, vocab="tiny")
+    folder = tmp_path_factory.mktemp("agents")
+    (folder / "slots").mkdir()
+    args = ["-m", str(model), *ARGS, "--slot-save-path", str(folder / "slots")]
+    proc = ServerProcess(args, folder / "server.log")
+    yield proc
+    proc.stop()
+
+
+def _to_disk(server: ServerProcess, mind: str) -> None:
+    """The pool moves the mind out: from its slot (or RAM) to disk (the verb says where)."""
+    resp = server.post(f"/minds/{mind}?action=spill")
+    assert resp.status_code == 200 and resp.json()["tier"] == "disk", resp.text
+
+
+class Turns:
+    """Each turn's prompt tokens, and the checks a returning turn must pass."""
+
+    def __init__(self) -> None:
+        self.prompts: list[int] = []
+
+    def check(self, n_prompt: int, n_read: int) -> None:
+        if self.prompts:
+            previous = self.prompts[-1]
+            n_new = n_prompt - previous
+            assert n_read >= 0.95 * previous, (len(self.prompts), n_read, previous)
+            assert n_prompt - n_read <= n_new + 64, (len(self.prompts), n_prompt, n_read)
+        self.prompts.append(n_prompt)
+
+
+def test_a_claude_code_session_returns_from_disk_every_turn(server: ServerProcess) -> None:
+    """Defect caught: Claude Code's session (no mind named, the whole history resent each
+    turn) re-prefilling its history after its state left the slot: through the official
+    SDK, streamed and not, 30 turns with tool calls and results, each read back from disk."""
+    session = "0d9c6a51-claude-code-session"
+    claude = anthropic.Anthropic(
+        base_url=server.url,
+        api_key="none",
+        max_retries=0,
+        default_headers={"x-claude-code-session-id": session},
+    )
+    system: Any = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+    messages: list[dict[str, Any]] = []
+    turns = Turns()
+    user: list[dict[str, Any]] = [{"type": "text", "text": ASKS[0]}]
+    n_calls = 0
+    for t in range(N_TURNS):
+        user[-1] = {**user[-1], "cache_control": {"type": "ephemeral"}}  # the moving marker
+        messages.append({"role": "user", "content": user})
+        args: dict[str, Any] = {"model": "claude", "max_tokens": 96, "system": system}
+        args |= {"tools": TOOLS, "messages": messages, "tool_choice": CHOICES[t % 3]}
+        if t % 2:
+            with claude.messages.stream(**args) as stream:
+                msg = stream.get_final_message()
+        else:
+            msg = claude.messages.create(**args)
+        u = msg.usage
+        read, created = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+        turns.check(u.input_tokens + created + read, read)
+        content = [b.model_dump(exclude_none=True) for b in msg.content] or [
+            {"type": "text", "text": "..."}
+        ]
+        messages[-1]["content"] = [  # the marker moves on: earlier blocks lose it
+            {k: v for k, v in b.items() if k != "cache_control"} for b in messages[-1]["content"]
+        ]
+        messages.append({"role": "assistant", "content": content})
+        calls = [b for b in msg.content if b.type == "tool_use"]
+        n_calls += len(calls)
+        user = [
+            {"type": "tool_result", "tool_use_id": c.id, "content": f"ok {t}"} for c in calls
+        ] or [{"type": "text", "text": ASKS[t % len(ASKS)]}]
+        _to_disk(server, session)
+    assert n_calls >= N_TURNS // 3  # a tool was called (a forced choice every third turn)
+    assert server.metrics()["llamacpp:mind_hits_disk_total"] >= N_TURNS - 1
+
+
+def test_a_codex_session_on_responses_returns_from_disk_every_turn(
+    server: ServerProcess,
+) -> None:
+    """Defect caught: Codex over HTTP (prompt_cache_key = its conversation id, the whole
+    input every request, function calls and outputs) re-prefilling its history after its
+    state left the slot: 30 turns through the official SDK, each read back from disk."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    tools: Any = [
+        {"type": "function", "name": t["name"], "description": t["description"],
+         "parameters": t["input_schema"]}
+        for t in TOOLS
+    ]  # fmt: skip
+    items: list[Any] = [{"role": "developer", "content": SYSTEM}]
+    items.append({"role": "user", "content": ASKS[0]})
+    turns = Turns()
+    n_calls = 0
+    for t in range(N_TURNS):
+        resp = client.responses.create(
+            model="codex",
+            input=items,
+            tools=tools,
+            prompt_cache_key="codex-conv-1",
+            max_output_tokens=96,
+            temperature=0,
+            tool_choice=OAI_CHOICES[t % 3],
+        )
+        usage = resp.usage
+        assert usage is not None
+        turns.check(usage.input_tokens, usage.input_tokens_details.cached_tokens)
+        items += [o.model_dump(exclude_none=True) for o in resp.output]
+        calls = [o for o in resp.output if o.type == "function_call"]
+        n_calls += len(calls)
+        items += [
+            {"type": "function_call_output", "call_id": c.call_id, "output": f"ok {t}"}
+            for c in calls
+        ] or [{"role": "user", "content": ASKS[t % len(ASKS)]}]
+        _to_disk(server, "codex-conv-1")
+    assert n_calls >= N_TURNS // 3  # a function was called (a forced choice every third turn)
