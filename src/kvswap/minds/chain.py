@@ -1,0 +1,130 @@
+"""The next turn of a stored conversation: which tokens its prompt is, without re-tokenizing
+what the model generated.
+
+A stored response is a position in its mind: the tokens the mind held after it (its prompt,
+then every token it generated, the last end-of-generation token included) and the rendered
+prompt text those tokens stand for (its length and digest). The next turn's prompt is, when the
+chat template allows it, those very tokens followed by the tokens of the *glue*: whatever the
+template renders after the answer (its closing markers) and for the new items (their turns,
+the generation prompt). The glue is derived by rendering, never by tokenizing the history:
+
+    full    = render(instructions, history + new items, generation prompt)
+    history = render(instructions, history, no generation prompt)
+    full  = prompt_before_answer + answer_text + tail + glue_for_new_items
+            |---- len, digest ---|-- detokenized generated tokens --|
+                                 |-------- history[len(prompt):] --------|
+
+`continue_chain` checks, in order, that the full render still starts with the text the stored
+tokens stand for (same instructions, tools and template settings), that the template renders
+the history the same way once new items follow it, and that it renders the answer as the text
+the model generated; then the prompt is the stored tokens plus the tokens of the rest. Where a
+check fails the template (or the request) breaks incremental continuation, and the prompt is
+the full render tokenized (`RENDERED`, with the reason): the engine still reuses the longest
+common prefix with the mind's KV. Pure: rendering and tokenizing are the caller's functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+Tokens = npt.NDArray[np.int32]
+Tokenize = Callable[[str, bool], Tokens]  # text, whether BOS is added as the model asks -> tokens
+Detokenize = Callable[[Tokens], str]  # tokens -> text, special tokens rendered
+
+
+class ContinueMode(StrEnum):
+    """How a turn's prompt was made."""
+
+    NEW = "new"  # the first turn of a chain: its render, tokenized
+    INCREMENTAL = "incremental"  # the mind's tokens, then the glue's tokens
+    RENDERED = "rendered"  # the whole render tokenized (the engine reuses the common prefix)
+    TRUNCATED = "truncated"  # rendered after dropping the oldest items (`truncation: auto`)
+
+
+def text_digest(text: str) -> str:
+    """The digest a position keeps of the rendered prompt its tokens stand for."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a stored response left its mind."""
+
+    n_tokens: int  # the mind's tokens after the response (prompt + generated)
+    n_prompt: int  # where its generated tokens begin
+    prompt_chars: int  # the length of the rendered prompt text its prompt tokens stand for
+    prompt_digest: str  # ... and that text's digest (`text_digest`)
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """The prompt of a turn, and how it was made."""
+
+    tokens: Tokens
+    mode: ContinueMode
+    reason: str = ""  # why the render was tokenized whole ("" when incremental or new)
+    n_glue: int = 0  # the tokens appended to the mind's own (incremental)
+
+
+def continue_chain(
+    tokens: Tokens,
+    position: Position,
+    *,
+    full: str,
+    history: str,
+    tokenize: Tokenize,
+    detokenize: Detokenize,
+) -> Continuation:
+    """The next turn's prompt after `position`, whose tokens are `tokens` (see the module
+    docstring): `full` renders the history and the new items with the generation prompt,
+    `history` the history alone without it."""
+    assert len(tokens) == position.n_tokens, "the position's own tokens"
+    n_chars = position.prompt_chars
+    reason = ""
+    if text_digest(full[:n_chars]) != position.prompt_digest:
+        reason = "the conversation before the last answer renders differently now"
+    elif not full.startswith(history):
+        reason = "the template renders the history differently once new items follow it"
+    answer = detokenize(tokens[position.n_prompt :])
+    if not reason and not history.startswith(answer, n_chars):
+        reason = "the template renders the last answer differently from the generated tokens"
+    if reason:
+        return rendered(full, tokenize, ContinueMode.RENDERED, reason)
+    rest = full[n_chars + len(answer) :]
+    glue = tokenize(rest, False)
+    if len(tokens) and not _joins_cleanly(tokens[-1], rest, glue, tokenize, detokenize):
+        return rendered(
+            full,
+            tokenize,
+            ContinueMode.RENDERED,
+            "the answer's last token and the next text tokenize together",
+        )
+    return Continuation(
+        np.concatenate([tokens, glue]).astype(np.int32), ContinueMode.INCREMENTAL, "", len(glue)
+    )
+
+
+def _joins_cleanly(
+    last: np.int32, rest: str, glue: Tokens, tokenize: Tokenize, detokenize: Detokenize
+) -> bool:
+    """Whether the text after the answer starts a token of its own: tokenizing the answer's
+    last token's text with it gives that token, then the glue's tokens."""
+    if not rest:
+        return True
+    joined = tokenize(detokenize(np.asarray([last], dtype=np.int32)) + rest, False)
+    return (
+        len(joined) == len(glue) + 1
+        and int(joined[0]) == int(last)
+        and bool(np.array_equal(joined[1:], glue))
+    )
+
+
+def rendered(full: str, tokenize: Tokenize, mode: ContinueMode, reason: str = "") -> Continuation:
+    """A prompt made by tokenizing the whole render."""
+    return Continuation(tokenize(full, True).astype(np.int32), mode, reason)
