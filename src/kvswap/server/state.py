@@ -24,6 +24,7 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
+from kvswap.minds.chains import Chains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
 from kvswap.server.prometheus import MetricsRenderer
@@ -52,6 +53,7 @@ class ServerState:
     minds: MindSession  # a mind's turn: its lock, claim, read-back (and placement)
     shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
     shared_minds: SharedMinds | None = None  # ... as a mind's turn uses it (event loop)
+    chains: Chains | None = None  # the Responses API's stored conversations, on minds
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it

@@ -8,7 +8,8 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
   bound for another replica is forwarded from here, never rendered or tokenized here). A body
   whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
-  turn (`turn_done`) before its last event goes out.
+  turn (`turn_done`) before its last event goes out; then the route's own end of the turn
+  runs (`Turn.before_answer`: a stored response is written), still before that event.
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
@@ -31,7 +32,7 @@ from collections.abc import (
     Iterable,
     Sequence,
 )
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import TypeVar
 
 from fastapi import Request
@@ -55,6 +56,9 @@ T = TypeVar("T")
 Indexed = tuple[int, Event]
 # Turns one task's event into zero or more JSON objects to send.
 Render = Callable[[int, Event], Iterable[dict[str, object]]]
+# A route's end of a turn, run on its Completion before the answer goes out (the event to
+# answer with: the Completion, or an error when the end could not be written).
+BeforeAnswer = Callable[[GenerationRequest, Completion], Awaitable[Completion | EngineError]]
 
 
 def raise_error(event: EngineError) -> None:
@@ -75,6 +79,7 @@ class Turn:
         self.minds = minds
         self.held = held
         self.exits = exits or AsyncExitStack()
+        self.before_answer: BeforeAnswer | None = None
 
     @property
     def mind(self) -> PageKey | None:
@@ -89,15 +94,15 @@ class Turn:
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
         """The request's events; the last is a Completion or an EngineError."""
         held = self.held
-        if held is None:
-            async for event in self.client.stream(request):
-                yield event
-            return
-        assert request.mind == held.key, "a held turn runs its own mind's request"
-        restore = await self.minds.restore(held)
+        restore = None
+        if held is not None:
+            assert request.mind == held.key, "a held turn runs its own mind's request"
+            restore = await self.minds.restore(held)
         async for event in self.client.stream(request, restore):
-            if isinstance(event, Completion):
+            if isinstance(event, Completion) and held is not None:
                 event = await self.minds.turn_done(held, request, event)
+            if isinstance(event, Completion) and self.before_answer is not None:
+                event = await self.before_answer(request, event)
             yield event
 
     async def complete(
@@ -126,10 +131,24 @@ async def named_mind(http: Request, raw: bytes) -> PageKey | None:
     return request_mind(http.headers.get("x-mind-id"), body_mind, tenant_namespace(http.scope))
 
 
-@asynccontextmanager
-async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[Turn]:
+def turn(state: ServerState, http: Request, raw: bytes) -> AbstractAsyncContextManager[Turn]:
     """The route's work, its mind held first when it names one (see the module docstring)."""
-    key = await named_mind(http, raw)
+    return _turn(state, http, raw, None, named=True)
+
+
+def turn_on(
+    state: ServerState, http: Request, raw: bytes, key: PageKey | None
+) -> AbstractAsyncContextManager[Turn]:
+    """`turn`, on mind `key` (the route found it: a stored conversation's), or on none."""
+    return _turn(state, http, raw, key, named=False)
+
+
+@asynccontextmanager
+async def _turn(
+    state: ServerState, http: Request, raw: bytes, key: PageKey | None, *, named: bool
+) -> AsyncIterator[Turn]:
+    if named:
+        key = await named_mind(http, raw)
     async with AsyncExitStack() as exits:
         held = None
         if key is not None:

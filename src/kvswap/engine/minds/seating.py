@@ -14,7 +14,7 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   spilled copy). A verb of another tenant is refused, naming no mind;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
-  starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
+  starts from the longest anonymous prefix of its prompt, `anon.prepare`, else empty). In a unified KV pool a returning mind needs free cells for its
   state: the least recently used idle residents move out first (`_make_cells`), exactly as a
   full pool moves them for a prefill; while running requests hold the cells the job waits.
 
@@ -191,6 +191,11 @@ class Seating:
             verbs.mover.apply(slot, cmd.restore)
             reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
+        elif isinstance(cmd, Submit) and cmd.request.cache_prompt:
+            # A mind never seen starts from the longest anonymous prefix of its prompt (a
+            # stored conversation's first turn ran without a mind: its second adopts its KV).
+            self.anon.prepare(slot, np.asarray(cmd.request.prompt_tokens, dtype=np.int32))
+            reg.count(new_total=1)
         else:
             verbs.clear(slot)
             reg.count(new_total=1)

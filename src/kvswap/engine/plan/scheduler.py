@@ -49,28 +49,38 @@ def choose_slot(
     mind: PageKey | None = None,
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's
-    cached prefix counts only when it was computed under the request's LoRA set."""
+    cached prefix counts only when it was computed under the request's LoRA set. A mind takes
+    its own slot; one in no slot takes an anonymous slot holding enough of its prompt (a new
+    mind adopts that prefix), else its seat order."""
     idle = [s for s in slots if s.is_idle and s.id not in taken]
+    free = [s for s in idle if s.mind is None]
     if mind:
         home = next((s for s in slots if s.mind == mind), None)
         if home is not None:
             return home if home in idle else None
-        return min(idle, key=_seat_order, default=None)
+        best = _best_prefix(free, prompt, similarity, lora)
+        return best or min(idle, key=_seat_order, default=None)
     if not idle:
         return None
-    free = [s for s in idle if s.mind is None]
-    if similarity > 0.0 and len(prompt) > 0:
-        best: Slot | None = None
-        best_sim = 0.0
-        for slot in free:
-            if len(slot.tokens) == 0 or slot.lora != lora:
-                continue
-            sim = slot.tokens.common_prefix(prompt) / len(prompt)
-            if sim > best_sim and sim > similarity:
-                best, best_sim = slot, sim
-        if best is not None:
-            return best
-    return min(free or idle, key=lambda s: s.t_last_used)
+    best = _best_prefix(free, prompt, similarity, lora)
+    return best or min(free or idle, key=lambda s: s.t_last_used)
+
+
+def _best_prefix(
+    free: Sequence[Slot], prompt: npt.NDArray[np.int32], similarity: float, lora: LoraSet
+) -> Slot | None:
+    """The anonymous slot sharing the largest part of `prompt` (above `similarity`)."""
+    if similarity <= 0.0 or len(prompt) == 0:
+        return None
+    best: Slot | None = None
+    best_sim = 0.0
+    for slot in free:
+        if len(slot.tokens) == 0 or slot.lora != lora:
+            continue
+        sim = slot.tokens.common_prefix(prompt) / len(prompt)
+        if sim > best_sim and sim > similarity:
+            best, best_sim = slot, sim
+    return best
 
 
 def _seat_order(slot: Slot) -> tuple[bool, bool, float]:
