@@ -186,6 +186,20 @@ class Chains:
         released = await self.run(self.store.record, write)
         await self.release(released)
 
+    async def delete_response(self, namespace: str, rid: str) -> bool:
+        """Delete (hide) a stored response of the caller's; False when there is none. Its
+        descendants keep working; a mind it was the last reference to is dropped."""
+        found, released = await self.run(self.store.delete_response, namespace, rid)
+        await self.release(released)
+        return found
+
+    async def delete_conversation(self, namespace: str, conv_id: str) -> bool:
+        """Delete a conversation of the caller's and its items; its mind is dropped once no
+        stored response references it either."""
+        found, released = await self.run(self.store.delete_conversation, namespace, conv_id)
+        await self.release(released)
+        return found
+
     async def release(self, released: list[Released]) -> None:
         """Drop the state of the minds no record references any more (those the store made)."""
         for gone in released:

@@ -28,7 +28,12 @@ from kvswap.server.gcp import install as install_gcp
 from kvswap.server.guard import Guard
 from kvswap.server.llama import routes_completion, routes_info, routes_lora, routes_proxy
 from kvswap.server.loader import Loader
-from kvswap.server.openai import routes_chat, routes_responses
+from kvswap.server.openai import (
+    routes_chat,
+    routes_conversations,
+    routes_responses,
+    routes_stored,
+)
 from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import routes_cluster, routes_minds, routes_reconfigure, routes_slots
 from kvswap.server.requestlog import RequestLog
@@ -83,6 +88,8 @@ def _routers() -> list[APIRouter]:
         routes_chat.router,
         routes_anthropic.router,
         routes_responses.router,
+        routes_stored.router,
+        routes_conversations.router,
         routes_slots.router,
         routes_minds.router,
         routes_reconfigure.router,

@@ -24,6 +24,7 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
+from kvswap.minds.background import Backgrounds
 from kvswap.minds.chains import Chains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
@@ -54,6 +55,7 @@ class ServerState:
     shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
     shared_minds: SharedMinds | None = None  # ... as a mind's turn uses it (event loop)
     chains: Chains | None = None  # the Responses API's stored conversations, on minds
+    backgrounds: Backgrounds = field(default_factory=Backgrounds)  # `background: true` runs
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it

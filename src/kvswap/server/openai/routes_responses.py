@@ -17,33 +17,28 @@ runs in `background` and answers at once.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from kvswap.chat.blocks import BlockStream
-from kvswap.chat.parser import ChatParser
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PageKey
 from kvswap.core.types import (
-    Completion,
     EngineError,
-    Event,
     GenerationRequest,
-    PromptProgress,
-    TokenEvent,
 )
 from kvswap.minds.chains import Chains, ChainStart
-from kvswap.minds.state.db import StateDbError
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai import formats_responses as fr
+from kvswap.server.openai.background import BackgroundTurn
+from kvswap.server.openai.response_stream import ResponseStream, whole_response
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
-from kvswap.server.openai.stateful import StoredJob, prepare_stored, turn_write
+from kvswap.server.openai.stateful import StoredJob, TurnWriter, prepare_stored
 from kvswap.server.openapi import body_schema
-from kvswap.server.requests.chat import ChatJob, ChatPlan, count_chat_tokens, prepare_chat
+from kvswap.server.requests.chat import ChatJob, count_chat_tokens, prepare_chat
 from kvswap.server.requests.offload import OFFLOAD_BYTES, prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.state import ServerState, get_state
@@ -62,18 +57,12 @@ def _bodies(raw: bytes) -> tuple[ResponsesRequest, ChatCompletionRequest]:
     return req, parse_body(ChatCompletionRequest, to_chat_body(data, req))
 
 
-def _n_reasoning(state: ServerState, reasoning: str) -> int:
-    """The output tokens of the reasoning items: its text tokenized again (model-made text
-    tokenizes back into the tokens that made it, up to merges at its two ends)."""
-    return len(state.tokenize(reasoning, False, True)) if reasoning else 0
-
-
-def _echo(req: ResponsesRequest, body: ChatCompletionRequest) -> dict[str, Any]:
+def _echo(req: ResponsesRequest) -> dict[str, Any]:
     """The request settings a response object repeats."""
     return {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
-        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
         "temperature": req.temperature,
         "top_p": req.top_p,
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
@@ -105,25 +94,16 @@ async def responses(request: Request) -> Response:
             return prepare_chat(state, _bodies(raw)[1], runner.mind)
 
         job = await prepared(raw, prepare)
-        meta = fr.ResponseMeta(
-            fr.new_response_id(), state.model_name, int(time.time()), _echo(req, job.body)
-        )
+        meta = fr.ResponseMeta(fr.new_response_id(), state.model_name, int(time.time()), _echo(req))
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)
-            return JSONResponse(_whole(state, meta, job.plan, c))
-        stream = _Stream(state, job.plan, fr.ResponseEvents(meta))
+            return JSONResponse(whole_response(state, meta, job.plan, c))
+        stream = ResponseStream(state, job.plan, fr.ResponseEvents(meta))
         return await _open(runner, job.requests, stream, request)
 
 
-def _whole(state: ServerState, meta: fr.ResponseMeta, plan: ChatPlan, c: Completion) -> Any:
-    msg = ChatParser(plan.spec).parse_all(c.content)
-    n_reasoning = _n_reasoning(state, msg.reasoning_content)
-    output = fr.output_items(msg)
-    return fr.response_json(meta, status="completed", output=output, c=c, n_reasoning=n_reasoning)
-
-
 async def _open(
-    runner: Any, requests: list[GenerationRequest], stream: _Stream, http: Request
+    runner: Any, requests: list[GenerationRequest], stream: ResponseStream, http: Request
 ) -> Response:
     events = stream.events
 
@@ -162,6 +142,9 @@ async def _stored(
     )
     # A new chain's first turn runs without a mind unless the request names one.
     mind = start.mind if start.base is not None else named if start.conversation is None else None
+    meta = fr.ResponseMeta(fr.new_response_id(), state.model_name, int(time.time()), _echo(req))
+    if req.background:
+        return await _background(state, request, req, data, start, mind, meta)
     seed = await chains.seed(start.fork_from) if start.fork_from is not None else None
     try:
         async with turn_on(state, request, raw, mind) as runner:
@@ -169,24 +152,53 @@ async def _stored(
                 runner.held.seed, seed = seed, None
             size = OFFLOAD_BYTES if start.items else len(raw)
             sj = await prepared(size, lambda: prepare_stored(state, data, req, start, mind))
-            meta = fr.ResponseMeta(
-                fr.new_response_id(),
-                state.model_name,
-                int(time.time()),
-                {**_echo(req, sj.job.body), **_state_json(start, sj)},
-            )
-            writer = _Writer(chains, ns, sj, meta)
+            meta.params.update(_state_json(start, sj))
+            writer = TurnWriter(chains, ns, sj, meta)
             if not sj.job.body.stream:
                 [c] = await complete_all(runner, sj.job.requests, request)
-                body = _whole(state, meta, sj.job.plan, c)
+                body = whole_response(state, meta, sj.job.plan, c)
                 await writer.write(body, c)
                 return JSONResponse(body)
-            stream = _Stream(state, sj.job.plan, fr.ResponseEvents(meta))
+            stream = ResponseStream(state, sj.job.plan, fr.ResponseEvents(meta))
             runner.before_answer = writer.before_answer(stream)
             return await _open(runner, sj.job.requests, stream, request)
     finally:
         if seed is not None:
             seed.close()
+
+
+async def _background(
+    state: ServerState,
+    request: Request,
+    req: ResponsesRequest,
+    data: dict[str, Any],
+    start: ChainStart,
+    mind: PageKey | None,
+    meta: fr.ResponseMeta,
+) -> Response:
+    """`background: true`: the turn runs as a task; the answer is its queued response, or its
+    events as they come (`background.BackgroundTurn`)."""
+    if not start.record:
+        raise KvswapError(
+            ErrorKind.INVALID_REQUEST, "Background mode requires store=true.", param="background"
+        )
+    chains = _chains(state)
+    ns = tenant_namespace(request.scope)
+    seed = await chains.seed(start.fork_from) if start.fork_from is not None else None
+    turn_ = BackgroundTurn(state, chains, ns, req, data, start, mind, meta)
+    run = await turn_.begin(seed, lambda sj: _state_json(start, sj))
+    if not req.stream:
+        return JSONResponse(run.body)
+    events = state.backgrounds.follow(ns, meta.id, -1)
+    assert events is not None, "a run just started is live"
+
+    async def sse() -> AsyncIterator[bytes]:
+        async for event in events:
+            yield fr.encode(event)
+
+    return StreamingResponse(
+        sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 def _state_json(start: ChainStart, sj: StoredJob) -> dict[str, Any]:
@@ -201,88 +213,6 @@ def _state_json(start: ChainStart, sj: StoredJob) -> dict[str, Any]:
             "n_dropped_items": sj.n_dropped,
         },
     }
-
-
-class _Writer:
-    """A stored turn's write, before its answer goes out."""
-
-    def __init__(self, chains: Chains, ns: str, sj: StoredJob, meta: fr.ResponseMeta) -> None:
-        self.chains, self.ns, self.sj, self.meta = chains, ns, sj, meta
-
-    async def write(self, body: dict[str, Any], c: Completion) -> None:
-        start: ChainStart = self.sj.start
-        if not start.record or start.mind is None:
-            return
-        write = turn_write(
-            self.sj,
-            namespace=self.ns,
-            response_id=self.meta.id,
-            mind=start.mind.name,
-            output=body["output"],
-            body=body,
-            c=c,
-            created_at=self.meta.created_at,
-        )
-        try:
-            await self.chains.record(write, self.sj.cont.mode)
-        except (sqlite3.Error, StateDbError) as err:
-            raise KvswapError(
-                ErrorKind.SERVER, f"the response could not be stored: {err} (nothing was kept)"
-            ) from err
-
-    def before_answer(self, stream: _Stream) -> Any:
-        async def hook(_: GenerationRequest, c: Completion) -> Completion | EngineError:
-            final = stream.finish(c)
-            try:
-                await self.write(final[-1]["response"], c)
-            except KvswapError as err:
-                return EngineError(c.req_id, err.kind, err.message)
-            return c
-
-        return hook
-
-
-class _Stream:
-    """The Responses stream's events: created and in-progress first, output items and their
-    deltas as the parser releases them, then completed (with the reasoning's token count);
-    `finish` makes the last events once (a stored turn writes them before they go out)."""
-
-    def __init__(self, state: ServerState, plan: ChatPlan, events: fr.ResponseEvents) -> None:
-        self.state = state
-        self.events = events
-        self.parser = ChatParser(plan.spec)
-        self.blocks = BlockStream()
-        self.started = False
-        self.final: list[dict[str, Any]] | None = None
-
-    def _start(self) -> list[dict[str, Any]]:
-        if self.started:
-            return []
-        self.started = True
-        return self.events.start()
-
-    def render(self, _: int, event: Event) -> Iterable[dict[str, Any]]:
-        if isinstance(event, Completion):
-            yield from self.finish(event)
-            return
-        yield from self._start()
-        events = self.events
-        if isinstance(event, TokenEvent):
-            out = events.blocks(self.blocks.feed(self.parser.feed(event.text)))
-            if out and event.timings is not None:  # timings_per_token: on the step's last event
-                out[-1]["timings"] = fr.timings_json(event.timings)
-            yield from out
-        elif isinstance(event, PromptProgress):
-            yield events.progress(event)
-
-    def finish(self, c: Completion) -> list[dict[str, Any]]:
-        if self.final is None:
-            events = self.events
-            out = self._start()
-            out += events.blocks(self.blocks.feed(self.parser.finish()) + self.blocks.close())
-            n_reasoning = _n_reasoning(self.state, self.parser.msg.reasoning_content)
-            self.final = out + events.complete(c, n_reasoning)
-        return self.final
 
 
 @router.post("/v1/responses/input_tokens", openapi_extra=body_schema(ResponsesRequest))

@@ -15,13 +15,15 @@ position in the mind (tokens, the rendered prompt's length and digest), its inpu
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
-from kvswap.core.types import Completion
+from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.minds.chain import (
     Continuation,
     ContinueMode,
@@ -30,10 +32,13 @@ from kvswap.minds.chain import (
     rendered,
     text_digest,
 )
-from kvswap.minds.chains import ChainStart
+from kvswap.minds.chains import Chains, ChainStart
 from kvswap.minds.records import Item, ResponseRecord, TurnWrite
+from kvswap.minds.state.db import StateDbError
 from kvswap.minds.state.responses import segment_after
+from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.items import stored_items
+from kvswap.server.openai.response_stream import ResponseStream
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.requests.chat import ChatJob, ChatPlan, plan_chat, render_history
 from kvswap.server.requests.jobs import generation_requests
@@ -192,3 +197,46 @@ def turn_write(
     )
     segment = segment_after(start.base, tokens)
     return TurnWrite(namespace, mind, start.owned, record, segment, list(events or []))
+
+
+class TurnWriter:
+    """A stored turn's write, before its answer goes out (`write`; `before_answer`: the hook a
+    streamed turn runs on its Completion, `streaming.Turn.before_answer`)."""
+
+    def __init__(self, chains: Chains, ns: str, sj: StoredJob, meta: fr.ResponseMeta) -> None:
+        self.chains, self.ns, self.sj, self.meta = chains, ns, sj, meta
+
+    async def write(
+        self, body: dict[str, Any], c: Completion, events: list[dict[str, Any]] | None = None
+    ) -> None:
+        start: ChainStart = self.sj.start
+        if not start.record or start.mind is None:
+            return
+        write = turn_write(
+            self.sj,
+            namespace=self.ns,
+            response_id=self.meta.id,
+            mind=start.mind.name,
+            output=body["output"],
+            body=body,
+            c=c,
+            created_at=self.meta.created_at,
+            events=events,
+        )
+        try:
+            await self.chains.record(write, self.sj.cont.mode)
+        except (sqlite3.Error, StateDbError) as err:
+            raise KvswapError(
+                ErrorKind.SERVER, f"the response could not be stored: {err} (nothing was kept)"
+            ) from err
+
+    def before_answer(self, stream: ResponseStream) -> Any:
+        async def hook(_: GenerationRequest, c: Completion) -> Completion | EngineError:
+            final = stream.finish(c)
+            try:
+                await self.write(final[-1]["response"], c)
+            except KvswapError as err:
+                return EngineError(c.req_id, err.kind, err.message)
+            return c
+
+        return hook
