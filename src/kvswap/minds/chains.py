@@ -63,6 +63,7 @@ class ChainStart:
     conversation: str | None
     fork_from: PageKey | None  # a fork: the mind whose state it starts from
     record: bool  # `store`: the turn is written
+    why_rendered: str = ""  # why a turn with history has no base to continue
 
 
 @dataclass
@@ -143,9 +144,12 @@ class Chains:
             raise ConversationNotFound(conv_id, param="conversation")
         conv = turn.conversation
         n_dropped = turn.head.response.n_dropped if turn.head is not None else 0
+        why = ""
+        if turn.head is None and conv.head is not None:
+            why = "an item the conversation's mind held was deleted"
         return ChainStart(
             mind_key(namespace, conv.mind), True, turn.head, turn.items, turn.n_covered,
-            n_dropped, None, conv.id, None, store,
+            n_dropped, None, conv.id, None, store, why,
         )  # fmt: skip
 
     async def seed(self, src: PageKey) -> Seed | None:

@@ -84,6 +84,8 @@ def _continuation(
 ) -> Continuation:
     tokenize = _tokenizers(state)["tokenize"]
     base = start.base
+    if base is None and start.why_rendered:
+        return rendered(plan.prompt, tokenize, ContinueMode.RENDERED, start.why_rendered)
     if base is None:
         return rendered(plan.prompt, tokenize, ContinueMode.NEW)
     if n_dropped != base.response.n_dropped:
