@@ -156,6 +156,7 @@ class Chains:
         """A copy of mind `src`'s state for a fork (its RAM page held, or its disk copy read;
         a resident mind is paged out to RAM first); None when it holds none here."""
         session = self.session
+        self.counters.n_forks += 1
         async with session.hold(src):
             tier = session.tier(src)
             if tier is MindTier.SLOT:
