@@ -181,4 +181,9 @@ def test_conversation_items_and_a_deleted_covered_item(tmp_path: Path) -> None:
     found, released = store.delete_conversation(A, "conv_1")
     assert found and [r.name for r in released] == []  # r1 still references the mind
     store.delete_response(A, "r1")
-    assert store.listing(A) == {"chains": [], "conversations": [], "n_bytes": 0}
+    assert store.listing(A) == {
+        "chains": [],
+        "conversations": [],
+        "n_bytes": 0,
+        "budget_bytes": None,
+    }

@@ -131,7 +131,8 @@ class StateStore:
             return {
                 "chains": resps.chains_of(conn, ns),
                 "conversations": convs.listed(conn, ns),
-                "n_bytes": retention.total_bytes(conn),
+                "n_bytes": retention.total_bytes(conn),  # every tenant's: the budget's count
+                "budget_bytes": self.budget_bytes,
             }
 
     # -- conversations --------------------------------------------------------------------

@@ -6,8 +6,9 @@ input (with ids) become one chat body; its render is the prompt text, and its to
 continuation of the mind's own tokens when the template allows it (`minds.chain`), else the
 render tokenized (the engine reuses the longest common prefix with the mind). With
 `truncation: "auto"`, a prompt that does not fit its slot's window (with room for the answer)
-drops its oldest items, a whole user turn at a time, until it takes at most three quarters
-of what fits (so the next turns fit too: one re-prefill of the kept window).
+drops its oldest items, a whole user turn at a time, until it takes at most half of what fits
+(one re-prefill of the kept window; the next turns then continue incrementally in the room
+left).
 
 `turn_write` is the record of a finished turn (`minds.records.TurnWrite`): the response, its
 position in the mind (tokens, the rendered prompt's length and digest), its input and output.
@@ -45,7 +46,7 @@ from kvswap.server.requests.jobs import generation_requests
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.requests.serving import Serving
 
-TRUNCATED_SHARE = 0.75  # a truncated prompt takes at most this share of what fits
+TRUNCATED_SHARE = 0.5  # a truncated prompt takes at most this share of what fits
 DEFAULT_RESERVE_TOKENS = 256  # room kept for the answer when max_output_tokens is not set
 
 
