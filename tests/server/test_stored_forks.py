@@ -39,7 +39,7 @@ def _minds(server: ServerProcess) -> set[str]:
 
 @pytest.fixture(scope="module")
 def fork_server(server_factory: Any) -> ServerProcess:
-    return server_factory("-c", "4096", "-np", "2", "-kvu", "-t", "1", "-tb", "1", "--metrics")
+    return server_factory("-c", "8192", "-np", "2", "-t", "1", "-tb", "1", "--metrics")
 
 
 def test_fork_at_turn_five_of_ten_and_delete(fork_server: ServerProcess) -> None:

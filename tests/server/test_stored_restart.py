@@ -19,7 +19,7 @@ from tests.server.harness import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 
-SERVE = ("-c", "4096", "-np", "2", "-kvu", "-t", "1", "-tb", "1", "--page-flush-seconds", "1")
+SERVE = ("-c", "8192", "-np", "2", "-t", "1", "-tb", "1", "--page-flush-seconds", "1")
 ARGS: dict[str, Any] = {"model": "m", "max_output_tokens": 16, "temperature": 0}
 TURNS = ("Hello, I am Dana.", "I live by the sea.", "I keep three cats.")
 
