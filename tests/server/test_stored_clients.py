@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -18,7 +19,13 @@ from tests.server.harness import ServerProcess
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(900)]
 
-MAX_TOKENS = 48
+MAX_TOKENS = 300  # answers end on their own (the Agents SDK fails an incomplete one)
+# Imperative questions: SmolLM2 calls a tool for them (asked "what is...", it answers itself).
+QUESTIONS = (
+    "Call get_weather for Paris.",
+    "Use the get_time tool for UTC.",
+    "Thanks! Answer in one short sentence.",
+)
 
 
 class Wire:
@@ -97,17 +104,41 @@ async def _agent_turns(server: ServerProcess, by: str) -> Wire:
             instructions="You answer with the tools when they help.",
             tools=_agent_tools(),
             model=OpenAIResponsesModel(model="m", openai_client=client),
-            model_settings=ModelSettings(temperature=0, max_tokens=MAX_TOKENS),
+            reset_tool_choice=False,
         )
-        kwargs: dict[str, Any] = {}
+        # Chained from the very first request: the tool rounds inside a run too.
+        kwargs: dict[str, Any] = {"auto_previous_response_id": by == "previous"}
         if by == "conversation":
             kwargs["conversation_id"] = (await client.conversations.create()).id
-        for question in ("What is the weather in Paris?", "And the time in UTC?", "Thanks!"):
-            result = await Runner.run(agent, question, max_turns=4, **kwargs)
+        for question in QUESTIONS:
+            agent.model_settings = ModelSettings(
+                temperature=0, max_tokens=MAX_TOKENS, tool_choice="auto"
+            )
+            result = await Runner.run(
+                agent, question, max_turns=4, hooks=_AnswerAfterTools(), **kwargs
+            )
             assert result.last_response_id is not None
             if by == "previous":
-                kwargs["previous_response_id"] = result.last_response_id
+                kwargs = {"previous_response_id": result.last_response_id}
     return wire
+
+
+def _answer_after_tools() -> type:
+    from agents import RunHooks
+
+    class AnswerAfterTools(RunHooks):  # type: ignore[misc]
+        """After a tool ran, the model answers (`tool_choice: none`: SmolLM2 would call tools
+        again and again). kvswap shows the tools alike under "auto" and "none", so the switch
+        keeps the prompt: the conversation's prefix stays the mind's."""
+
+        async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: str) -> None:
+            agent.model_settings = replace(agent.model_settings, tool_choice="none")
+
+    return AnswerAfterTools
+
+
+def _AnswerAfterTools() -> Any:
+    return _answer_after_tools()()
 
 
 @pytest.mark.parametrize("by", ["previous", "conversation"])
@@ -128,7 +159,8 @@ def test_openai_agents_chain_on_the_server(agent_server: ServerProcess, by: str)
 
 def test_langchain_chat_openai_with_previous_response_id(agent_server: ServerProcess) -> None:
     """LangChain's ChatOpenAI on the Responses API with `use_previous_response_id`: it drops
-    the history up to its last response from each request; kvswap continues the chain."""
+    the history up to its last response from each request (here, a tool's output each turn);
+    kvswap continues the chain."""
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
@@ -149,14 +181,12 @@ def test_langchain_chat_openai_with_previous_response_id(agent_server: ServerPro
         use_responses_api=True,
         use_previous_response_id=True,
         http_client=http,
-    ).bind_tools([get_weather])
-    messages: list[Any] = [HumanMessage("What is the weather in Paris?")]
-    first = llm.invoke(messages)
-    assert first.tool_calls, first
-    messages += [first, ToolMessage(get_weather.invoke(first.tool_calls[0]["args"]),
-                                    tool_call_id=first.tool_calls[0]["id"])]  # fmt: skip
-    second = llm.invoke(messages)
-    messages += [second, HumanMessage("Thanks! And in Rome?")]
-    llm.invoke(messages)
+    ).bind_tools([get_weather], tool_choice="required")  # the same choice every turn
+    messages: list[Any] = [HumanMessage(QUESTIONS[0])]
+    for _ in range(3):
+        answer = llm.invoke(messages)
+        assert answer.tool_calls, answer
+        call = answer.tool_calls[0]
+        messages += [answer, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
     http.close()
     _check_chained(agent_server, wire, chained_by="previous_response_id")

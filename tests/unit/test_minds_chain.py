@@ -122,3 +122,23 @@ def test_a_template_that_rewrites_history_renders_anew() -> None:
         detokenize=detokenize,
     )
     assert cont.mode is ContinueMode.RENDERED and "history" in cont.reason
+
+
+def test_an_answer_rendered_otherwise_but_ended_by_its_turn_token_is_kept() -> None:
+    """Decision: the mind's tokens are the truth. An answer the history renders otherwise than
+    the model wrote it (kvswap's tool JSON and its spacing) but that ended with the turn's end
+    token keeps the model's tokens, and the glue starts after that token's rendering."""
+    tokens, pos = _after_first_turn('{"response": "hello"}<E>')
+    turns = [("user", "hi"), ("assistant", "hello"), ("user", "x")]
+    full = render(turns, True)
+    cont = continue_chain(
+        tokens,
+        pos,
+        full=full,
+        history=render(turns[:2], False),
+        tokenize=tokenize,
+        detokenize=detokenize,
+        ends_turn=lambda t: t == END,
+    )
+    assert cont.mode is ContinueMode.KEPT and "kept" in cont.reason
+    assert cont.tokens.tolist() == tokens.tolist() + tokenize("\n[user]x<E>\n[assistant]").tolist()

@@ -20,7 +20,12 @@ the history the same way once new items follow it, and that it renders the answe
 the model generated; then the prompt is the stored tokens plus the tokens of the rest. Where a
 check fails the template (or the request) breaks incremental continuation, and the prompt is
 the full render tokenized (`RENDERED`, with the reason): the engine still reuses the longest
-common prefix with the mind's KV. Pure: rendering and tokenizing are the caller's functions.
+common prefix with the mind's KV. One exception to the third check: an answer the history
+renders otherwise than the model wrote it (kvswap's own tool-call JSON for a template with no
+tool syntax, whose spacing the model chose under the grammar), but that ends with the turn's
+end token the rendered answer also closes with, keeps the model's tokens (`KEPT`): the mind's
+tokens are the truth, and the glue is whatever the template renders after that end token.
+Pure: rendering and tokenizing are the caller's functions.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class ContinueMode(StrEnum):
 
     NEW = "new"  # the first turn of a chain: its render, tokenized
     INCREMENTAL = "incremental"  # the mind's tokens, then the glue's tokens
+    KEPT = "kept"  # the same, the last answer kept as generated where rendered otherwise
     RENDERED = "rendered"  # the whole render tokenized (the engine reuses the common prefix)
     TRUNCATED = "truncated"  # rendered after dropping the oldest items (`truncation: auto`)
 
@@ -80,10 +86,12 @@ def continue_chain(
     history: str,
     tokenize: Tokenize,
     detokenize: Detokenize,
+    ends_turn: Callable[[int], bool] | None = None,
 ) -> Continuation:
     """The next turn's prompt after `position`, whose tokens are `tokens` (see the module
     docstring): `full` renders the history and the new items with the generation prompt,
-    `history` the history alone without it."""
+    `history` the history alone without it; `ends_turn(token)`: a control token that ends a
+    turn (the answer may then be kept as generated, `KEPT`)."""
     assert len(tokens) == position.n_tokens, "the position's own tokens"
     n_chars = position.prompt_chars
     reason = ""
@@ -91,12 +99,22 @@ def continue_chain(
         reason = "the conversation before the last answer renders differently now"
     elif not full.startswith(history):
         reason = "the template renders the history differently once new items follow it"
-    answer = detokenize(tokens[position.n_prompt :])
-    if not reason and not history.startswith(answer, n_chars):
-        reason = "the template renders the last answer differently from the generated tokens"
     if reason:
         return rendered(full, tokenize, ContinueMode.RENDERED, reason)
+    answer = detokenize(tokens[position.n_prompt :])
+    mode = ContinueMode.INCREMENTAL
     rest = full[n_chars + len(answer) :]
+    if not history.startswith(answer, n_chars):
+        mode = ContinueMode.KEPT
+        kept = _after_kept_answer(tokens, position, history, full, detokenize, ends_turn)
+        if kept is None:
+            return rendered(
+                full,
+                tokenize,
+                ContinueMode.RENDERED,
+                "the template renders the last answer differently from the generated tokens",
+            )
+        rest = kept
     glue = tokenize(rest, False)
     if len(tokens) and not _joins_cleanly(tokens[-1], rest, glue, tokenize, detokenize):
         return rendered(
@@ -105,9 +123,35 @@ def continue_chain(
             ContinueMode.RENDERED,
             "the answer's last token and the next text tokenize together",
         )
-    return Continuation(
-        np.concatenate([tokens, glue]).astype(np.int32), ContinueMode.INCREMENTAL, "", len(glue)
-    )
+    reason = _KEPT_REASON if mode is ContinueMode.KEPT else ""
+    return Continuation(np.concatenate([tokens, glue]).astype(np.int32), mode, reason, len(glue))
+
+
+_KEPT_REASON = (
+    "the template renders the last answer otherwise than the model wrote it (kvswap's tool "
+    "JSON, its spacing): the model's own tokens are kept"
+)
+
+
+def _after_kept_answer(
+    tokens: Tokens,
+    position: Position,
+    history: str,
+    full: str,
+    detokenize: Detokenize,
+    ends_turn: Callable[[int], bool] | None,
+) -> str | None:
+    """What follows the answer in `full` when the answer, rendered otherwise than generated,
+    ends with the turn's end token the template also closes it with: the text after that
+    token's last occurrence in the rendered answer. None when the end cannot be found."""
+    if ends_turn is None or position.n_prompt >= len(tokens) or not ends_turn(int(tokens[-1])):
+        return None
+    end_text = detokenize(tokens[-1:])
+    n_chars = position.prompt_chars
+    at = history.rfind(end_text, n_chars)
+    if not end_text or at < 0:
+        return None
+    return full[at + len(end_text) :]
 
 
 def _joins_cleanly(

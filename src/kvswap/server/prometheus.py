@@ -200,6 +200,7 @@ def stored_metrics(counters: ChainCounters) -> list[Metric]:
 _MODE_HELP = {
     "new": "a new chain's render",
     "incremental": "the mind's own tokens plus the rendered glue",
+    "kept": "the mind's own tokens plus the glue, its last answer kept as generated",
     "rendered": "the whole render tokenized (incremental continuation not possible)",
     "truncated": "rendered after dropping the oldest items (truncation: auto)",
 }

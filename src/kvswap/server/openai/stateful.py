@@ -69,10 +69,17 @@ def _chat_body(raw: dict[str, Any], req: ResponsesRequest, items: list[Item]) ->
 
 
 def _tokenizers(state: Serving) -> dict[str, Any]:
+    vocab = state.vocab
     return {
         "tokenize": lambda text, add: state.tokenize(text, add, True),
-        "detokenize": lambda tokens: state.vocab.detokenize(tokens, special=True),
+        "detokenize": lambda tokens: vocab.detokenize(tokens, special=True),
     }
+
+
+def _ends_turn(state: Serving) -> Any:
+    """A control token that ends a turn: end-of-generation, with no text of its own."""
+    vocab = state.vocab
+    return lambda token: vocab.is_eog(token) and not vocab.piece(token)
 
 
 def _continuation(
@@ -93,7 +100,12 @@ def _continuation(
         return rendered(plan.prompt, tokenize, ContinueMode.TRUNCATED, "truncated")
     history = render_history(state, _chat_body(raw, req, start.items[n_dropped : start.n_covered]))
     return continue_chain(
-        base.tokens, base.response.position, full=plan.prompt, history=history, **_tokenizers(state)
+        base.tokens,
+        base.response.position,
+        full=plan.prompt,
+        history=history,
+        ends_turn=_ends_turn(state),
+        **_tokenizers(state),
     )
 
 
