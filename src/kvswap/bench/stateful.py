@@ -87,7 +87,7 @@ class Agents:
             body["input"] = [{"role": "user", "content": text}]
             body["previous_response_id"] = self.previous[agent]
             return body, {}
-        body["input"] = [*self.history[agent], {"role": "user", "content": text}]
+        body["input"] = [*self.history[agent], {"type": "message", "role": "user", "content": text}]
         if self.way.startswith("kvswap"):
             body["store"] = False
             return body, {"X-Mind-Id": f"agent-{agent}"}
@@ -96,6 +96,9 @@ class Agents:
     def _turn(self, http: httpx.Client, agent: int, turn: int) -> TurnFigures:
         text = message(agent, turn, self.a.message_tokens)
         body, headers = self._body(agent, text)
+        # A connection per request, for every way alike: llama-server closes one after a
+        # stream, and a reused one then fails.
+        headers = {**headers, "Connection": "close"}
         raw = json.dumps(body).encode()
         cpu0, t0 = process_cpu_s(self.server.proc.pid), time.perf_counter()
         ttft_ms, answer, final = 0.0, "", {}
@@ -119,9 +122,9 @@ class Agents:
         n_prompt = int(usage.get("input_tokens", 0))
         cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
         self.previous[agent] = final.get("id")
-        self.history[agent] += [
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": answer},
+        self.history[agent] += [  # typed items: llama-server needs `type` on an answer
+            {"type": "message", "role": "user", "content": text},
+            {"type": "message", "role": "assistant", "content": answer},
         ]
         return TurnFigures(
             self.way, agent, turn, ttft_ms or total_ms, total_ms, len(raw), cpu_ms,
