@@ -316,6 +316,7 @@ def test_a_turn_sent_to_another_replica_is_forwarded_then_the_mind_handed_off(
     want = baseline[(index, 3)]
     assert done.replica == other_id
     assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)
+    assert done.tier_before == "shared"  # the answer says where its mind came from
 
 
 def test_an_erased_minds_slot_ends_the_mind_in_the_shared_tier_too(

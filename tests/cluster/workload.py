@@ -43,6 +43,7 @@ class TurnResult:
     # when its (last) request was sent: a turn sent after a replica died never reaches it,
     # while one that replica answered just before may still be read after its death
     t_sent: float = 0.0
+    tier_before: str = ""  # where its mind's state was (X-Kvswap-Tier-Before)
 
 
 @dataclass
@@ -116,6 +117,7 @@ def chat_turn(
     return TurnResult(
         conv.index, turn, text, raw.headers["x-kvswap-replica"], int(timings["cache_n"]),
         int(timings["prompt_n"]), client.n_sent - n_sent, t_sent=t_sent,
+        tier_before=raw.headers.get("x-kvswap-tier-before", ""),
     )  # fmt: skip
 
 

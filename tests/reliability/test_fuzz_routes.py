@@ -41,6 +41,8 @@ from hypothesis import HealthCheck, given, settings
 
 from kvswap.core.errors import ErrorKind
 from kvswap.core.keys import mind_key, namespace_of
+from kvswap.server.anthropic.errors import ERROR_TYPES as ANTHROPIC_ERROR_TYPES
+from kvswap.server.anthropic.errors import ROUTES as ANTHROPIC_ROUTES
 from kvswap.tiers.mindfiles import MINDS_DIR, file_name
 from kvswap.tiny import tiny_model_path
 from tests.files.util import tree
@@ -51,6 +53,7 @@ N_EXAMPLES = int(os.environ.get("KVSWAP_FUZZ_EXAMPLES", "16"))
 N_PROBE = 3  # cases that decide whether an operation answers only 501
 ONLY = re.compile(os.environ.get("KVSWAP_FUZZ_ONLY", ""))
 ERROR_TYPES = {kind.value for kind in ErrorKind}
+ANTHROPIC_TYPES = {*ANTHROPIC_ERROR_TYPES.values(), "api_error"}
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120 + 12 * N_EXAMPLES)]
 
 K1, K2, K3 = "fuzz-key-one", "fuzz-key-two", "fuzz-key-three"
@@ -146,6 +149,10 @@ def _secret_files(root: Path) -> dict[str, tuple[str, bytes]]:
 def assert_typed_error(resp: httpx.Response, body: bytes) -> None:
     payload = json.loads(body)
     err = payload["error"]
+    if resp.request.url.path in ANTHROPIC_ROUTES:  # Anthropic's shape: its clients read it
+        assert payload["type"] == "error", payload
+        assert err["type"] in ANTHROPIC_TYPES and isinstance(err["message"], str), payload
+        return
     assert err["code"] == resp.status_code, payload
     assert err["type"] in ERROR_TYPES and isinstance(err["message"], str), payload
 

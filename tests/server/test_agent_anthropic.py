@@ -165,3 +165,36 @@ def test_bad_requests_are_typed(agent_server: ServerProcess) -> None:
         },
     )
     assert response.status_code == 501
+
+
+def test_errors_come_in_anthropics_shape(
+    agent_server: ServerProcess, key_server: ServerProcess
+) -> None:
+    """Anthropic's clients read `{"type": "error", "error": {"type", "message"}}`; kvswap sent
+    OpenAI's shape, and generated 4096 tokens for a body without `max_tokens`, which Anthropic
+    requires (the newcomer's second hour, finding 15). llama.cpp's own suite checks only the
+    message of an error here, which both shapes carry (docs/COMPAT.md)."""
+    c = client(agent_server)
+    long = [{"role": "user", "content": "word " * 5000}]  # past the 2,048-token window
+    with pytest.raises(anthropic.BadRequestError) as too_long:
+        c.messages.create(model="m", max_tokens=5, messages=long)  # type: ignore[arg-type]
+    body = too_long.value.body
+    assert isinstance(body, dict) and body["type"] == "error", body
+    assert body["error"]["type"] == "invalid_request_error"
+    assert "exceeds the available context size" in body["error"]["message"]
+    assert body["error"]["n_ctx"] > 0  # kvswap's own fields stay beside Anthropic's
+    missing = agent_server.post("/v1/messages", {"messages": ASK})
+    assert missing.status_code == 400
+    assert missing.json() == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+    }
+    with pytest.raises(anthropic.AuthenticationError) as refused:  # the guard's own 401
+        client(key_server, "wrong").messages.create(model="m", max_tokens=5, messages=ASK)  # type: ignore[arg-type]
+    assert refused.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "Invalid API Key"},
+    }
+    # Every other route keeps kvswap's (and llama-server's) envelope.
+    other = agent_server.post("/v1/chat/completions", {"messages": "x"})
+    assert other.json()["error"]["code"] == 400 and "type" not in other.json()

@@ -102,6 +102,7 @@ BAD: list[tuple[str, dict[str, Any], int, str]] = [
     (
         "/v1/messages",
         {
+            "max_tokens": 5,
             "messages": [{"role": "user", "content": "x"}],
             "tools": [{"name": "f", "input_schema": {"type": "frob"}}],
             "tool_choice": {"type": "any"},
@@ -109,8 +110,14 @@ BAD: list[tuple[str, dict[str, Any], int, str]] = [
         400,
         "unrecognized type",
     ),
-    ("/v1/messages", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
-    ("/v1/messages", {"messages": "x"}, 400, "messages"),
+    (
+        "/v1/messages",
+        {"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "role",
+    ),
+    ("/v1/messages", {"max_tokens": 5, "messages": "x"}, 400, "messages"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "x"}]}, 400, "max_tokens"),
     ("/v1/responses", {"input": [{"type": "mystery"}]}, 400, "type of the item"),
     ("/v1/responses", {"input": "x", "tool_choice": {"type": "file_search"}}, 400, "tool_choice"),
     ("/v1/responses", {"model": "m"}, 400, "input"),
@@ -124,8 +131,13 @@ def test_bad_inputs_are_typed_errors(
     for stream in (False, True):
         response = agent_server.post(path, {**body, "stream": stream or body.get("stream", False)})
         assert response.status_code == code, (stream, response.text)
-        error = response.json()["error"]
-        assert error["code"] == code and error["type"] == "invalid_request_error"
+        answer = response.json()
+        error = answer["error"]
+        if path == "/v1/messages":  # Anthropic's shape: {"type": "error", "error": {...}}
+            assert answer["type"] == "error" and "code" not in error, answer
+        else:
+            assert error["code"] == code
+        assert error["type"] == "invalid_request_error"
         assert needle in error["message"], error["message"]
 
 

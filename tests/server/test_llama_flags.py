@@ -69,8 +69,12 @@ def test_chat_template_kwargs_are_defaults_under_the_requests_own(tmp_path: Path
         own = server.post("/apply-template", {**body, "chat_template_kwargs": {"tone": "bold"}})
         assert own.json()["prompt"] == "tone=bold|hi"
         assert "ignored" not in server.log()
+        # The web page polls /slots and /pages every second: a tab left open logged two lines
+        # a second (the newcomer's second hour, finding 8).
+        for path in ("/slots", "/pages", "/props", "/metrics") * 3:
+            assert server.client.get(path).status_code in (200, 501), path
         # One line per request at the default verbosity, in llama-server's words; the routes
-        # clients poll (/health, polled until ready) are not logged.
+        # clients poll (/health, polled until ready, and the page's) are not logged.
         lines = [line for line in server.log().splitlines() if "done request:" in line]
         assert len(lines) == 2, lines
         assert all(

@@ -8,7 +8,8 @@ waits for /health, as a `kvswap cluster up` line does on its HAProxy port; every
 block must exit 0, and an answer must not be an error. The two lines CI runs itself are not run
 here: `scripts/setup.sh` (CI ran it first) and `scripts/test.sh` (the suite this test belongs to).
 
-The "Using it" server is the one a user copies to chat with minds, so its geometry must hold a
+Every server the README starts lets one mind grow to its whole pool (one KV pool, `-kvu`). The
+"Using it" server is the one a user copies to chat with minds, so its geometry must hold a
 long conversation: a 2,500-token chat through it succeeds, and its next turn prefills only the
 new tokens.
 """
@@ -66,6 +67,7 @@ class Shell:
         self.port = 8080
         self.server: subprocess.Popen[bytes] | None = None
         self.n_run = 0
+        self.geometries: list[tuple[str, dict[str, object]]] = []  # each server's, as started
 
     def run(self, line: str) -> None:
         if line.startswith(SETUP):
@@ -114,6 +116,8 @@ class Shell:
                 pass
             assert time.monotonic() < deadline, (line, self.log())
             time.sleep(0.1)
+        props = httpx.get(f"http://127.0.0.1:{self.port}/props").json()
+        self.geometries.append((line, props["context_geometry"]))
         self.n_run += 1
 
     def log(self) -> str:
@@ -154,6 +158,12 @@ def test_every_readme_command_runs_as_written(shell: Shell) -> None:
     for made in ("tiny-lfm2.gguf", "tiny-llama.gguf", "tiny-lora.gguf", "tiny-draft.gguf"):
         assert (shell.cwd / made).stat().st_size > 0, made
     assert (shell.cwd / "slots" / "alice.bin").stat().st_size > 0  # the page block's spill
+    # Every server a user copies lets one mind grow to its whole pool: the cluster example's
+    # `-np 4` without `-kvu` gave each replica's slots a quarter of -c (the newcomer's second
+    # hour, finding 3).
+    assert len(shell.geometries) >= 3, shell.geometries  # plain, "Using it", the cluster
+    for line, geometry in shell.geometries:
+        assert geometry["n_ctx_slot"] == geometry["n_ctx"] == 8192, (line, geometry)
 
 
 def long_chat(n_turns: int) -> list[dict[str, str]]:

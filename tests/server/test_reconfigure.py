@@ -82,6 +82,8 @@ def test_a_stream_and_a_resident_mind_go_through_a_reconfigure(server_factory) -
         assert fates[0]["kind"] == "request" and fates[0]["fate"] == "kept"
         assert fates[1]["kind"] == "cache" and fates[1]["new_slot"] == 1  # an idle cached prompt
         assert receipt["new"]["n_parallel"] == 3 and receipt["new"]["n_ctx"] == 4096
+        # Both geometries name their slot window (the old one's was null).
+        assert receipt["old"]["n_ctx_slot"] == 1024 and receipt["old"]["n_parallel"] == 2
         assert set(receipt["timings"]) == {
             "drain_ms",
             "page_out_ms",
@@ -92,6 +94,7 @@ def test_a_stream_and_a_resident_mind_go_through_a_reconfigure(server_factory) -
         }
         geo = _geometry(server)
         assert geo["n_parallel"] == 3 and geo["generation"] == 1
+        assert receipt["new"]["n_ctx_slot"] == geo["n_ctx_slot"]
         assert server.client.get("/props").json()["total_slots"] == 3
         # The resident mind prefills only its new tokens.
         follow = (

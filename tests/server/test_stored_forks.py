@@ -57,11 +57,11 @@ def test_fork_at_turn_five_of_ten_and_delete(fork_server: ServerProcess) -> None
         ids.append(resp.id)
         turns.append((text, resp.output_text))
         previous = resp.id
-    mind = resp.model_extra["mind"]
+    mind = resp.model_extra["continuation"]["mind"]
     # A fork from turn 5 (index 4): a new mind, starting from the old mind's copied state.
     fork_text = "Instead, tell me about the colour blue."
     fork = _say(client, fork_text, ids[4])
-    assert fork.model_extra["mind"] != mind
+    assert fork.model_extra["continuation"]["mind"] != mind
     assert fork.model_extra["continuation"]["mode"] == "incremental"
     fork_usage = fork.usage
     assert fork_usage is not None and fork_usage.input_tokens_details.cached_tokens > 0
@@ -72,7 +72,7 @@ def test_fork_at_turn_five_of_ten_and_delete(fork_server: ServerProcess) -> None
     # The original continues from its own newest turn, on its own mind.
     main_text = "And the number ten?"
     main = _say(client, main_text, ids[-1])
-    assert main.model_extra["mind"] == mind
+    assert main.model_extra["continuation"]["mind"] == mind
     assert main.model_extra["continuation"]["mode"] == "incremental"
     assert main.output_text == _whole(client, turns, main_text)
     turns.append((main_text, main.output_text))
@@ -80,7 +80,7 @@ def test_fork_at_turn_five_of_ten_and_delete(fork_server: ServerProcess) -> None
     # Delete turn 3 (index 2): both branches still continue.
     client.responses.delete(ids[2])
     on = _say(client, "Go on.", ids[-1])
-    assert on.model_extra["mind"] == mind and on.status in ("completed", "incomplete")
+    assert on.model_extra["continuation"]["mind"] == mind and on.status in ("completed", "incomplete")
     ids.append(on.id)
     more = _say(client, "Go on too.", fork.id)
     assert more.output_text == _whole(client, fork_turns, "Go on too.")
@@ -92,5 +92,5 @@ def test_fork_at_turn_five_of_ten_and_delete(fork_server: ServerProcess) -> None
         if rid != ids[2]:
             client.responses.delete(rid)
     assert mind not in _minds(fork_server)
-    assert fork.model_extra["mind"] in _minds(fork_server)
+    assert fork.model_extra["continuation"]["mind"] in _minds(fork_server)
     assert _say(client, "Still there?", more.id).status in ("completed", "incomplete")

@@ -41,12 +41,12 @@ def test_every_response_method_through_the_sdk(agent_server: ServerProcess) -> N
     raw = client.responses.with_raw_response.create(input="Say hi.", **ARGS)
     first = _typed(raw, Response)
     assert first.status in ("completed", "incomplete") and first.id.startswith("resp_")
-    assert first.model_extra and first.model_extra["mind"].startswith("chain-")
+    assert first.model_extra and first.model_extra["continuation"]["mind"].startswith("chain-")
     got = _typed(client.responses.with_raw_response.retrieve(first.id), Response)
     assert got.id == first.id and got.output_text == first.output_text
     second = client.responses.create(input="Again.", previous_response_id=first.id, **ARGS)
     assert second.previous_response_id == first.id
-    assert second.model_extra and second.model_extra["mind"] == first.model_extra["mind"]
+    assert second.model_extra and second.model_extra["continuation"]["mind"] == first.model_extra["continuation"]["mind"]
     items = _typed(client.responses.input_items.with_raw_response.list(second.id), ResponseItemList)
     # The items the response was made from, newest first: its input, then the first turn's.
     roles = [getattr(i, "role", None) for i in items.data]

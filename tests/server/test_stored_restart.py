@@ -35,7 +35,7 @@ def _chain(server: ServerProcess) -> tuple[str, list[tuple[str, str]], str]:
         turns.append((text, resp.output_text))
         previous = resp.id
     assert previous is not None and resp.model_extra is not None
-    return previous, turns, resp.model_extra["mind"]
+    return previous, turns, resp.model_extra["continuation"]["mind"]
 
 
 def _flushed(server: ServerProcess, mind: str, timeout_s: float = 60) -> None:

@@ -57,7 +57,7 @@ def test_responses_expire_with_their_minds(tiny: Callable[..., ServerProcess]) -
     server = tiny("--state-ttl-seconds", "3")
     client = oai(server)
     old = _chain(client, 2)
-    mind = old[-1].model_extra["mind"]
+    mind = old[-1].model_extra["continuation"]["mind"]
     assert mind in _minds(server)
     time.sleep(3.5)
     with pytest.raises(openai.NotFoundError):
@@ -81,7 +81,7 @@ def test_byte_budget_drops_the_oldest_chain_first(tiny: Callable[..., ServerProc
     assert stored["n_bytes"] <= 24 * 1024
     minds = _minds(server)
     for dropped in chains[: -len(kept)]:
-        assert dropped[-1].model_extra["mind"] not in minds
+        assert dropped[-1].model_extra["continuation"]["mind"] not in minds
 
 
 def _exists(client: openai.OpenAI, rid: str) -> bool:

@@ -176,18 +176,13 @@ def test_the_plot_has_labelled_axes_and_a_legend(browser: Browser, server: Serve
     b.shot("plot")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="/pages does not yet say whether the server has a disk tier (`disk_tier`): the "
-    "server round adds it (notes/newcomer.md); remove this mark then",
-)
 def test_the_disk_line_says_whether_there_is_a_disk_tier(
     browser: Browser, server: ServerProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     b = browser
     open_page(b, server)  # --slot-save-path, no --page-disk-bytes
     b.wait("the disk line", lambda: b.css("#disk-text").text != "…")
-    assert b.css("#disk-text").text == "0 B spilled (no --page-disk-bytes bound)"
+    assert b.css("#disk-text").text == "0 B on disk (no --page-disk-bytes bound)"
     diskless = ServerProcess(ARGS, tmp_path_factory.mktemp("log") / "diskless.log")
     try:
         open_page(b, diskless)

@@ -105,6 +105,7 @@ def send(b: Browser, text: str) -> dict[str, Any]:
     """Type a message, Enter; wait for the whole answer. The answer's text, meta and partials."""
     n_before = len(b.driver.find_elements("css selector", "#messages .msg.assistant"))
     watch_answers(b)
+    b.wait("the mind's history from the server", lambda: b.css("#prompt").is_enabled())
     b.css("#prompt").send_keys(text, Keys.ENTER)
     b.wait("the answer to start", lambda: b.css("#stop").is_displayed())
     b.wait("the answer to end", lambda: not b.css("#stop").is_displayed(), timeout_s=90)
@@ -206,6 +207,54 @@ def test_chat_with_two_minds_and_watch_them_move(
     b.wait("the narrow layout", lambda: b.js("return window.innerWidth") <= 400)
     assert b.js("return document.documentElement.scrollWidth <= window.innerWidth")
     b.shot("phone-width")
+
+
+def test_a_mind_made_through_the_api_opens_with_its_history_and_grows(
+    browser: Browser, page_server: ServerProcess
+) -> None:
+    """The page showed an empty chat for a mind made through the API, and its first message
+    replaced the mind's 147 tokens with a 95-token conversation, saying nothing (the
+    newcomer's second hour, finding 4). Now it shows the history the server holds, and its
+    next turn extends the mind: only the new message is prefilled."""
+    b = browser
+    ask = "Hi, I am Gina. I keep bees and grow plums by the river."
+    made = page_server.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": ask}], "max_tokens": 12, "temperature": 0},
+        headers={"X-Mind-Id": "gina"},
+    )
+    assert made.status_code == 200, made.text
+    reply = made.json()["choices"][0]["message"]["content"]
+    n_made = n_tokens_of(page_server, "gina")
+    chat_page(b, page_server, "gina", max_tokens="8")
+    b.wait("gina's history", lambda: b.css("#prompt").is_enabled())
+    b.shot("gina-history")
+    texts = [e.text for e in b.driver.find_elements("css selector", "#messages .msg .body")]
+    assert len(texts) == 2 and texts[0] == ask, texts
+    # The answer as the mind holds it: a cut answer's last token was never decoded into it.
+    assert texts[1] and reply.startswith(texts[1]), (texts, reply)
+    assert f"{n_made} tokens, as the server holds them" in b.css("#chat-status").text
+
+    question = "What do I grow?"
+    answer = send(b, question)
+    b.shot("gina-extended")
+    cache_n, prompt_n = timings(answer["meta"])
+    n_new = len(page_server.post("/tokenize", {"content": question}).json()["tokens"])
+    assert cache_n >= n_made and prompt_n <= n_new + 16, (answer["meta"], n_made, n_new)
+    assert "diverged" not in answer["meta"], answer["meta"]
+    assert n_tokens_of(page_server, "gina") > n_made
+
+    # A mind made of a raw prompt is no chat: shown as text, and a message says it replaces it.
+    raw = {"prompt": "The bees of the river hum", "n_predict": 4, "mind": "hum"}
+    assert page_server.post("/completion", raw).status_code == 200
+    open_mind(b, "hum")
+    b.wait("hum's text", lambda: b.css("#prompt").is_enabled())
+    assert b.css("#messages .msg.history .body").text.startswith("The bees of the river hum")
+    assert "not a chat" in b.css("#chat-status").text
+    replaced = send(b, "Hello")
+    assert "diverged from its history at token 0" in replaced["meta"], replaced["meta"]
+    assert b.driver.find_elements("css selector", "#messages .msg.history") == []
+    b.shot("hum-replaced")
 
 
 def test_stop_cancels_the_answer_and_frees_the_slot(

@@ -79,3 +79,28 @@ def test_quiet_minds_are_written_behind_and_survive_a_sigkill(
         timings = _turn(second, follow + "<|im_start|>assistant\n", m)["timings"]
         assert timings["cache_n"] >= had, (m, timings)  # nothing re-prefilled
     assert second.metrics()["llamacpp:mind_hits_disk_total"] == 2
+
+
+def test_a_sigterm_spills_only_the_minds_not_already_on_disk(
+    servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    """Once write-behind has put both minds on disk, a SIGTERM has nothing to write, and says
+    nothing it did not do: it logged "spilled 2 mind(s) before exit" for minds /pages showed as
+    on disk (the newcomer's second hour, finding 16). A restart still serves both."""
+    save = tmp_path / "slots"
+    save.mkdir()
+    args = (*ARGS, "--slot-save-path", str(save))
+    first = ServerProcess(args, tmp_path / "first.log")
+    servers.append(first)
+    for m in (0, 1):
+        _turn(first, _prompt(m), m)
+    deadline = time.monotonic() + 60
+    while not all(v["n_tokens_on_disk"] == v["n_tokens"] > 0 for v in _minds(first).values()):
+        assert time.monotonic() < deadline, _minds(first)
+        time.sleep(0.1)
+    assert first.stop() in (0, -signal.SIGTERM)
+    log = (tmp_path / "first.log").read_text()
+    assert "before exit" not in log, log[-2000:]
+    second = ServerProcess(args, tmp_path / "second.log")
+    servers.append(second)
+    assert "serving 2 spilled mind(s)" in second.log()

@@ -77,7 +77,8 @@ def test_anthropic_defaults_and_choices() -> None:
     body = anthropic(
         {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "any"}}
     )
-    assert body["max_tokens"] == 4096 and body["tool_choice"] == "required"
+    # No default for max_tokens: /v1/messages requires it, count_tokens needs none.
+    assert "max_tokens" not in body and body["tool_choice"] == "required"
 
 
 @pytest.mark.parametrize(

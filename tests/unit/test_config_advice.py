@@ -56,7 +56,8 @@ def test_a_whole_pool_too_small_is_told_a_larger_c() -> None:
         advice = _refusal(geometry)
         assert advice == (
             "the whole KV pool is -c 2048 tokens; start with -c above 2531, or on this server: "
-            'POST /reconfigure {"n_ctx": 3072}'
+            'POST /reconfigure {"n_ctx": 3072}, if the model was trained on that many tokens '
+            "(no slot takes more than its training context)"
         )
 
 

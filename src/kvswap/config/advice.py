@@ -70,9 +70,12 @@ def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape) -> str:
             f"whole pool, or with -c above {n_prompt * shape.n_parallel}; on this server: "
             f'POST /reconfigure {{"n_parallel": 1}} or a larger "n_ctx"'
         )
+    # The training context may bind here too (it may equal -c, the default): say so, since no
+    # -c lifts it.
     return (
         f"the whole KV pool is -c {shape.n_ctx} tokens; start with -c above {n_prompt}, or "
-        f'on this server: POST /reconfigure {{"n_ctx": {_round_up(n_prompt + 1)}}}'
+        f'on this server: POST /reconfigure {{"n_ctx": {_round_up(n_prompt + 1)}}}, if the '
+        "model was trained on that many tokens (no slot takes more than its training context)"
     )
 
 

@@ -1,8 +1,8 @@
 """The typed data that crosses the boundary between HTTP handlers and the engine thread.
 
-Requests go in as `GenerationRequest`; results come out as events (`PromptProgress`,
-`TokenEvent`, `Completion`, `EngineError`). Everything here is immutable plain data: no
-pointers, no locks, no libllama.
+Requests go in as `GenerationRequest`; results come out as events (`MindSeated` first for a
+mind's request, `PromptProgress`, `TokenEvent`, `Completion`, `EngineError`). Everything here
+is immutable plain data: no pointers, no locks, no libllama.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from enum import StrEnum
 from kvswap.core.errors import ErrorKind
 from kvswap.core.keys import PageKey
 from kvswap.core.sampling import SamplingParams
+from kvswap.core.vocab import MindSource
 
 # A LoRA set: (adapter id, scale) pairs, sorted by id, no zero scales.
 LoraSet = tuple[tuple[int, float], ...]
@@ -89,6 +90,37 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class MindServed:
+    """How a mind's turn was served: where its state was, how long the switch into its slot
+    took, and how much of its history the request's prompt kept. A prompt that does not extend
+    the whole history diverges: the tokens past `n_kept` are dropped (the mind goes on from
+    the request's own conversation)."""
+
+    key: PageKey
+    source: MindSource
+    switch_ms: float  # bringing its state into the slot (a read or fetch before it included)
+    n_tokens: int  # the tokens it held before this turn
+    n_kept: int  # of those, the prefix this request's prompt shares
+
+    @property
+    def n_dropped(self) -> int:
+        return self.n_tokens - self.n_kept
+
+    @property
+    def diverged(self) -> bool:
+        return self.n_kept < self.n_tokens
+
+
+@dataclass(frozen=True)
+class MindSeated:
+    """A mind's request is seated, before any of its output: how it was served (the HTTP
+    side answers it in headers, so it comes first)."""
+
+    req_id: int
+    served: MindServed
+
+
+@dataclass(frozen=True)
 class TokenProb:
     """One candidate token and its probability (or log-probability)."""
 
@@ -152,6 +184,7 @@ class Completion:
     n_predict: int
     probs: tuple[TokenProbs, ...] = ()
     cancelled: bool = False
+    served: MindServed | None = None  # a mind's request: how its mind was served
 
 
 @dataclass(frozen=True)
@@ -164,4 +197,4 @@ class EngineError:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-Event = PromptProgress | TokenEvent | Completion | EngineError
+Event = MindSeated | PromptProgress | TokenEvent | Completion | EngineError

@@ -20,6 +20,16 @@ class MindTier(StrEnum):
     DISK = "disk"  # only its spilled file under the save path
 
 
+class MindSource(StrEnum):
+    """Where a mind's turn found its state (the answer's `X-Kvswap-Mind-Tier`)."""
+
+    SLOT = "slot"  # resident in its slot: nothing moved
+    RAM = "ram"  # its RAM page, copied into a slot
+    DISK = "disk"  # its spilled file, read and applied
+    SHARED = "shared"  # the cluster's shared tier (another replica held it)
+    NEW = "new"  # no tier held it: its first turn, or its state was dropped (re-prefilled)
+
+
 class MindAction(StrEnum):
     """What `POST /minds/{name}?action=` may ask of one of the caller's minds."""
 

@@ -15,6 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.page import PageLayout, SlotState
@@ -107,8 +110,9 @@ class Reconfigure:
 
 @dataclass(frozen=True)
 class FlushMinds:
-    """Copy every idle resident mind's state out (for a spill before exit, or only `keys` for
-    a scheduled flush); the slots keep theirs.
+    """Copy idle resident minds' states out: only `keys` (the spill before exit asks for those
+    whose disk copy is not current, a scheduled flush for those due), or every one; the slots
+    keep theirs.
 
     Replies with a list of (mind key, Captured) whose buffers the caller closes, once every
     copy is in a buffer the buffer worker mapped (the engine thread only copies)."""
@@ -124,6 +128,16 @@ class ForgetMind:
 
     key: PageKey
     reply: Reply[bool]
+
+
+@dataclass(frozen=True)
+class MindTokens:
+    """A copy of mind `key`'s tokens where the engine holds its state (its slot, else its RAM
+    page); None when neither does (it lives on disk only, or nowhere). The caller holds the
+    mind, so no turn changes them meanwhile."""
+
+    key: PageKey
+    reply: Reply[npt.NDArray[np.int32] | None]
 
 
 @dataclass(frozen=True)
@@ -185,6 +199,7 @@ Command = (
     | Reconfigure
     | FlushMinds
     | ForgetMind
+    | MindTokens
     | Nudge
     | ShedCache
     | RoomReport
@@ -252,7 +267,8 @@ class ReconfigureReceipt:
 
     old: Geometry
     new: Geometry
-    n_ctx_slot: int
+    n_ctx_slot: int  # the new geometry's slot window
+    old_n_ctx_slot: int  # the old one's
     timings_ms: dict[str, float] = field(default_factory=dict)
     n_bytes_moved: int = 0
     slots: list[SlotFate] = field(default_factory=list)

@@ -26,7 +26,7 @@ from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.backend.sampler import SamplerChain
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.core.types import Completion, EngineError
+from kvswap.core.types import Completion, EngineError, MindSeated
 from kvswap.engine.admission import check_request
 from kvswap.engine.captures import Captures
 from kvswap.engine.commands import (
@@ -35,6 +35,7 @@ from kvswap.engine.commands import (
     Command,
     FlushMinds,
     ForgetMind,
+    MindTokens,
     MindVerb,
     Nudge,
     Reconfigure,
@@ -53,7 +54,7 @@ from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seating
+from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seat, Seating
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
 from kvswap.engine.running import RunningRequest
@@ -295,6 +296,8 @@ class Engine:
             self.captures.flush(cmd, self.seating.flush_slots(cmd.keys))
         elif isinstance(cmd, ForgetMind):
             cmd.reply(self.seating.forget(cmd.key))
+        elif isinstance(cmd, MindTokens):
+            cmd.reply(self.seating.tokens_of(cmd.key))
         elif isinstance(cmd, SLOT_VERBS):
             if not self.slots.valid(cmd.slot_id):
                 cmd.reply(KvswapError(ErrorKind.INVALID_REQUEST, "Invalid slot ID"))
@@ -323,7 +326,7 @@ class Engine:
             self._changed = True
             cmd = job.payload
             try:
-                self.seating.seat(slot, cmd)
+                seat = self.seating.seat(slot, cmd)
             except NoRoomYet:
                 self.waiting.jobs.insert(0, job)  # retried when the demoter has made room
                 break
@@ -332,7 +335,7 @@ class Engine:
                 continue
             if isinstance(cmd, Submit):
                 assert job.prompt is not None
-                self._admit(cmd, job.prompt, slot)
+                self._admit(cmd, job.prompt, slot, seat)
             elif isinstance(cmd, SLOT_VERBS):
                 reprefill = self.captures.run(cmd, slot)  # a token-only page_in re-prefills
                 if reprefill is not None:
@@ -341,9 +344,10 @@ class Engine:
             elif isinstance(cmd, MindVerb):  # (seated, paged out or erased by `seat`)
                 cmd.reply(slot.id if slot.mind == cmd.key else -1)
 
-    def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot) -> None:
+    def _admit(self, cmd: Submit, prompt: np.ndarray, slot: Slot, seat: Seat | None = None) -> None:
         req = cmd.request
         rt = self.runtime
+        served = self.seating.served(seat, slot, prompt) if seat is not None else None
         # KV computed under one LoRA set never serves a request under another.
         same_lora = slot.lora == req.lora
         n_keep = slot.tokens.common_prefix(prompt) if req.cache_prompt and same_lora else 0
@@ -355,8 +359,10 @@ class Engine:
             sampler.accept(int(tok))
         self._n_admitted += 1
         slot.running = RunningRequest(
-            cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted
+            cmd.req_id, req, prompt, cmd.sink, sampler, n_keep, self._n_admitted, served
         )
+        if served is not None:  # before any output: the answer's headers say it
+            slot.running.sink(MindSeated(cmd.req_id, served))
         slot.running.checkpoint_at = rt.memory.plan(len(prompt), n_keep)
         slot.running.spec.enabled = self.spec is not None
         if req.return_progress and req.stream:  # llama-server's 0% event, before any decode

@@ -246,7 +246,7 @@ class Reconfigurer:
         occupants = self._occupants(new_slot_ctx)
         plan = plan_seats(occupants, target.n_parallel, new_slot_ctx)
         kv_change = self._kv_type_changes(target)
-        receipt = ReconfigureReceipt(old=old, new=target, n_ctx_slot=new_slot_ctx)
+        receipt = ReconfigureReceipt(old, target, new_slot_ctx, rt.n_ctx_slot)
         timings = receipt.timings_ms
         timings["drain_ms"] = (t_drained - p.t_start) * 1e3
         # Whole states even when the KV types change: a rollback must find every state intact.

@@ -20,6 +20,7 @@ from kvswap.core.types import (
     Completion,
     Event,
     GenerationRequest,
+    MindServed,
     PromptProgress,
     StopType,
     Timings,
@@ -56,6 +57,7 @@ class RunningRequest:
         sampler: SamplerChain,
         n_cache: int,
         admitted: int,
+        served: MindServed | None = None,
     ) -> None:
         self.req_id = req_id
         self.request = request
@@ -64,6 +66,7 @@ class RunningRequest:
         self.sampler = sampler
         self.admitted = admitted
         self.n_cache = n_cache  # prompt tokens reused from the slot's cache (cache_n)
+        self.served = served  # a mind's request: how its mind was served
         self.n_done = n_cache  # prompt tokens in the KV
         self.pending: int | None = None  # sampled, not yet decoded
         self.draft: list[int] = []  # this step's draft tokens after `pending` (speculative)
@@ -206,6 +209,7 @@ class RunningRequest:
             n_predict=self.request.n_predict,
             probs=tuple(self.probs),
             cancelled=self.cancelled,
+            served=self.served,
         )
 
     def close(self) -> None:

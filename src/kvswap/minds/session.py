@@ -20,7 +20,8 @@ verb; both yield a `HeldMind`:
    go (`Claims.settle`, on the I/O executor, also after a failure or a cancellation).
 
 `turn_done` is the turn's end before its answer goes out (in a cluster, written to the shared
-tier). Also the minds' views for GET /pages, and forgetting a mind a slot verb ended.
+tier); `served` completes the engine's account of how the mind was seated (the tier it came
+from, the switch's time). Also the minds' views for GET /pages, and forgetting a mind a slot verb ended.
 
 RAM-to-disk movement (the demoter, the disk budget, ownership files, the spill before exit)
 lives in `kvswap.tiers.demoter`. Runs on the event loop; file I/O on the I/O executor.
@@ -30,17 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.page import SlotState
-from kvswap.core.types import Completion, EngineError, GenerationRequest
-from kvswap.core.vocab import MindTier
+from kvswap.core.types import Completion, EngineError, GenerationRequest, MindServed
+from kvswap.core.vocab import MindSource, MindTier
 from kvswap.engine.commands import Command, Nudge
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.minds.registry import MindRegistry, MindView
@@ -85,6 +87,7 @@ class HeldMind:
     lease_wait_s: float = 0.0  # a takeover's wait for a dead owner's lease
     on_disk_only: bool = False  # its state lives in its disk copy only
     read: ReadState | None = None  # the disk copy read back for the engine
+    read_ms: float = 0.0  # ... and how long its read took
     restored: bool = False  # `restore` was asked (once per turn)
     seed: Seed | None = None  # a fork: the state it starts from (set before `restore`)
 
@@ -156,8 +159,22 @@ class MindSession:
         if resumed is not None and resumed.state is not None:
             return resumed.state
         if held.on_disk_only:
+            t0 = time.perf_counter()
             held.read = await self._read(held.key)
+            held.read_ms = (time.perf_counter() - t0) * 1e3
         return held.read.state if held.read is not None else None
+
+    def served(self, held: HeldMind, served: MindServed) -> MindServed:
+        """The engine's account of how the held mind was seated, completed with what only this
+        side knows: a state it restored came from the shared tier (in a cluster) or from disk,
+        and the fetch or read before the engine applied it is part of the switch."""
+        if served.source is not MindSource.DISK:
+            return served
+        resumed = held.resumed
+        if resumed is not None and resumed.state is not None:
+            before_ms = (resumed.fetch_s + resumed.verify_s + held.lease_wait_s) * 1e3
+            return replace(served, source=MindSource.SHARED, switch_ms=served.switch_ms + before_ms)
+        return replace(served, switch_ms=served.switch_ms + held.read_ms)
 
     async def _let_go(self, held: HeldMind) -> None:
         self.registry.pop_restore_ms(held.key)  # read by the turn's end, if at all

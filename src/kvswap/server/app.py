@@ -19,6 +19,7 @@ from kvswap import __version__
 from kvswap.config.settings import ServerConfig
 from kvswap.server import forward, routes_web
 from kvswap.server.anthropic import routes as routes_anthropic
+from kvswap.server.anthropic.errors import AnthropicErrors
 from kvswap.server.asgi import ASGIApp
 from kvswap.server.cors import CorsMiddleware, cors_policy
 from kvswap.server.errors import install_error_handlers
@@ -77,7 +78,8 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
         sleeper=sleeper,
         page_paths=page_paths(),
     )
-    return RequestLog(CorsMiddleware(guard, cors_policy(config.http)))
+    outer = AnthropicErrors(guard, config.http.api_prefix)  # its routes' errors, its shape
+    return RequestLog(CorsMiddleware(outer, cors_policy(config.http)))
 
 
 def _routers() -> list[APIRouter]:

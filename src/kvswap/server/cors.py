@@ -5,7 +5,8 @@ headers reach every answer: the 503 while loading, a 401, a 404, a stream.
 
 - `Access-Control-Allow-Origin`, on every response:
   - `--cors-origins *` (the default) with credentials allowed (the default): the request's
-    `Origin` echoed back (empty when the request has none), as llama-server;
+    `Origin` echoed back, as llama-server; a request with no `Origin` (no browser sent it)
+    gets no header, where llama-server sends an empty one (docs/COMPAT.md);
   - `--cors-origins localhost`: the `Origin` echoed only when its host is `localhost`,
     `127.0.0.1` or `::1` (any port, http or https); another origin gets no header (logged);
   - any other value: that value, verbatim.
@@ -49,7 +50,7 @@ class CorsPolicy:
     def allow_origin(self, origin: str | None) -> str | None:
         """The Access-Control-Allow-Origin value for a request's Origin; None: no header."""
         if self.credentials and self.origins == "*":
-            return origin or ""
+            return origin or None
         if self.origins == LOCALHOST_ORIGINS:
             if origin and origin_is_localhost(origin):
                 return origin

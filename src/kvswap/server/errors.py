@@ -4,7 +4,8 @@ Owns that envelope (`error_json`, the one writer of it: the handlers, the guard'
 error inside a stream, /predict's instances, the forwarder's 503) and the mapping from
 exceptions (KvswapError, request validation, malformed bodies, unknown routes, a body past
 `--max-body-bytes`, anything unexpected) to it, with the HTTP status equal to `code`.
-Installed on the app by `install_error_handlers`; routes just raise.
+Installed on the app by `install_error_handlers`; routes just raise. Anthropic's routes answer
+the same errors in Anthropic's shape (`anthropic.errors` rewrites them).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Response bodies shared by every route: timings, probabilities, generation settings,
-/tokenize, /detokenize, /apply-template and slot actions.
+"""Response bodies shared by every route: timings (and how a mind was served, as a body block
+and as headers), probabilities, generation settings, /tokenize, /detokenize, /apply-template
+and slot actions.
 
 Pure functions from engine results to JSON-able dicts, in llama-server's shapes (read from
 `server-task.cpp`, `server-common.cpp` and `server-context.cpp`; the source function is named
@@ -19,7 +20,9 @@ from typing import Any
 
 from kvswap.core.sampling import SamplingParams
 from kvswap.core.types import (
+    Completion,
     GenerationRequest,
+    MindServed,
     PromptProgress,
     Timings,
     TokenProbs,
@@ -83,6 +86,47 @@ def timings_json(t: Timings) -> dict[str, Any]:
         out["draft_n_accepted"] = t.draft_n_accepted
     if t.speculative:
         out["draft_prompt_n"] = t.draft_prompt_n
+    return out
+
+
+def served_json(s: MindServed) -> dict[str, Any]:
+    """kvswap's `mind` block of an answer: which mind, the tier its state came from, the time
+    its switch into the slot took, and whether the request kept its whole history (else where
+    it diverged and how many of its tokens were dropped)."""
+    return {
+        "name": s.key.name,
+        "tier_before": s.source.value,
+        "switch_ms": round(s.switch_ms, 3),
+        "n_tokens_before": s.n_tokens,
+        "diverged_at": s.n_kept if s.diverged else None,
+        "n_dropped": s.n_dropped,
+    }
+
+
+def final_timings(c: Completion) -> dict[str, Any]:
+    """An answer's last `timings`, with kvswap's `mind` block beside them for a mind's turn."""
+    return {"timings": timings_json(c.timings), **served_block(c)}
+
+
+def served_block(c: Completion) -> dict[str, Any]:
+    """kvswap's `mind` block alone, for a mind's turn (Anthropic's answers, which carry no
+    `timings`: llama-server's suite checks that they do not)."""
+    return {} if c.served is None else {"mind": served_json(c.served)}
+
+
+def served_headers(s: MindServed) -> dict[str, str]:
+    """The same as headers, for clients that read no body field (and streams, whose headers
+    come first): `X-Kvswap-Mind` (the name's UTF-8 bytes, as `X-Mind-Id` takes them),
+    `X-Kvswap-Tier-Before`, `X-Kvswap-Switch-Ms`, and for a request that diverged from its
+    mind's history `X-Kvswap-Diverged-At` and `X-Kvswap-Dropped-Tokens`."""
+    out = {
+        "X-Kvswap-Mind": s.key.name.encode("utf-8").decode("latin-1"),
+        "X-Kvswap-Tier-Before": s.source.value,
+        "X-Kvswap-Switch-Ms": f"{s.switch_ms:.3f}",
+    }
+    if s.diverged:
+        out["X-Kvswap-Diverged-At"] = str(s.n_kept)
+        out["X-Kvswap-Dropped-Tokens"] = str(s.n_dropped)
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from kvswap.core.types import Completion, GenerationRequest, PromptProgress, TokenEvent
 from kvswap.server.formats import (
     TaskExtras,
+    final_timings,
     generation_settings_json,
     probs_json,
     progress_json,
@@ -63,7 +64,7 @@ def native_final(
         "stop_type": c.stop_type.value,
         "stopping_word": c.stopping_word,
         "tokens_cached": c.n_tokens_cached,
-        "timings": timings_json(c.timings),
+        **final_timings(c),
     }
     if not req.stream and c.probs:
         out["completion_probabilities"] = probs_json(c.probs, post_sampling=req.post_sampling_probs)

@@ -86,6 +86,14 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
         "counter",
         "Minds larger than the whole page store that left their slot (spilled, or dropped)",
     ),
+    "mind_diverged_total": (
+        "counter",
+        "Mind requests whose prompt did not extend their mind's history (the rest was dropped)",
+    ),
+    "mind_dropped_tokens_total": (
+        "counter",
+        "Tokens of minds' histories dropped by requests that diverged from them",
+    ),
     "mind_entries": ("gauge", "Minds the registry keeps an entry for (those that hold state)"),
     "mind_switch_ms_total": (
         "counter",

@@ -8,8 +8,10 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
   bound for another replica is forwarded from here, never rendered or tokenized here). A body
   whose `"mind"` cannot be read holds nothing: its preparation answers the typed 400.
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
-  turn (`turn_done`) before its last event goes out; then the route's own end of the turn
-  runs (`Turn.before_answer`: a stored response is written), still before that event.
+  turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
+  `MindSeated`, its first event) is kept for the answer's headers (`Turn.headers`) and its
+  `Completion`; then the route's own end of the turn runs (`Turn.before_answer`: a stored
+  response is written), still before that event.
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
@@ -33,6 +35,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import TypeVar
 
 from fastapi import Request
@@ -40,12 +43,20 @@ from fastapi.responses import StreamingResponse
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
-from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.core.types import (
+    Completion,
+    EngineError,
+    Event,
+    GenerationRequest,
+    MindSeated,
+    MindServed,
+)
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
 from kvswap.minds.names import request_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
 from kvswap.server.errors import error_json
+from kvswap.server.formats import served_headers
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import MindField, parse_body
 from kvswap.server.sse import DONE, sse
@@ -79,6 +90,7 @@ class Turn:
         self.minds = minds
         self.held = held
         self.exits = exits or AsyncExitStack()
+        self.served: MindServed | None = None  # how the mind was served, once it is seated
         self.before_answer: BeforeAnswer | None = None
 
     @property
@@ -91,15 +103,25 @@ class Turn:
         then lets nothing go."""
         return self.exits.pop_all()
 
+    def headers(self) -> dict[str, str]:
+        """The answer's headers saying how its mind was served (none for no mind)."""
+        return served_headers(self.served) if self.served is not None else {}
+
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[Event, None]:
-        """The request's events; the last is a Completion or an EngineError."""
+        """The request's events; the last is a Completion or an EngineError. A mind's seating
+        (`MindSeated`) is kept as `served`, not yielded."""
         held = self.held
         restore = None
         if held is not None:
             assert request.mind == held.key, "a held turn runs its own mind's request"
             restore = await self.minds.restore(held)
         async for event in self.client.stream(request, restore):
+            if isinstance(event, MindSeated):
+                if held is not None:
+                    self.served = self.minds.served(held, event.served)
+                continue
             if isinstance(event, Completion) and held is not None:
+                event = replace(event, served=self.served)
                 event = await self.minds.turn_done(held, request, event)
             if isinstance(event, Completion) and self.before_answer is not None:
                 event = await self.before_answer(request, event)
@@ -282,5 +304,7 @@ async def open_stream(
             await events.aclose()
 
     return StreamingResponse(
-        body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", **runner.headers()},
     )

@@ -232,9 +232,11 @@ class Demoter:
         store = self.store
         if store is None:
             return
+        # Only minds whose disk copy is not current are copied out and counted.
         minds_in_ram = [k for k in _minds_in_ram(store) if not self._is_current(k)]
+        resident = frozenset(k for k in self.registry.residents() if not self._is_current(k))
         answer = Answer()
-        self.post(FlushMinds(answer))
+        self.post(FlushMinds(answer, resident))
         if not answer.wait(_ENGINE_TIMEOUT_S):
             log.error("the engine did not hand over its resident minds: they are not spilled")
             return

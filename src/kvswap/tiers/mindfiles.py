@@ -1,5 +1,5 @@
 """Minds on disk: their own folder of the save path, their file names, what a file says without
-being read (the model it was made with, its token count), and the one-time move of the minds
+being read (the model it was made with, its token count, its tokens), and the one-time move of the minds
 an earlier version kept among the slot files.
 
 Every mind's generations live in `<save>/.kvswap-minds/` (published crash-safely by a
@@ -12,7 +12,8 @@ Earlier versions kept a mind among the slot files as `mind~<namespace>~<hex>`, w
 `save` could overwrite it. `migrate` moves each such generation once into the minds' folder
 (read and verified, published there, then removed), and logs what it moved.
 
-Worker threads only (the loader's, at start): never the engine thread or the event loop.
+Worker threads only (the loader's at start, the I/O executor for a GET /minds/{name}): never the
+engine thread or the event loop.
 """
 
 from __future__ import annotations
@@ -22,15 +23,19 @@ import struct
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
+
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.files import FilesError, OsAdapter, Publisher, sidecar
-from kvswap.files.seqfile import file_parts
+from kvswap.files.seqfile import FIXED_HEADER_BYTES, file_parts, parse_fixed_header, parse_words
 
 log = logging.getLogger("kvswap.minds")
 
 MINDS_DIR: Final = ".kvswap-minds"
 HEAD_BYTES: Final = 24  # what `n_tokens_of` reads of a mind's sequence file
 _OLD_PREFIX: Final = "mind~"
+_FILE_BYTES_UNKNOWN: Final = 1 << 62  # the header's own check of the file's size is skipped
 
 
 def file_name(key: PageKey) -> str:
@@ -70,6 +75,16 @@ def n_tokens_of(head: bytes) -> int:
         return 0
     words = struct.unpack("<IIIiII", head[:HEAD_BYTES])
     return int(words[5]) if words[3] == -1 else int(words[2])
+
+
+def tokens_on_disk(minds: Publisher, key: PageKey) -> npt.NDArray[np.int32]:
+    """The tokens of mind `key`'s spilled file, its header read without its state (GET
+    /minds/{name} of a mind on disk only); FilesError when it has none, or a damaged one."""
+    name = file_name(key)
+    n_words = parse_fixed_header(minds.read_head(name, FIXED_HEADER_BYTES), _FILE_BYTES_UNKNOWN)
+    head = minds.read_head(name, FIXED_HEADER_BYTES + 4 * n_words)
+    tokens, _ = parse_words(head[FIXED_HEADER_BYTES:])
+    return tokens.copy()
 
 
 def open_minds(save_dir: Path, seam: OsAdapter | None = None) -> Publisher:

@@ -78,6 +78,8 @@ class MindCounters:
     too_large_total: int = 0  # a mind larger than the whole page store left its slot
     flushes_total: int = 0  # an idle mind's state written on schedule (--page-flush-seconds)
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
+    diverged_total: int = 0  # a request that did not extend its mind's history
+    dropped_tokens_total: int = 0  # ... the tokens of the history it dropped
 
     def as_metrics(self) -> dict[str, float]:
         return {f"mind_{k}": float(v) for k, v in vars(self).items()}

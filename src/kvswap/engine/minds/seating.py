@@ -35,6 +35,10 @@ anonymous cache, where it is found by its prefix and evicted like any entry, or,
 cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
 buffer, or that nothing can move. Nothing the engine makes here is a page that lives forever.
 
+`seat` says how a request's mind came in (`Seat`: the tier, the switch's time); `served` adds
+what of the mind's history the request's prompt keeps: a prompt that does not extend it
+diverges, and the rest is dropped (counted and logged, and the answer says so).
+
 Owns the spare and the wait for room; slots carry their mind, the registry where each mind lives,
 the flush schedule what changed, the hand-offs what goes to disk. Called only by the engine
 thread; does no file I/O.
@@ -44,13 +48,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
+import numpy.typing as npt
 
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey
-from kvswap.core.vocab import MindMove
+from kvswap.core.page import read_tokens
+from kvswap.core.types import MindServed
+from kvswap.core.vocab import MindMove, MindSource
 from kvswap.engine.commands import (
     MindVerb,
     PageOut,
@@ -87,6 +95,14 @@ class NotYourMind(KvswapError):
             ErrorKind.PERMISSION,
             f"slot {slot_id} holds a conversation of another API key: this key cannot act on it",
         )
+
+
+@dataclass(frozen=True)
+class Seat:
+    """How `Seating.seat` brought a request's mind into its slot."""
+
+    source: MindSource  # where its state was
+    switch_ms: float  # the whole seating: the slot's previous mind out, this one in
 
 
 class PagedOut(Enum):
@@ -126,8 +142,9 @@ class Seating:
         self._refusals_logged: set[str] = set()  # reasons a switch was refused, logged once
         self.spare = Spare(store, buffers, "mind-switch") if store is not None else None
 
-    def seat(self, slot: Slot, cmd: object) -> None:
-        """Make `slot` ready for the job `cmd` (a Submit or a slot verb).
+    def seat(self, slot: Slot, cmd: object) -> Seat | None:
+        """Make `slot` ready for the job `cmd` (a Submit or a slot verb); for a job naming a
+        mind, how its mind came into the slot.
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
         if slot.mind is not None and isinstance(cmd, SlotCapture | SlotErase | PageOut):
@@ -135,44 +152,64 @@ class Seating:
             # calls `left` after erase and page_out).
             if cmd.namespace is not None and slot.mind.namespace != cmd.namespace:
                 raise NotYourMind(slot.id)
-            return
+            return None
         if isinstance(cmd, MindVerb) and cmd.action != MindMove.TO_SLOT:
             if slot.mind != cmd.key:
-                return  # the mind is in no slot: nothing to do
+                return None  # the mind is in no slot: nothing to do
             if cmd.action == MindMove.TO_RAM:
                 self.evict(slot)
             else:  # erase: the mind ends here (the caller forgets its other copies)
                 self.runtime.verbs.clear(slot)
                 self.left(slot)
-            return
+            return None
         mind = cmd.key if isinstance(cmd, MindVerb) else None
         if isinstance(cmd, Submit):
             mind = cmd.request.mind
+        t_start = time.perf_counter()
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
         if not mind:
             if isinstance(cmd, Submit) and cmd.request.cache_prompt:
                 prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
                 self.anon.prepare(slot, prompt)
-            return
+            return None
         reg = self.registry
         reg.touch(mind)
         self.flushes.changed(mind)
         if slot.mind == mind:
             reg.count(hits_slot_total=1)
-            return
+            return Seat(MindSource.SLOT, 0.0)
         assert isinstance(cmd, Submit | MindVerb)
         t0 = time.perf_counter()
         if slot.mind is None:
             self.anon.save(slot)  # the anonymous prompt it held stays findable
-        self._bring_in(slot, mind, cmd)
+        source = self._bring_in(slot, mind, cmd)
         slot.mind = mind
         reg.seated(mind, slot.id)
         reg.count(switch_ms_total=(time.perf_counter() - t0) * 1e3)
         # The next switch's buffer is faulted in now, not while this one copied.
         self.ask_spare()
+        return Seat(source, (time.perf_counter() - t_start) * 1e3)
 
-    def _bring_in(self, slot: Slot, mind: PageKey, cmd: Submit | MindVerb) -> None:
+    def served(self, seat: Seat, slot: Slot, prompt: np.ndarray) -> MindServed:
+        """How the request `seat` seated in `slot` finds its mind: the history its prompt
+        keeps. A prompt that does not extend the whole history diverges: the rest is dropped
+        (its prefill writes over it), counted and logged, never silently."""
+        mind = slot.mind
+        assert mind is not None, "a mind's request is seated with its mind"
+        served = MindServed(
+            mind, seat.source, seat.switch_ms, len(slot.tokens), slot.tokens.common_prefix(prompt)
+        )
+        if served.diverged:
+            self.registry.count(diverged_total=1, dropped_tokens_total=served.n_dropped)
+            log.info(
+                "mind %s: the request diverged from its history at token %d: %d of its %d "
+                "tokens dropped",
+                mind, served.n_kept, served.n_dropped, served.n_tokens,
+            )  # fmt: skip
+        return served
+
+    def _bring_in(self, slot: Slot, mind: PageKey, cmd: Submit | MindVerb) -> MindSource:
         store, reg, verbs = self.store, self.registry, self.runtime.verbs
         if store is not None and store.has(mind) and store.get(mind).layout.token_only:
             # A KV-type reconfigure left it tokens only; the request carries its whole prompt,
@@ -181,25 +218,31 @@ class Seating:
             log.warning("mind %s held tokens only (the KV types changed): re-prefilled", mind)
             verbs.clear(slot)
             reg.count(new_total=1)
+            source = MindSource.NEW
         elif store is not None and store.has(mind):
             self._make_cells(slot, store.get(mind).layout.n_tokens)
             verbs.page_in(slot, mind)
             reg.count(hits_ram_total=1)
+            source = MindSource.RAM
         elif cmd.restore is not None:
             t0 = time.perf_counter()
             self._make_cells(slot, len(cmd.restore.tokens))
             verbs.mover.apply(slot, cmd.restore)
             reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
+            source = MindSource.DISK  # or the shared tier: the HTTP side knows which
         elif isinstance(cmd, Submit) and cmd.request.cache_prompt:
             # A mind never seen starts from the longest anonymous prefix of its prompt (a
             # stored conversation's first turn ran without a mind: its second adopts its KV).
             self.anon.prepare(slot, np.asarray(cmd.request.prompt_tokens, dtype=np.int32))
             reg.count(new_total=1)
+            source = MindSource.NEW
         else:
             verbs.clear(slot)
             reg.count(new_total=1)
+            source = MindSource.NEW
         slot.t_last_used = time.monotonic()
+        return source
 
     def _make_cells(self, slot: Slot, n_tokens: int) -> None:
         """Free KV cells for a state of `n_tokens` about to be loaded into `slot`: in a unified
@@ -429,6 +472,16 @@ class Seating:
         if self.store is not None and self.store.has(key):
             self.store.remove(key)
         return True
+
+    def tokens_of(self, key: PageKey) -> npt.NDArray[np.int32] | None:
+        """A copy of mind `key`'s tokens from its slot or its RAM page (`MindTokens`)."""
+        slot = next((s for s in self.slots if s.mind == key), None)
+        if slot is not None:
+            return slot.tokens.view().copy()
+        if self.store is not None and self.store.has(key):
+            page = self.store.get(key)
+            return read_tokens(page.view(), page.layout)
+        return None
 
     def check_integrity(self) -> None:
         """Assert the registry's residents are exactly the slots' minds, and a mind on its way

@@ -20,6 +20,8 @@ from typing import Any
 from kvswap.chat.blocks import BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, StopType
+from kvswap.server.anthropic.errors import anthropic_error
+from kvswap.server.formats import served_block
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -77,6 +79,9 @@ def message_json(c: Completion, msg: ChatMsg, *, msg_id: str, model: str) -> dic
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": usage_json(c),
+        **served_block(
+            c
+        ),  # beyond Anthropic's shape: kvswap's mind block (no timings, as llama-server)
     }
 
 
@@ -157,6 +162,7 @@ def message_end(c: Completion, msg: ChatMsg) -> list[dict[str, Any]]:
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
             "usage": {"output_tokens": c.n_decoded},
+            **served_block(c),
         },
         {"type": "message_stop"},
     ]
@@ -167,9 +173,6 @@ def encode(obj: dict[str, Any]) -> bytes:
     return sse_event(str(obj["type"]), obj)
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
-
-
 def encode_error(event: EngineError) -> bytes:
-    kind = _ERROR_TYPES.get(event.kind.code, "api_error")
-    return sse_event("error", {"type": "error", "error": {"type": kind, "message": event.message}})
+    """An error after the stream began: Anthropic's `error` event."""
+    return sse_event("error", anthropic_error(event.kind.code, event.message))

@@ -3,7 +3,9 @@
 The body becomes the equivalent chat body (`schemas_anthropic.to_chat_body`), which runs
 exactly as /v1/chat/completions does (same template, tools, grammar, engine, slots and prefix
 reuse); the answer is parsed (`ChatParser`) and shaped as Anthropic's (`formats_anthropic`).
-The API-key guard accepts `x-api-key`, as Anthropic's clients send it.
+The API-key guard accepts `x-api-key`, as Anthropic's clients send it. `max_tokens` is required
+on /v1/messages (a 400 naming it, as Anthropic's API; llama-server defaulted it to 4096), not on
+count_tokens; errors leave in Anthropic's shape (`anthropic.errors`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kvswap.chat.blocks import BlockStream
 from kvswap.chat.parser import ChatParser
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.types import Completion, Event, TokenEvent
 from kvswap.server.anthropic import formats as fa
 from kvswap.server.anthropic.schemas import MessagesRequest, to_chat_body
@@ -31,8 +34,10 @@ from kvswap.server.streaming import Render, complete_all, open_stream, turn
 router = APIRouter()
 
 
-def _chat_body(raw: bytes) -> ChatCompletionRequest:
+def _chat_body(raw: bytes, *, generate: bool = True) -> ChatCompletionRequest:
     req = parse_body(MessagesRequest, raw)
+    if generate and req.max_tokens is None:
+        raise KvswapError(ErrorKind.INVALID_REQUEST, "max_tokens: Field required")
     data = json.loads(raw)  # valid: parse_body accepted it
     return parse_body(ChatCompletionRequest, to_chat_body(req, data))
 
@@ -48,7 +53,9 @@ async def messages(request: Request) -> Response:
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)
             msg = ChatParser(job.plan.spec).parse_all(c.content)
-            return JSONResponse(fa.message_json(c, msg, msg_id=msg_id, model=model))
+            return JSONResponse(
+                fa.message_json(c, msg, msg_id=msg_id, model=model), headers=runner.headers()
+            )
         # Token events carry timings, so message_start can report the cached prompt tokens.
         reqs = [dataclasses.replace(r, timings_per_token=True) for r in job.requests]
         return await open_stream(
@@ -92,5 +99,5 @@ def _message_stream(plan: ChatPlan, *, msg_id: str, model: str) -> Render:
 async def count_tokens(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
-    n = await prepared(raw, lambda: count_chat_tokens(state, _chat_body(raw)))
+    n = await prepared(raw, lambda: count_chat_tokens(state, _chat_body(raw, generate=False)))
     return JSONResponse({"input_tokens": n})

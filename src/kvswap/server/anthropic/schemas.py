@@ -21,8 +21,6 @@ from pydantic import model_validator
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.server.requests.schemas import Body, JsonInt, NonNegInt, PositiveInt
 
-DEFAULT_MAX_TOKENS = 4096  # llama-server's default when max_tokens is absent
-
 
 class ContentBlock(Body):
     """One block of Anthropic content (fields by `type`; unknown ones ignored)."""
@@ -210,7 +208,8 @@ def to_chat_body(req: MessagesRequest, raw: dict[str, Any] | None = None) -> dic
         messages += _message(msg, i)
     body: dict[str, Any] = {k: v for k, v in (raw or {}).items() if k not in _CONSUMED}
     body["messages"] = messages
-    body["max_tokens"] = req.max_tokens or DEFAULT_MAX_TOKENS
+    if req.max_tokens is not None:  # required by /v1/messages, not by count_tokens
+        body["max_tokens"] = req.max_tokens
     if req.tools:
         for tool in req.tools:
             if tool.type not in (None, "custom"):

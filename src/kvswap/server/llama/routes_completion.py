@@ -72,7 +72,7 @@ async def completion(request: Request) -> Response:
         if not body.stream:
             results = await complete_all(runner, reqs, request)
             objs = [final(i, c, r) for i, (c, r) in enumerate(zip(results, reqs, strict=True))]
-            return JSONResponse(objs[0] if len(objs) == 1 else objs)
+            return JSONResponse(objs[0] if len(objs) == 1 else objs, headers=runner.headers())
 
         def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
             if isinstance(event, TokenEvent):

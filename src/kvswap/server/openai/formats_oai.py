@@ -31,7 +31,7 @@ from kvswap.core.types import (
     TokenEvent,
     TokenProbs,
 )
-from kvswap.server.formats import probs_json, progress_json, timings_json
+from kvswap.server.formats import final_timings, probs_json, progress_json, timings_json
 
 _ID_ALPHABET = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
@@ -123,7 +123,7 @@ def completion_final(
     }
     if verbose is not None:
         out["__verbose"] = dict(verbose)
-    out["timings"] = timings_json(c.timings)
+    out.update(final_timings(c))
     return out
 
 
@@ -187,7 +187,7 @@ def chat_final(
     }
     if verbose is not None:
         out["__verbose"] = dict(verbose)
-    out["timings"] = timings_json(c.timings)
+    out.update(final_timings(c))
     return out
 
 
@@ -246,7 +246,7 @@ def chat_final_chunks(
     if include_usage:
         chunks.append({"choices": [], **_envelope(meta, "chat.completion.chunk")})
         chunks[-1]["usage"] = usage_json(c)
-    chunks[-1]["timings"] = timings_json(c.timings)
+    chunks[-1].update(final_timings(c))
     return chunks
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from kvswap.chat.blocks import Block, BlockEvent, BlockKind
 from kvswap.chat.message import ChatMsg
 from kvswap.core.types import Completion, EngineError, PromptProgress, StopType
-from kvswap.server.formats import progress_json, timings_json
+from kvswap.server.formats import final_timings, progress_json, timings_json
 from kvswap.server.sse import sse_event
 
 _ALNUM = string.ascii_letters + string.digits
@@ -96,6 +96,7 @@ def response_json(
         out["completed_at"] = (
             meta.created_at + int(c.timings.prompt_ms + c.timings.predicted_ms) // 1000
         )
+        out.update(final_timings(c))  # llama-server's timings, kvswap's mind block
     return out
 
 

@@ -103,7 +103,10 @@ async def oai_completion(request: Request) -> Response:
                 completion_final(c, r, meta, index=i)
                 for i, (c, r) in enumerate(zip(results, reqs, strict=True))
             ]
-            return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
+            return JSONResponse(
+                merge_choices(_with_verbose(state, body, finals, results, reqs)),
+                headers=runner.headers(),
+            )
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         def render(index: int, event: Event) -> Iterable[dict[str, Any]]:
@@ -140,7 +143,10 @@ async def chat_completion(request: Request) -> Response:
                 chat_final_msg(c, r, meta, ChatParser(plan.spec).parse_all(c.content), index=i)
                 for i, (c, r) in enumerate(zip(results, reqs, strict=True))
             ]
-            return JSONResponse(merge_choices(_with_verbose(state, body, finals, results, reqs)))
+            return JSONResponse(
+                merge_choices(_with_verbose(state, body, finals, results, reqs)),
+                headers=runner.headers(),
+            )
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         render = _chat_stream(plan, reqs, meta, include_usage=include_usage)
         return await open_stream(runner, reqs, render, http=request, done_marker=True)

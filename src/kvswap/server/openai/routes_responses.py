@@ -97,7 +97,7 @@ async def responses(request: Request) -> Response:
         meta = fr.ResponseMeta(fr.new_response_id(), state.model_name, int(time.time()), _echo(req))
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)
-            return JSONResponse(whole_response(state, meta, job.plan, c))
+            return JSONResponse(whole_response(state, meta, job.plan, c), headers=runner.headers())
         stream = ResponseStream(state, job.plan, fr.ResponseEvents(meta))
         return await _open(runner, job.requests, stream, request)
 
@@ -158,7 +158,7 @@ async def _stored(
                 [c] = await complete_all(runner, sj.job.requests, request)
                 body = whole_response(state, meta, sj.job.plan, c)
                 await writer.write(body, c)
-                return JSONResponse(body)
+                return JSONResponse(body, headers=runner.headers())
             stream = ResponseStream(state, sj.job.plan, fr.ResponseEvents(meta))
             runner.before_answer = writer.before_answer(stream)
             return await _open(runner, sj.job.requests, stream, request)
@@ -202,12 +202,13 @@ async def _background(
 
 
 def _state_json(start: ChainStart, sj: StoredJob) -> dict[str, Any]:
-    """A stored turn's fields: its conversation (OpenAI's), its mind and how its prompt was
-    made (kvswap's: `mind`, `continuation`)."""
+    """A stored turn's fields: its conversation (OpenAI's), and kvswap's `continuation`: the
+    chain's mind and how its prompt was made (the `mind` block beside `timings` says how the
+    mind was served, when the turn ran on it)."""
     return {
         "conversation": {"id": start.conversation} if start.conversation is not None else None,
-        "mind": start.mind.name if start.mind is not None else None,
         "continuation": {
+            "mind": start.mind.name if start.mind is not None else None,
             "mode": sj.cont.mode.value,
             "reason": sj.cont.reason or None,
             "n_dropped_items": sj.n_dropped,

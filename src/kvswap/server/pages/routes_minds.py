@@ -1,5 +1,15 @@
-"""POST /minds/{name}?action=page_out|page_in|spill|drop: move one of the caller's minds between
-the tiers without a request (the web page's mind actions; kvswap's own).
+"""GET /minds/{name}: one of the caller's minds, its history as text and as chat messages (the
+web page opens a mind with it); POST /minds/{name}?action=page_out|page_in|spill|drop: move it
+between the tiers without a request (the web page's mind actions). kvswap's own.
+
+GET answers `{"mind", "tier", "n_tokens", "text", "messages"}`: `text` is its tokens as text
+(special tokens written out), `messages` the system, user and assistant messages that render
+those tokens again through the chat template (`text.transcript`), or null where they cannot be
+told apart (a raw /completion prompt, a template that frames turns unalike): a chat turn that
+sends those messages and a new user message extends the mind, and prefills only the new
+tokens. The tokens are read where the mind lives (its slot or RAM page, on the engine thread;
+its spilled file's header, on the I/O executor), while the mind is held, so no turn changes
+them meanwhile; nothing moves.
 
 - `page_out`: from its slot to its RAM page (a mind not in a slot stays where it is);
 - `page_in`: into a slot, as a request naming it would be seated (from RAM, or read back from
@@ -7,7 +17,7 @@ the tiers without a request (the web page's mind actions; kvswap's own).
 - `spill`: to disk, leaving its slot and RAM (needs `--slot-save-path`);
 - `drop`: out of every tier: its slot is cleared, its RAM page and its files removed.
 
-Each holds the mind as a request does (`MindSession.hold`: its lock, so a move never races a turn
+Each verb holds the mind as a request does (`MindSession.hold`: its lock, so a move never races a turn
 of the same mind; in a cluster it acts on this replica's copy, and a drop reaches the shared
 tier too). The name is the caller's own, in its tenant namespace: another tenant's mind
 cannot be named, and a mind that lives nowhere is a 404. The answer is `{"mind", "action",
@@ -18,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+import numpy.typing as npt
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -25,11 +37,49 @@ from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.page import SlotState
 from kvswap.core.vocab import MindAction, MindMove, MindTier
-from kvswap.engine.commands import MindVerb
+from kvswap.engine.commands import MindTokens, MindVerb
+from kvswap.files import FilesError
 from kvswap.server.asgi import tenant_namespace
+from kvswap.server.requests.chat import render_plain
 from kvswap.server.state import ServerState, get_state
+from kvswap.text.transcript import history
+from kvswap.tiers.mindfiles import tokens_on_disk
+from kvswap.tiers.slotfiles import files_error
 
 router = APIRouter()
+
+
+@router.get("/minds/{name}")
+async def mind_history(name: str, request: Request) -> JSONResponse:
+    state = get_state(request)
+    key = mind_key(tenant_namespace(request.scope), name)
+    tier = state.minds.tier(key)
+    tokens = await _tokens(state, key) if tier is not None else None
+    if tier is None or tokens is None:
+        raise KvswapError(ErrorKind.NOT_FOUND, f"no mind named {name!r}")
+    text = state.vocab.detokenize([int(t) for t in tokens], special=True)
+    template = state.template
+    if template.add_bos and text.startswith(template.bos_token):
+        text = text[len(template.bos_token) :]  # the vocabulary's, not the template's
+    messages = history(text, lambda m, gen: render_plain(state, m, gen))
+    return JSONResponse(
+        {"mind": name, "tier": tier, "n_tokens": len(tokens), "text": text, "messages": messages}
+    )
+
+
+async def _tokens(state: ServerState, key: PageKey) -> npt.NDArray[np.int32] | None:
+    """Mind `key`'s tokens where it lives, read while it is held; None: it lives nowhere."""
+    async with state.minds.hold(key) as held:
+        tokens: npt.NDArray[np.int32] | None = await state.client.call(
+            lambda _, reply: MindTokens(key, reply)
+        )
+        if tokens is not None or not held.on_disk_only or state.minds_files is None:
+            return tokens
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(state.io, tokens_on_disk, state.minds_files, key)
+        except FilesError as err:
+            raise files_error(err, "read the mind's tokens") from err
 
 
 @router.post("/minds/{name}")

@@ -55,10 +55,10 @@ class ReconfigureBody(Body):
         return data
 
 
-def geometry_json(g: Geometry, n_ctx_slot: int | None) -> dict[str, Any]:
-    """A geometry of the receipt (`n_ctx_slot` None: not known, the old one's)."""
-    kv = kv_geometry_json(KvGeometry.of(g, n_ctx=g.n_ctx, n_ctx_slot=n_ctx_slot or 0))
-    return kv | {"n_ctx_slot": n_ctx_slot, "generation": g.generation}
+def geometry_json(g: Geometry, n_ctx_slot: int) -> dict[str, Any]:
+    """A geometry of the receipt, with its slot window."""
+    kv = kv_geometry_json(KvGeometry.of(g, n_ctx=g.n_ctx, n_ctx_slot=n_ctx_slot))
+    return kv | {"generation": g.generation}
 
 
 def fate_json(f: SlotFate, namespace: str) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def fate_json(f: SlotFate, namespace: str) -> dict[str, Any]:
 
 def receipt_json(r: ReconfigureReceipt, namespace: str) -> dict[str, Any]:
     return {
-        "old": geometry_json(r.old, None),
+        "old": geometry_json(r.old, r.old_n_ctx_slot),
         "new": geometry_json(r.new, r.n_ctx_slot),
         "timings": {k: round(v, 3) for k, v in r.timings_ms.items()},
         "n_bytes_moved": r.n_bytes_moved,

@@ -258,6 +258,7 @@ async def pages(request: Request) -> JSONResponse:
     shown += sum(n for _, n in spares) + body["anon_cache_bytes"] + body["closing_bytes"]
     shown += sum(c["n_bytes"] for c in body["copies_under_way"])
     body["other_bytes"] = max(0, usage.charged_bytes - shown)  # other tenants' pages and copies
+    body["disk_tier"] = state.save_dir is not None  # --slot-save-path: minds may go to disk
     body["disk_n_bytes"] = state.minds.disk_bytes(namespace)
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
     if state.chains is not None:  # the caller's stored conversations, beside their minds

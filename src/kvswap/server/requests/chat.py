@@ -159,7 +159,7 @@ def render_history(state: Serving, body: ChatCompletionRequest) -> str:
             add_generation_prompt=False,
             tools=tools,
             chat_template_kwargs=_template_kwargs(state, body),
-            enable_thinking=_enable_thinking(state),
+            enable_thinking=_thinking(state),
         )
     except (InvalidMessagesError, TemplateError) as err:
         raise _invalid(str(err)) from err
@@ -250,16 +250,15 @@ def _render(
         continue_final_message=body.continue_final_message,
         prefill_assistant=state.config.model.prefill_assistant,
     )
-    reasoning = state.config.model.reasoning  # --reasoning: on, off or auto (the template's)
     try:
         prompt = state.template.render(
             cont.messages,
             add_generation_prompt=cont.add_generation_prompt,
             tools=tools,
             chat_template_kwargs=_template_kwargs(state, body),
-            enable_thinking=_enable_thinking(state),
+            enable_thinking=_thinking(state),
         )
-        if reasoning == "off" and cont.add_generation_prompt and not cont.suffix:
+        if _thinking(state) is False and cont.add_generation_prompt and not cont.suffix:
             prompt = close_thinking(state.template.source, prompt)
         return prompt + cont.suffix
     except (InvalidMessagesError, TemplateError) as err:
@@ -268,7 +267,7 @@ def _render(
 
 def _template_kwargs(state: Serving, body: ChatCompletionRequest) -> dict[str, Any]:
     # --chat-template-kwargs are the defaults; the request's own keys win (llama-server).
-    kwargs = {k: json.loads(v) for k, v in state.config.model.chat_template_kwargs}
+    kwargs = _default_kwargs(state)
     kwargs.update(body.chat_template_kwargs or {})
     effort = body.reasoning_effort
     if effort == "none":
@@ -278,9 +277,27 @@ def _template_kwargs(state: Serving, body: ChatCompletionRequest) -> dict[str, A
     return kwargs
 
 
-def _enable_thinking(state: Serving) -> bool | None:
-    reasoning = state.config.model.reasoning  # --reasoning: on, off or auto (the template's)
+def _default_kwargs(state: Serving) -> dict[str, Any]:
+    return {k: json.loads(v) for k, v in state.config.model.chat_template_kwargs}
+
+
+def _thinking(state: Serving) -> bool | None:
+    """--reasoning: on, off, or auto (None: the template's own default)."""
+    reasoning = state.config.model.reasoning
     return None if reasoning == "auto" else reasoning == "on"
+
+
+def render_plain(
+    state: Serving, messages: list[dict[str, str]], add_generation_prompt: bool
+) -> str:
+    """Plain messages rendered as a chat request that sets nothing of its own renders them
+    (the server's template defaults): what `text.transcript` learns a mind's framing from."""
+    return state.template.render(
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        chat_template_kwargs=_default_kwargs(state),
+        enable_thinking=_thinking(state),
+    )
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:

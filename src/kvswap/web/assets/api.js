@@ -87,10 +87,25 @@ export async function mindAction(name, action) {
 // Header values must be ASCII; the body's "mind" field names any mind (and wins, server side).
 const ASCII_NAME = /^[\x20-\x7e]+$/;
 
-// One streamed chat turn. `onDelta(text)` gets each piece of the answer as it comes; resolves
-// to { timings, finishReason }; rejects with ApiError (also for an error sent mid-stream) or
-// an AbortError when `signal` aborts.
-export async function streamChat({ mind, messages, params, signal, onDelta }) {
+// How the answer's mind was served, from its headers (X-Kvswap-*): the tier its state came
+// from, the switch's time, and where the request diverged from its history (null: it did not).
+function servedOf(resp) {
+  const h = (name) => resp.headers.get(`X-Kvswap-${name}`);
+  if (h("Tier-Before") === null) return null;
+  const diverged = h("Diverged-At");
+  return {
+    tier_before: h("Tier-Before"),
+    switch_ms: Number(h("Switch-Ms")),
+    diverged_at: diverged === null ? null : Number(diverged),
+    n_dropped: Number(h("Dropped-Tokens") || 0),
+  };
+}
+
+// One streamed chat turn. `onServed(served)` gets how its mind was served before any text,
+// `onDelta(text)` each piece of the answer as it comes; resolves to { timings, finishReason };
+// rejects with ApiError (also for an error sent mid-stream) or an AbortError when `signal`
+// aborts.
+export async function streamChat({ mind, messages, params, signal, onServed, onDelta }) {
   const extra = { "Content-Type": "application/json" };
   if (ASCII_NAME.test(mind)) extra["X-Mind-Id"] = mind;
   const body = JSON.stringify({ ...params, messages, mind, stream: true });
@@ -100,6 +115,8 @@ export async function streamChat({ mind, messages, params, signal, onDelta }) {
     body,
     signal,
   });
+  const served = servedOf(resp);
+  if (served && onServed) onServed(served);
   const reader = resp.body.getReader();
   const decoder = new TextDecoder();
   const result = { timings: null, finishReason: null };

@@ -1,35 +1,57 @@
-// The chat with one mind: its messages (from local storage, shown again after a reload), the
-// composer, and a turn: the whole history goes to /v1/chat/completions with the mind's name
-// (X-Mind-Id), streamed; the server keeps the mind, so only the new tokens are prefilled. Stop
-// aborts the fetch, and the server cancels the request when its client goes away. Each answer
-// shows its timings (cache_n, prompt_n, tokens/s) and the tier the mind was in before the turn.
+// The chat with one mind. Opening a mind shows the messages this browser kept, then asks the
+// server for the mind's history (GET /minds/{name}): the messages that render its tokens
+// again replace a copy that differs (a mind made or moved on through the API), so the next
+// turn sends what the mind holds and prefills only the new tokens. A history the server cannot
+// split into messages (a raw /completion prompt) is shown as text, with a warning that the next
+// message starts over. A turn sends the whole history to /v1/chat/completions with the mind's
+// name (X-Mind-Id), streamed; Stop aborts the fetch, and the server cancels the request when
+// its client goes away. Each answer shows its timings and how its mind was served, from the
+// answer's headers: the tier it came from, the switch's time, and a divergence from its
+// history (where, and how many tokens were dropped).
 
-import { ApiError, getText, streamChat } from "./api.js";
+import { ApiError, getJson, streamChat } from "./api.js";
 import { renderMarkdown } from "./markdown.js";
-import { parseMetrics } from "./poll.js";
 import { loadMessages, loadSettings, saveMessages, saveSettings, setLastMind } from "./store.js";
 
-const SWITCH_MS = "llamacpp:mind_switch_ms_total";
+const HISTORY = "history"; // the role of a mind's text shown as it is (not a chat)
 
 function metaText(meta) {
-  const parts = [`tier before: ${meta.tier_before}`];
+  const served = meta.served || {};
+  const tier = served.tier_before ?? meta.tier_before; // (messages kept by an older page)
+  const parts = tier ? [`tier before: ${tier}`] : [];
   const t = meta.timings;
   if (t) {
     parts.push(`cache_n ${t.cache_n}`, `prompt_n ${t.prompt_n}`);
     parts.push(`${t.predicted_per_second.toFixed(1)} tokens/s`);
     parts.push(`prompt ${t.prompt_ms.toFixed(0)} ms`);
   }
-  if (Number.isFinite(meta.switch_ms)) parts.push(`switch ${meta.switch_ms.toFixed(2)} ms`);
+  const switchMs = served.switch_ms ?? meta.switch_ms;
+  if (Number.isFinite(switchMs)) parts.push(`switch ${switchMs.toFixed(2)} ms`);
+  if (served.diverged_at != null) {
+    parts.push(`diverged from its history at token ${served.diverged_at}: ${served.n_dropped} tokens dropped`);
+  }
   if (meta.stopped) parts.push("stopped");
   return parts.join(" · ");
 }
 
+// The server's history, with what this browser kept of the same messages (their timings); the
+// last answer of a mind cut by max_tokens lacks its last token there, as the mind does.
+function merged(local, server) {
+  return server.map((m, i) => {
+    const mine = local[i];
+    const last = i === server.length - 1 && m.role === "assistant";
+    const same =
+      mine &&
+      mine.role === m.role &&
+      (mine.content === m.content || (last && mine.content.startsWith(m.content)));
+    return same ? mine : { role: m.role, content: m.content };
+  });
+}
+
 export class ChatView {
-  constructor({ namespace, tierOf, refresh, metrics, plot }) {
+  constructor({ namespace, refresh, plot }) {
     this.namespace = namespace;
-    this.tierOf = tierOf; // (name) => tier from the freshest /pages
     this.refresh = refresh; // () => Promise: poll /pages now
-    this.metrics = metrics; // the server serves /metrics
     this.plot = plot;
     this.mind = "";
     this.messages = [];
@@ -77,11 +99,51 @@ export class ChatView {
     this.messages = loadMessages(this.namespace, name);
     setLastMind(this.namespace, name);
     document.getElementById("chat-heading").textContent = `Chat with ${name}`;
+    this.prompt.disabled = true; // until the server's history is here
+    this.send.disabled = true;
+    this.say(`reading ${name}'s history from the server…`);
+    this.renderAll();
+    this.readHistory(name);
+  }
+
+  async readHistory(name) {
+    let found = null;
+    let why = "";
+    try {
+      found = await getJson(`minds/${encodeURIComponent(name)}`);
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 404)) {
+        why = `could not read ${name}'s history: ${err instanceof ApiError ? err.describe() : err}`;
+      }
+    }
+    if (this.mind !== name || this.controller) return; // another mind, or a turn, since
+    if (why) this.say(why, true);
+    else this.adopt(name, found);
     this.prompt.disabled = false;
     this.send.disabled = false;
-    this.say("");
-    this.renderAll();
     this.prompt.focus();
+  }
+
+  // What the chat shows of the server's copy of the mind (null: the server holds none).
+  adopt(name, found) {
+    const kept = this.messages.filter((m) => m.role !== HISTORY);
+    if (!found) {
+      this.messages = kept;
+      this.say(kept.length ? `the server holds no mind ${name}: a message starts it anew` : "");
+    } else if (found.messages) {
+      this.messages = merged(kept, found.messages);
+      const n = found.n_tokens;
+      this.say(`${name}: ${found.messages.length} messages, ${n} tokens, as the server holds them`);
+    } else {
+      this.messages = [{ role: HISTORY, content: found.text }];
+      this.say(
+        `${name} holds ${found.n_tokens} tokens that are not a chat: a message from here starts ` +
+          "a new conversation and replaces them",
+        true,
+      );
+    }
+    this.save();
+    this.renderAll();
   }
 
   say(text, isError = false) {
@@ -107,15 +169,17 @@ export class ChatView {
     li.className = `msg ${message.role}`;
     const who = document.createElement("div");
     who.className = "who";
-    who.textContent = message.role === "user" ? "you" : this.mind;
+    const names = { user: "you", system: "system", [HISTORY]: `${this.mind}'s history (text)` };
+    who.textContent = names[message.role] || this.mind;
     const body = document.createElement("div");
     body.className = "body";
-    if (message.role === "user") body.textContent = message.content;
+    if (message.role !== "assistant") body.textContent = message.content;
     else body.innerHTML = renderMarkdown(message.content); // escaped first: see markdown.js
     li.replaceChildren(who, body);
     if (message.meta) {
       const meta = document.createElement("div");
       meta.className = "meta";
+      meta.classList.toggle("diverged", message.meta.served?.diverged_at != null);
       meta.textContent = metaText(message.meta);
       if (message.meta.error) {
         const error = document.createElement("span");
@@ -153,30 +217,22 @@ export class ChatView {
     if (this.controller) this.controller.abort();
   }
 
-  async switchMsTotal() {
-    if (!this.metrics) return Number.NaN;
-    try {
-      return parseMetrics(await getText("metrics"))[SWITCH_MS] ?? Number.NaN;
-    } catch {
-      return Number.NaN; // the per-answer switch time is left out, the turn goes on
-    }
-  }
-
   async turn() {
     const text = this.prompt.value;
     if (!this.mind || this.controller || !text.trim()) return;
     const mind = this.mind;
+    // A history that is not a chat is replaced by this conversation (the server says so).
+    if (this.messages.some((m) => m.role === HISTORY)) {
+      this.messages = this.messages.filter((m) => m.role !== HISTORY);
+    }
     const messages = this.messages; // this mind's, even if another one is opened meanwhile
     this.controller = new AbortController();
     this.setStreaming(true);
-    this.say("…");
-    await this.refresh().catch(() => null); // the tier before the turn, as fresh as can be
-    const switchBefore = await this.switchMsTotal();
     const history = messages
-      .filter((m) => m.content)
+      .filter((m) => m.content || m.role === "assistant")
       .map((m) => ({ role: m.role, content: m.content }));
     const user = { role: "user", content: text };
-    const answer = { role: "assistant", content: "", meta: { tier_before: this.tierOf(mind) } };
+    const answer = { role: "assistant", content: "", meta: {} };
     messages.push(user, answer);
     this.prompt.value = "";
     this.save();
@@ -188,6 +244,9 @@ export class ChatView {
         messages: [...history, { role: "user", content: text }],
         params: this.params(),
         signal: this.controller.signal,
+        onServed: (served) => {
+          answer.meta.served = served;
+        },
         onDelta: (piece) => {
           answer.content += piece;
           if (this.mind === mind) this.renderLast();
@@ -211,7 +270,6 @@ export class ChatView {
         this.say(`${mind} could not answer: ${why}`, true);
       }
     }
-    answer.meta.switch_ms = (await this.switchMsTotal()) - switchBefore;
     this.controller = null;
     if (!saveMessages(this.namespace, mind, messages)) {
       this.say("this browser refused to store the messages (storage full or off)", true);

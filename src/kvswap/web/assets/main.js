@@ -120,13 +120,7 @@ function start(props) {
   const metrics = Boolean(props.endpoint_metrics);
   plot.setMetrics(metrics);
   poller = new Poller({ intervalMs: POLL_MS, metrics });
-  chat = new ChatView({
-    namespace: ns,
-    tierOf: (name) => minds.tierOf(name),
-    refresh: () => poller.refresh(),
-    metrics,
-    plot,
-  });
+  chat = new ChatView({ namespace: ns, refresh: () => poller.refresh(), plot });
 
   poller.subscribe((snapshot) => {
     const refused = Object.values(snapshot.errors).find((e) => e && e.status === 401);

@@ -187,18 +187,15 @@ export class MindsView {
     const diskText = document.getElementById("disk-text");
     const used = pages.disk_n_bytes || 0;
     const ceiling = pages.disk_ceiling_bytes;
-    disk.hidden = !ceiling || pages.disk_tier === false;
-    if (pages.disk_tier === false) {
+    disk.hidden = !pages.disk_tier || !ceiling;
+    if (!pages.disk_tier) {
       diskText.textContent = "no disk tier (start with --slot-save-path)";
     } else if (ceiling) {
       disk.max = ceiling;
       disk.value = used;
       diskText.textContent = `${formatBytes(used)} of ${formatBytes(ceiling)} (--page-disk-bytes)`;
-    } else if (pages.disk_tier) {
-      diskText.textContent = `${formatBytes(used)} spilled (no --page-disk-bytes bound)`;
     } else {
-      // Until /pages says whether there is a disk tier (`disk_tier`), claim nothing about it.
-      diskText.textContent = `${formatBytes(used)} on disk`;
+      diskText.textContent = `${formatBytes(used)} on disk (no --page-disk-bytes bound)`;
     }
   }
 
