@@ -80,7 +80,10 @@ def test_fork_at_turn_five_of_ten_and_delete(fork_server: ServerProcess) -> None
     # Delete turn 3 (index 2): both branches still continue.
     client.responses.delete(ids[2])
     on = _say(client, "Go on.", ids[-1])
-    assert on.model_extra["continuation"]["mind"] == mind and on.status in ("completed", "incomplete")
+    assert on.model_extra["continuation"]["mind"] == mind and on.status in (
+        "completed",
+        "incomplete",
+    )
     ids.append(on.id)
     more = _say(client, "Go on too.", fork.id)
     assert more.output_text == _whole(client, fork_turns, "Go on too.")

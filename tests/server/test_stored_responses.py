@@ -46,7 +46,10 @@ def test_every_response_method_through_the_sdk(agent_server: ServerProcess) -> N
     assert got.id == first.id and got.output_text == first.output_text
     second = client.responses.create(input="Again.", previous_response_id=first.id, **ARGS)
     assert second.previous_response_id == first.id
-    assert second.model_extra and second.model_extra["continuation"]["mind"] == first.model_extra["continuation"]["mind"]
+    assert (
+        second.model_extra
+        and second.model_extra["continuation"]["mind"] == first.model_extra["continuation"]["mind"]
+    )
     items = _typed(client.responses.input_items.with_raw_response.list(second.id), ResponseItemList)
     # The items the response was made from, newest first: its input, then the first turn's.
     roles = [getattr(i, "role", None) for i in items.data]

@@ -21,30 +21,14 @@ import argparse
 import json
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from kvswap.bench.progress import progress
 from kvswap.bench.server import BenchServer, process_cpu_s
+from kvswap.bench.stateful_report import WAYS, TurnFigures, report
 from kvswap.models import default_model_path
-
-WAYS = ("kvswap stored", "kvswap re-send", "llama-server re-send")
-
-
-@dataclass(frozen=True)
-class TurnFigures:
-    way: str
-    agent: int
-    turn: int
-    ttft_ms: float
-    total_ms: float
-    request_bytes: int
-    cpu_ms: float
-    n_prompt: int  # the prompt's tokens
-    n_prefilled: int  # ... of them, those the server computed
-    error: str = ""
 
 
 def message(agent: int, turn: int, n_tokens: int) -> str:
@@ -163,8 +147,6 @@ def run(a: argparse.Namespace, way: str) -> list[TurnFigures]:
 
 
 def main(argv: list[str]) -> int:
-    from kvswap.bench.stateful_report import report
-
     p = argparse.ArgumentParser(
         prog="kvswap bench stateful",
         description=__doc__,

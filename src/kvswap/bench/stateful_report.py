@@ -2,15 +2,32 @@
 and tokens prefilled; the targets (the stored path's last turn within 1.2x of its turn 2,
 request bytes that do not grow with the chain, never slower than a full re-send, at least 10x
 faster than llama-server over the RAM budget), each with its figure; the plot of TTFT per turn
-(`bench-stateful.png`, with matplotlib). Written to stdout and `--out`/bench-stateful.md."""
+(`bench-stateful.png`, with matplotlib). Owns the figures a turn records (`TurnFigures`) and
+the ways' names. Written to stdout and `--out`/bench-stateful.md."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
-from kvswap.bench.stateful import WAYS, TurnFigures
+WAYS = ("kvswap stored", "kvswap re-send", "llama-server re-send")
+
+
+@dataclass(frozen=True)
+class TurnFigures:
+    way: str
+    agent: int
+    turn: int
+    ttft_ms: float
+    total_ms: float
+    request_bytes: int
+    cpu_ms: float
+    n_prompt: int  # the prompt's tokens
+    n_prefilled: int  # ... of them, those the server computed
+    error: str = ""
+
 
 ByWay = dict[str, list[TurnFigures]]
 
