@@ -21,6 +21,11 @@ from kvswap.minds.chain import Position
 Item = dict[str, Any]
 Tokens = npt.NDArray[np.int32]
 
+# OpenAI's named error codes an answer carries in `code` instead of the HTTP status (clients
+# match on them: a Codex-style client retries a turn whole on `previous_response_not_found`),
+# with the status each comes with.
+OPENAI_CODES: dict[str, int] = {"previous_response_not_found": 400}
+
 
 @dataclass(frozen=True)
 class ResponseRecord:
