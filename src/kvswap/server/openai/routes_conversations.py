@@ -16,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.minds.chains import Chains
 from kvswap.minds.records import ConversationNotFound, ConversationRecord, ItemNotFound, page_of
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai.items import metadata, new_id, new_items
@@ -132,12 +133,17 @@ async def list_items(request: Request, conversation_id: str) -> Response:
     )
 
 
-async def retrieve_item(request: Request, conversation_id: str, item_id: str) -> Response:
-    state = get_state(request)
-    chains = chains_of(state)
+async def _conversation_of(request: Request, conversation_id: str) -> tuple[Chains, str]:
+    """The store and the caller's namespace, once the conversation is the caller's (404)."""
+    chains = chains_of(get_state(request))
     ns = tenant_namespace(request.scope)
     if await chains.run(chains.store.conversation, ns, conversation_id) is None:
         raise ConversationNotFound(conversation_id)
+    return chains, ns
+
+
+async def retrieve_item(request: Request, conversation_id: str, item_id: str) -> Response:
+    chains, ns = await _conversation_of(request, conversation_id)
     item = await chains.run(chains.store.conversation_item, ns, conversation_id, item_id)
     if item is None:
         raise ItemNotFound(item_id)
@@ -145,11 +151,7 @@ async def retrieve_item(request: Request, conversation_id: str, item_id: str) ->
 
 
 async def delete_item(request: Request, conversation_id: str, item_id: str) -> Response:
-    state = get_state(request)
-    chains = chains_of(state)
-    ns = tenant_namespace(request.scope)
-    if await chains.run(chains.store.conversation, ns, conversation_id) is None:
-        raise ConversationNotFound(conversation_id)
+    chains, ns = await _conversation_of(request, conversation_id)
     conv = await chains.run(chains.store.delete_conversation_item, ns, conversation_id, item_id)
     if conv is None:
         raise ItemNotFound(item_id)
