@@ -157,15 +157,19 @@ def _after_kept_answer(
 def _joins_cleanly(
     last: np.int32, rest: str, glue: Tokens, tokenize: Tokenize, detokenize: Detokenize
 ) -> bool:
-    """Whether the text after the answer starts a token of its own: tokenizing the answer's
-    last token's text with it gives that token, then the glue's tokens."""
+    """Whether the text after the answer starts a token of its own: the answer's last token's
+    text followed by it tokenizes into something that spells that text and ends exactly where
+    the glue's own tokens begin (a token the model wrote that the tokenizer would cut
+    otherwise is no merge across the boundary)."""
     if not rest:
         return True
-    joined = tokenize(detokenize(np.asarray([last], dtype=np.int32)) + rest, False)
+    text = detokenize(np.asarray([last], dtype=np.int32))
+    joined = tokenize(text + rest, False)
+    n_head = len(joined) - len(glue)
     return (
-        len(joined) == len(glue) + 1
-        and int(joined[0]) == int(last)
-        and bool(np.array_equal(joined[1:], glue))
+        n_head >= 1
+        and bool(np.array_equal(joined[n_head:], glue))
+        and detokenize(joined[:n_head]) == text
     )
 
 

@@ -189,7 +189,7 @@ class Chains:
         """Write a stored turn (before its answer goes out); drop what the retention let go."""
         self.counters.turns[mode] += 1
         released = await self.run(self.store.record, write)
-        await self.release(released)
+        await self.release(released + self.store.take_released())
 
     async def delete_response(self, namespace: str, rid: str) -> bool:
         """Delete (hide) a stored response of the caller's; False when there is none. Its

@@ -39,6 +39,7 @@ from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
 from kvswap.minds.chains import Chains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
+from kvswap.minds.state.replicated import ReplicatedStore
 from kvswap.minds.state.store import StateStore
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.requests.lora import LoraScales
@@ -172,7 +173,7 @@ class Loader:
                 draft_model=self.draft_model,
             )
             assert self.adapters is not None
-            if self.state_store is None:
+            if self.state_store is None and self.config.cluster.shared_tier is None:
                 self.state_store = open_state_store(self.config)
             state = build_state(self.config, model, client, self.adapters.infos, self.state_store)
             assert state.chains is not None
@@ -351,6 +352,11 @@ def build_state(
         read_back=_mind_reader(minds_files, client),
         shared=shared_minds,
     )
+    if shared is not None:  # a cluster's records live in the shared tier's log
+        state_store = ReplicatedStore(
+            shared, ttl_s=config.state.ttl_s, budget_bytes=config.state.budget_bytes
+        )
+        log.info("%s", state_store.describe())
     chains = None
     if state_store is not None:
         chains = Chains(state_store, session=minds, client=client, io=io)

@@ -87,9 +87,10 @@ class StateStore:
             items = resps.history(conn, record)
             return items[: len(items) - len(record.output)]
 
-    def record(self, turn: TurnWrite) -> list[Released]:
-        """Write a stored turn (and in a conversation, its items); the minds let go."""
-        now = self.clock()
+    def record(self, turn: TurnWrite, now: float | None = None) -> list[Released]:
+        """Write a stored turn (and in a conversation, its items); the minds let go. `now`:
+        the write's time (a replicated write is applied at the time it was made)."""
+        now = self.clock() if now is None else now
         with self.db.write() as conn:
             released = self._retain(conn, now)
             rec = turn.response
@@ -103,17 +104,28 @@ class StateStore:
             return released + retention.within_budget(conn, self.budget_bytes, keep)
 
     def put_pending(
-        self, ns: str, rid: str, body: dict[str, Any], events: list[dict[str, Any]]
+        self,
+        ns: str,
+        rid: str,
+        body: dict[str, Any],
+        events: list[dict[str, Any]],
+        now: float | None = None,
     ) -> None:
         """A background response's state while it runs (GET reads it)."""
         with self.db.write() as conn:
-            resps.put_pending(conn, ns, rid, body, events, self.clock())
+            resps.put_pending(conn, ns, rid, body, events, self._now(now))
 
-    def delete_response(self, ns: str, rid: str) -> tuple[bool, list[Released]]:
-        now = self.clock()
+    def delete_response(
+        self, ns: str, rid: str, now: float | None = None
+    ) -> tuple[bool, list[Released]]:
+        now = self._now(now)
         with self.db.write() as conn:
             found = resps.hide(conn, ns, rid, now)
             return found, self._retain(conn, now) if found else []
+
+    def take_released(self) -> list[Released]:
+        """Minds let go by writes made elsewhere (a cluster's other replicas); none here."""
+        return []
 
     def sweep(self) -> list[Released]:
         """Apply the retention now (the periodic sweep)."""
@@ -121,6 +133,9 @@ class StateStore:
             return self._retain(conn, self.clock()) + retention.within_budget(
                 conn, self.budget_bytes
             )
+
+    def _now(self, now: float | None) -> float:
+        return self.clock() if now is None else now
 
     def _retain(self, conn: Any, now: float) -> list[Released]:
         retention.expire(conn, now)
@@ -138,10 +153,15 @@ class StateStore:
     # -- conversations --------------------------------------------------------------------
 
     def create_conversation(
-        self, ns: str, conv_id: str, items: list[Item], metadata: dict[str, str]
+        self,
+        ns: str,
+        conv_id: str,
+        items: list[Item],
+        metadata: dict[str, str],
+        now: float | None = None,
     ) -> ConversationRecord:
         with self.db.write() as conn:
-            convs.create(conn, ns, conv_id, metadata, self.clock())
+            convs.create(conn, ns, conv_id, metadata, self._now(now))
             convs.append(conn, conv_id, items)
             rec = convs.get(conn, ns, conv_id)
         assert rec is not None
@@ -152,7 +172,7 @@ class StateStore:
             return convs.get(conn, ns, conv_id)
 
     def update_conversation(
-        self, ns: str, conv_id: str, metadata: dict[str, str]
+        self, ns: str, conv_id: str, metadata: dict[str, str], now: float | None = None
     ) -> ConversationRecord | None:
         with self.db.write() as conn:
             if convs.get(conn, ns, conv_id) is None:
@@ -160,15 +180,17 @@ class StateStore:
             convs.set_metadata(conn, conv_id, metadata)
             return convs.get(conn, ns, conv_id)
 
-    def delete_conversation(self, ns: str, conv_id: str) -> tuple[bool, list[Released]]:
-        now = self.clock()
+    def delete_conversation(
+        self, ns: str, conv_id: str, now: float | None = None
+    ) -> tuple[bool, list[Released]]:
+        now = self._now(now)
         with self.db.write() as conn:
             if convs.get(conn, ns, conv_id) is None:
                 return False, []
             convs.delete(conn, conv_id)
             return True, self._retain(conn, now)
 
-    def add_items(self, ns: str, conv_id: str, items: list[Item]) -> bool:
+    def add_items(self, ns: str, conv_id: str, items: list[Item], now: float | None = None) -> bool:
         with self.db.write() as conn:
             if convs.get(conn, ns, conv_id) is None:
                 return False
@@ -188,7 +210,7 @@ class StateStore:
             return convs.item(conn, conv_id, item_id)
 
     def delete_conversation_item(
-        self, ns: str, conv_id: str, item_id: str
+        self, ns: str, conv_id: str, item_id: str, now: float | None = None
     ) -> ConversationRecord | None:
         """The conversation after the delete; None when it or the item is not the caller's."""
         with self.db.write() as conn:
