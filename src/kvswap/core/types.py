@@ -49,6 +49,10 @@ class GenerationRequest:
     lora: LoraSet = ()
     lora_request: LoraSet = ()
     mind: PageKey | None = None  # the mind's key (core.keys.mind_key); None: anonymous
+    # A mind with no state anywhere takes the anonymous KV holding its prompt's longest prefix
+    # (a stored conversation's second turn adopts its first, which ran without a mind); else
+    # a new mind starts from an empty slot.
+    adopt_prefix: bool = False
 
 
 @dataclass(frozen=True)

@@ -276,9 +276,10 @@ class Engine:
             prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
             mind = cmd.request.mind
             slot_id = -1 if mind else cmd.request.id_slot  # a mind's slot is where it lives
-            self.waiting.add(
-                Job(cmd.req_id, slot_id, prompt, cmd, mind=mind, lora=cmd.request.lora)
-            )
+            req = cmd.request
+            job = Job(cmd.req_id, slot_id, prompt, cmd, lora=req.lora, mind=mind)
+            job.adopt = req.adopt_prefix
+            self.waiting.add(job)
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.req_id)
         elif isinstance(cmd, BufferReady):

@@ -352,14 +352,9 @@ def build_state(
         read_back=_mind_reader(minds_files, client),
         shared=shared_minds,
     )
-    if shared is not None:  # a cluster's records live in the shared tier's log
-        state_store = ReplicatedStore(
-            shared, ttl_s=config.state.ttl_s, budget_bytes=config.state.budget_bytes
-        )
-        log.info("%s", state_store.describe())
-    chains = None
-    if state_store is not None:
-        chains = Chains(state_store, session=minds, client=client, io=io)
+    # A cluster's stored conversations live in the shared tier's log.
+    store = _replicated(config, shared) if shared is not None else state_store
+    chains = Chains(store, session=minds, client=client, io=io) if store is not None else None
     return ServerState(
         config=config,
         model=model,
@@ -377,6 +372,14 @@ def build_state(
         shared_minds=shared_minds,
         chains=chains,
     )
+
+
+def _replicated(config: ServerConfig, shared: SharedTier) -> ReplicatedStore:
+    store = ReplicatedStore(
+        shared, ttl_s=config.state.ttl_s, budget_bytes=config.state.budget_bytes
+    )
+    log.info("%s", store.describe())
+    return store
 
 
 def _demoter(

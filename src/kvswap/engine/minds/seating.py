@@ -14,7 +14,8 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   spilled copy). A verb of another tenant is refused, naming no mind;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
-  starts from the longest anonymous prefix of its prompt, `anon.prepare`, else empty). In a unified KV pool a returning mind needs free cells for its
+  starts from an empty slot; one whose request says `adopt_prefix`, a stored conversation's,
+  from the longest anonymous prefix of its prompt, `anon.prepare`). In a unified KV pool a returning mind needs free cells for its
   state: the least recently used idle residents move out first (`_make_cells`), exactly as a
   full pool moves them for a prefill; while running requests hold the cells the job waits.
 
@@ -231,9 +232,9 @@ class Seating:
             reg.restored(mind, (time.perf_counter() - t0) * 1e3)
             reg.count(hits_disk_total=1)
             source = MindSource.DISK  # or the shared tier: the HTTP side knows which
-        elif isinstance(cmd, Submit) and cmd.request.cache_prompt:
-            # A mind never seen starts from the longest anonymous prefix of its prompt (a
-            # stored conversation's first turn ran without a mind: its second adopts its KV).
+        elif isinstance(cmd, Submit) and cmd.request.cache_prompt and cmd.request.adopt_prefix:
+            # A stored conversation's mind starts from the longest anonymous prefix of its
+            # prompt (its first turn ran without a mind: its second adopts that KV).
             self.anon.prepare(slot, np.asarray(cmd.request.prompt_tokens, dtype=np.int32))
             reg.count(new_total=1)
             source = MindSource.NEW

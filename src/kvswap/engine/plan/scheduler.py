@@ -38,6 +38,7 @@ class Job:
     cancelled: bool = False
     lora: LoraSet = ()  # a request's LoRA set: only its slots' prefixes count
     mind: PageKey | None = None  # the mind the request names (None: anonymous)
+    adopt: bool = False  # a mind in no slot may take an anonymous slot holding its prefix
 
 
 def choose_slot(
@@ -47,18 +48,19 @@ def choose_slot(
     taken: set[int],
     lora: LoraSet = (),
     mind: PageKey | None = None,
+    adopt: bool = False,
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's
     cached prefix counts only when it was computed under the request's LoRA set. A mind takes
-    its own slot; one in no slot takes an anonymous slot holding enough of its prompt (a new
-    mind adopts that prefix), else its seat order."""
+    its own slot; one in no slot its seat order, or with `adopt` first an anonymous slot
+    holding enough of its prompt (a new mind adopts that prefix)."""
     idle = [s for s in slots if s.is_idle and s.id not in taken]
     free = [s for s in idle if s.mind is None]
     if mind:
         home = next((s for s in slots if s.mind == mind), None)
         if home is not None:
             return home if home in idle else None
-        best = _best_prefix(free, prompt, similarity, lora)
+        best = _best_prefix(free, prompt, similarity, lora) if adopt else None
         return best or min(idle, key=_seat_order, default=None)
     if not idle:
         return None
@@ -133,7 +135,13 @@ class WaitQueue:
                 assert job.prompt is not None
                 # A mind's home slot is found even when other work waits on it (then it waits).
                 slot = choose_slot(
-                    slots, job.prompt, self.similarity, taken | waiting_on, job.lora, job.mind
+                    slots,
+                    job.prompt,
+                    self.similarity,
+                    taken | waiting_on,
+                    job.lora,
+                    job.mind,
+                    job.adopt,
                 )
                 if slot is None:
                     unpinned_blocked = True

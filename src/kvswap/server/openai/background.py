@@ -11,6 +11,7 @@ While it runs, the store holds it as pending (another process or a restart sees 
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,8 @@ from kvswap.server.openai.schemas_responses import ResponsesRequest
 from kvswap.server.openai.stateful import TurnWriter, prepare_stored
 from kvswap.server.state import ServerState
 from kvswap.server.streaming import Turn
+
+log = logging.getLogger("kvswap.server")
 
 
 class BackgroundTurn:
@@ -62,6 +65,9 @@ class BackgroundTurn:
             await self._ended(run, "cancelled", None)
         except KvswapError as err:
             await self._ended(run, "failed", {"code": err.kind.value, "message": err.message})
+        except Exception as err:  # the task has no caller to raise to: its response says it
+            log.exception("background response %s failed", self.meta.id)
+            await self._ended(run, "failed", {"code": "server_error", "message": repr(err)})
         finally:
             if seed is not None:
                 seed.close()

@@ -17,7 +17,7 @@ position in the mind (tokens, the rendered prompt's length and digest), its inpu
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -126,9 +126,12 @@ def prepare_stored(
         body, plan, cont, n_dropped = _truncated(
             state, raw, req, start, new_items, body, plan, cont
         )
-    requests = generation_requests(
-        state, body, [[int(t) for t in cont.tokens]], plan.constraint, mind=mind
-    )
+    requests = [
+        replace(r, adopt_prefix=True)  # a new chain's mind takes its first turn's KV
+        for r in generation_requests(
+            state, body, [[int(t) for t in cont.tokens]], plan.constraint, mind=mind
+        )
+    ]
     return StoredJob(
         ChatJob(body, plan, requests),
         start,
