@@ -99,3 +99,19 @@ def test_remove_drops_a_waiting_job() -> None:
     assert q.remove(1) is not None
     assert q.remove(1) is None
     assert len(q) == 0
+
+
+def test_a_mind_that_adopts_takes_the_anonymous_slot_holding_its_prefix() -> None:
+    """Decision: a stored conversation's new mind (`adopt`) is seated where its first turn's
+    anonymous KV is, so its second turn prefills only its new input; any other homeless mind
+    takes its seat order (an empty slot first), as before."""
+    from kvswap.core.keys import mind_key
+
+    slots = _slots(3)
+    slots[1].tokens.append([1, 2, 3, 4])  # the first turn, anonymous
+    mind = mind_key("ns", "chain-1")
+    prompt = _prompt(1, 2, 3, 4, 5, 6)
+    adopted = choose_slot(slots, prompt, similarity=0.1, taken=set(), mind=mind, adopt=True)
+    assert adopted is slots[1]
+    seated = choose_slot(slots, prompt, similarity=0.1, taken=set(), mind=mind)
+    assert seated is slots[0]
