@@ -9,7 +9,8 @@ Modes (`Mode`), applied to the connections already open as well as to new ones:
 - `DELAY`: every chunk, either way, waits `delay_ms` before it is passed on (order kept).
 - `DROP_REPLY`: requests reach the server; its reply is thrown away and the client's connection
   is reset once a reply byte arrives (a reply lost after the command ran: the client cannot
-  tell whether it ran).
+  tell whether it ran). With `n_drops`, only that many replies are lost, then the mode goes
+  back to `PASS` (a client's retry then gets its answer).
 - `RESET`: every open connection is reset now (TCP RST), and each new one as soon as accepted.
 - `BLACKHOLE`: connections are accepted and kept open, and nothing passes either way (a
   partition: the client's own timeout is all it gets).
@@ -62,6 +63,7 @@ class FaultProxy:
         self.upstream = (upstream_host, upstream_port)
         self.mode = Mode.PASS
         self.delay_ms = 0
+        self.n_drops_left: int | None = None  # DROP_REPLY: replies still to drop (None: all)
         self.n_connections = 0
         self.n_requests_up = 0  # client chunks passed to the server
         self.n_replies_dropped = 0
@@ -79,9 +81,11 @@ class FaultProxy:
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self
 
-    def set(self, mode: Mode, delay_ms: int = 0) -> None:
-        """Switch the fault; `RESET` resets every open connection before this returns."""
+    def set(self, mode: Mode, delay_ms: int = 0, n_drops: int | None = None) -> None:
+        """Switch the fault; `RESET` resets every open connection before this returns;
+        `n_drops`: `DROP_REPLY` drops that many replies, then passes again."""
         self.delay_ms = delay_ms
+        self.n_drops_left = n_drops
         self.mode = mode
         if mode is Mode.RESET:
             asyncio.run_coroutine_threadsafe(self._reset_all(), self._loop).result(10)
@@ -168,6 +172,10 @@ class FaultProxy:
                     await asyncio.sleep(self.delay_ms / 1000)
                 if mode is Mode.DROP_REPLY and not upstream:
                     self.n_replies_dropped += 1
+                    if self.n_drops_left is not None:
+                        self.n_drops_left -= 1
+                        if self.n_drops_left <= 0:
+                            self.mode = Mode.PASS
                     _reset(link.client)
                     return
                 writer.write(chunk)

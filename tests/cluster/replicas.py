@@ -25,6 +25,7 @@ from kvswap.cluster.haproxy import HaproxyConfig, Replica, render, server_status
 from kvswap.cluster.procs import ManagedProcess, free_port, start_haproxy
 from kvswap.cluster.up import healthy
 from kvswap.tiny import tiny_model_path
+from tests.cluster.faultproxy import FaultProxy
 from tests.cluster.util import RedisServer, wait_until
 
 # One slot each: a turn's batches are its own, so text matches across replicas and restores.
@@ -105,17 +106,32 @@ class Cluster:
     """Redis, the replicas and HAProxy; see the module docstring."""
 
     def __init__(
-        self, root: Path, n_replicas: int, flags: list[str], *, persistent_redis: bool = False
+        self,
+        root: Path,
+        n_replicas: int,
+        flags: list[str],
+        *,
+        persistent_redis: bool = False,
+        proxied: bool = False,
     ) -> None:
+        """`proxied`: each replica reaches Redis through a fault proxy of its own
+        (`proxies[replica_id]`), so a test can cut one off, delay or reset its link."""
         self.root = root
         self.redis = RedisServer.start(root / "redis", persistent=persistent_redis)
         (root / "logs").mkdir(parents=True, exist_ok=True)
         self.fence_log = root / "fence.log"
         flags = [*SERVE, "--shared-tier-lease-ms", str(LEASE_MS), *flags]
+        ids = [f"r{i}" for i in range(1, n_replicas + 1)]
+        self.proxies = {rid: FaultProxy(self.redis.port).start() for rid in ids if proxied}
         self.replicas = {
-            f"r{i}": KvswapReplica(f"r{i}", root, self.redis.url, flags)
-            for i in range(1, n_replicas + 1)
+            rid: KvswapReplica(
+                rid, root, self.proxies[rid].url if proxied else self.redis.url, flags
+            )
+            for rid in ids
         }
+        peers = ",".join(r.url for r in self.replicas.values())
+        for r in self.replicas.values():
+            r.argv += ["--shared-tier-peers", peers]
         self.haproxy: ManagedProcess | None = None
         self.socket = str(root / "haproxy.sock")
         self.port = free_port()
@@ -168,6 +184,8 @@ class Cluster:
                 r.signal(signal.SIGTERM)
         for r in self.replicas.values():
             r.stop()
+        for proxy in self.proxies.values():
+            proxy.stop()
         self.redis.stop()
 
     def logs(self) -> str:

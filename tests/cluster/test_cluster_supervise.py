@@ -5,8 +5,8 @@ and is steered from another terminal (`kvswap cluster status`, `drain`, `ready`)
   API); while drained, every new mind is served by r2; `ready r1` brings it back to UP, and new
   minds land on r1 again.
 - SIGKILL of the replica that served a mind (found by `X-Kvswap-Replica`), after the mind sat
-  idle past the tier's flush interval (`--shared-tier-rpo-seconds 1`: its page published, read
-  back on /pages): the other replica's mind keeps getting answers through HAProxy meanwhile;
+  idle past the default quiet period (`--shared-tier-quiet-seconds`, 2 s: its page published,
+  read back on /pages): the other replica's mind keeps getting answers through HAProxy meanwhile;
   the killed replica is restarted by `cluster up` (`status` shows it up again, restarts 1, a new
   pid, last exit -9); the mind's next turn succeeds and prefills only its new tokens (its
   cache_n and prompt_n equal a fault-free run of the same conversation).
@@ -34,10 +34,7 @@ from tests.cluster.util import wait_until
 from tests.cluster.workload import ChatClient, Conversation, TurnResult
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
-SERVE = [
-    "-c", "2048", "-np", "1", "--cache-ram", "0",
-    "--shared-tier-rpo-seconds", "1", "--shared-tier-lease-ms", "1500",
-]  # fmt: skip
+SERVE = ["-c", "2048", "-np", "1", "--cache-ram", "0", "--shared-tier-lease-ms", "1500"]
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +160,14 @@ def test_a_killed_replica_is_restarted_and_its_mind_resumes(up: ClusterUp) -> No
     assert resumed.text == control[(0, 3)].text
     after = workload.chat_turn(client, mind, 4)  # and the mind goes on
     assert after.cache_n > 0
+    holder = next(r for r in up.status()["replicas"] if r["id"] == after.replica)
+    assert holder["n_minds_held"] >= 1  # `status` shows the minds each replica holds
+    # ... and every replica's /pages (the web page's line) the supervisor's view of each
+    seen = httpx.get(f"{holder['url']}/pages", timeout=30).json()["shared_tier"]["replicas"]
+    assert {(r["id"], r["state"], r["n_restarts"]) for r in seen} == {
+        (owner, "up", 1),
+        (survivor, "up", 0),
+    }
 
 
 def _restarted(up: ClusterUp, name: str, old_pid: int) -> bool:

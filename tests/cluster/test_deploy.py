@@ -92,6 +92,8 @@ def test_compose_keeps_the_cluster_rules() -> None:
         assert url == "redis://:PW@redis:6379/0"  # the password from the environment
         assert env["KVSWAP_ARG_REPLICA_ID"] == r
         assert env["KVSWAP_ARG_ADVERTISE_URL"] == f"http://{r}:8080"
+        peers = env["KVSWAP_ARG_SHARED_TIER_PEERS"].split(",")
+        assert peers == [f"http://{name}:8080" for name in replicas]  # forwards go only there
         assert "KVSWAP_REDIS_PASSWORD" not in " ".join(s["command"])  # never in argv
         _check_budget(
             parse_size(env["KVSWAP_ARG_SHARED_TIER_BYTES"], "tier"), services["redis"]["command"]
@@ -130,6 +132,11 @@ def test_kubernetes_keeps_the_cluster_rules() -> None:
     assert env["KVSWAP_ARG_ADVERTISE_URL"] == (
         "http://$(POD_NAME).kvswap.$(POD_NAMESPACE).svc.cluster.local:8080"
     )
+    assert env["KVSWAP_ARG_SHARED_TIER_PEERS"].split(",") == [
+        f"http://kvswap-{i}.kvswap.$(POD_NAMESPACE).svc.cluster.local:8080"
+        for i in range(sts["spec"]["replicas"])
+    ]  # forwards go only to the StatefulSet's pods
+    assert names.index("POD_NAMESPACE") < names.index("KVSWAP_ARG_SHARED_TIER_PEERS")
     assert sts["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
     assert kvswap["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
     redis_docs = {d["kind"]: d for d in _k8s("redis.yaml")}

@@ -338,3 +338,43 @@ def test_an_erased_minds_slot_ends_the_mind_in_the_shared_tier_too(
     assert [r.exists(k) for k in (keys.manifest, keys.tokens, keys.lease)] == [0, 0, 0]
     done = workload.chat_turn(c, conv, 3)  # starts the mind fresh: nothing to resume
     assert done.cache_n == 0, done
+
+
+def test_a_mind_verb_sent_to_another_replica_reaches_the_owner(
+    cluster: Cluster, baseline: Results
+) -> None:
+    """Audit A5: the web page's mind actions ran on whichever replica HAProxy picked; a drop
+    there left the owner's slot, RAM and disk copies and the tier's page, and the 'dropped'
+    conversation resumed at its next turn. Now the verb goes on to the owner, which drops the
+    mind from every tier, the shared one included."""
+    conv = Conversation(11, "verb-11")
+    c = workload.ChatClient(cluster.url)
+    owner_id = workload.chat_turn(c, conv, 1).replica
+    assert workload.chat_turn(c, conv, 2).cache_n > 0
+    other = next(r for rid, r in cluster.replicas.items() if rid != owner_id)
+    keys = _mind_keys(conv.name)
+    r = cluster.redis.client()
+    wait_until(lambda: r.exists(keys.manifest) == 1, 30, "the mind's publication")
+    dropped = httpx.post(f"{other.url}/minds/{conv.name}?action=drop", timeout=60)
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json()["tier"] == "none" and dropped.headers["x-kvswap-replica"] == owner_id
+    assert [r.exists(k) for k in (keys.manifest, keys.tokens, keys.lease)] == [0, 0, 0]
+    assert workload.chat_turn(c, conv, 3).cache_n == 0  # nothing left anywhere to resume
+
+
+def test_a_minds_history_read_on_another_replica_comes_from_its_owner(
+    cluster: Cluster, baseline: Results
+) -> None:
+    """Audit A5, for the web page's opening of a mind (GET /minds/NAME): a replica that does
+    not own the mind answered from its own copy, or 404; the read goes to the owner, and no
+    lease moves."""
+    conv = Conversation(12, "history-12")
+    c = workload.ChatClient(cluster.url)
+    owner_id = workload.chat_turn(c, conv, 1).replica
+    workload.chat_turn(c, conv, 2)
+    other = next(r for rid, r in cluster.replicas.items() if rid != owner_id)
+    read = httpx.get(f"{other.url}/minds/{conv.name}", timeout=60)
+    assert read.status_code == 200, read.text
+    assert read.headers["x-kvswap-replica"] == owner_id and read.json()["n_tokens"] > 0
+    holder = cluster.redis.client().get(_mind_keys(conv.name).lease) or b""
+    assert holder.split(b" ")[0].decode() == owner_id  # the lease stayed where it was

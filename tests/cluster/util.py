@@ -62,6 +62,22 @@ def synthetic_page(
     return buf, layout
 
 
+def grown_page(
+    page: memoryview, layout: PageLayout, n_more_tokens: int, n_more_bytes: int, seed: int = 1
+) -> tuple[memoryview, PageLayout]:
+    """`page` grown by appending: its tokens and state bytes first, new ones after (a
+    publication of it is a delta when the growth is small)."""
+    grown = plan_layout(
+        layout.n_tokens + n_more_tokens, layout.target.n_bytes + n_more_bytes, GEOMETRY
+    )
+    rng = np.random.default_rng(seed)
+    buf = memoryview(bytearray(rng.bytes(grown.n_bytes)))
+    write_tokens(buf, grown, np.arange(grown.n_tokens, dtype=np.int32))
+    old = page[layout.target.offset : layout.target.end]
+    buf[grown.target.offset : grown.target.offset + len(old)] = old
+    return buf, grown
+
+
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll a condition with a deadline (never a bare sleep as synchronisation)."""
     deadline = time.monotonic() + timeout_s

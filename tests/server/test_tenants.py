@@ -229,3 +229,27 @@ def test_pages_explain_every_charged_byte_to_a_lone_tenant(
         assert time.monotonic() < deadline, pages
         time.sleep(0.05)
     assert pages["other_bytes"] == 0, pages  # every byte is a listed page, mind or spare
+
+
+def test_each_key_has_slot_files_of_its_own(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Audit B4: slot files were one folder for every key: kb could save over ka's file (its
+    state lost) or restore it (its token count, and a prefix oracle on ka's conversation).
+    With API keys each key's files are its own; a key-less server keeps llama-server's
+    layout (the save path itself)."""
+    save = tmp_path / "slots"
+    save.mkdir()
+    server = start(*ARGS, "--api-key", "ka,kb", "--slot-save-path", str(save))
+    _turn(server, KA, PROMPT, id_slot=0)
+    saved = server.post("/slots/0?action=save", {"filename": "notes.bin"}, headers=KA)
+    assert saved.status_code == 200, saved.text
+    n_ka = saved.json()["n_saved"]
+    probe = server.post("/slots/1?action=restore", {"filename": "notes.bin"}, headers=KB)
+    assert probe.status_code == 404, probe.text  # kb has no such file
+    _turn(server, KB, "kb writes its own words " * 6, id_slot=0)
+    mine = server.post("/slots/0?action=save", {"filename": "notes.bin"}, headers=KB)
+    assert mine.status_code == 200 and mine.json()["n_saved"] != n_ka
+    back = server.post("/slots/1?action=restore", {"filename": "notes.bin"}, headers=KA)
+    assert back.status_code == 200 and back.json()["n_restored"] == n_ka  # ka's, untouched
+    assert not (save / "notes.bin").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from kvswap.tiers.shared.segments import (
     BlobScatter,
     GenerationWrite,
     PagePlan,
+    SectionPlan,
     plan_generation,
     split_page,
     write_literals,
@@ -135,3 +137,24 @@ def test_a_changed_cell_rewrites_its_sections_and_keeps_the_rest() -> None:
     rewritten = [sp.section.name for sp in second.plan.sections if sp.extents[0].gen == 2]
     assert rewritten == ["target.k.1"]
     assert rebuild(second.plan, {1: _blob(first), 2: _blob(second)}) == bytes(changed)
+
+
+def test_an_extent_of_a_first_version_manifest_is_never_reused() -> None:
+    """Audit A8: reuse was decided by CRC-32, so a changed extent was kept once in 2^32,
+    silently (its chunks' own CRCs pass). Extents now carry a 128-bit digest; those of a
+    version-1 manifest (a CRC-32 only) read back, but the next generation rewrites them."""
+    page, layout = page_of(100, False)
+    first = plan_generation(page, split_page(page, layout), None, 1)
+    assert all(len(e.digest) == 16 for sp in first.plan.sections for e in sp.extents)
+    legacy = PagePlan(
+        first.plan.n_bytes,
+        tuple(
+            SectionPlan(sp.section, tuple(replace(e, digest=b"") for e in sp.extents))
+            for sp in first.plan.sections
+        ),
+        first.plan.literals,
+    )
+    again = plan_generation(page, split_page(page, layout), legacy, 2)
+    assert again.n_reused_bytes == 0 and again.n_blob_bytes == first.n_blob_bytes
+    kept = plan_generation(page, split_page(page, layout), first.plan, 3)
+    assert kept.n_blob_bytes == 0  # the same bytes under a digest: all reused

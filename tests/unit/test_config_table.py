@@ -55,12 +55,16 @@ SAMPLES = {
     "--advertise-url": "http://127.0.0.1:8081",
     "--shared-tier-bytes": "1G",
     "--shared-tier-lease-ms": "2000",
+    "--shared-tier-peers": "http://127.0.0.1:8081",
+    "--shared-tier-quiet-seconds": "1",
+    "--shared-tier-release-seconds": "30",
+    "--shared-tier-drain-seconds": "20",
     "--chat-template-kwargs": '{"enable_thinking": false}',
 }
 # A cluster flag means something only in a cluster: the flags it is given with.
 IN_CLUSTER = [
     "--shared-tier", "redis://127.0.0.1:6379/0", "--replica-id", "r1",
-    "--advertise-url", "http://127.0.0.1:8081",
+    "--advertise-url", "http://127.0.0.1:8081", "--shared-tier-peers", "http://127.0.0.1:8081",
 ]  # fmt: skip
 NEEDS_PATH = {"--api-key-file", "--slot-save-path", "--chat-template-file", "--path"}
 NEEDS_DIR = {"--slot-save-path", "--path"}

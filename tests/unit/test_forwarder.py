@@ -23,10 +23,12 @@ from kvswap.core.keys import mind_key, namespace_of
 from kvswap.minds.placement import OwnedElsewhere, Owner, Verdict, decide, wait_bound_s
 from kvswap.server import forward
 from kvswap.server.forward import Forwarder
+from kvswap.server.peerauth import peer_key, sign, verify
 from kvswap.server.turnfacts import turn_facts
 from kvswap.tiers.shared.replica import Holder
 
 KEY = mind_key(namespace_of("k"), "alice")
+PEERS = frozenset(f"http://{name}:8080" for name in ("a", "b", "c", "d"))  # the cluster
 BODY = b'{"mind": "alice", "messages": [{"role": "user", "content": "hi"}]}'
 
 
@@ -146,11 +148,22 @@ async def _call(
     """One request to replica a through its forwarder (the client stays connected, unless
     it `client_leaves` once its body is sent)."""
     http = httpx.AsyncClient(transport=httpx.MockTransport(owners.handle))
-    forwarder = Forwarder(app.build(), replica_id="a", gate=lambda: gate, http=http)  # type: ignore[arg-type,return-value]
+    gates: Callable[[], Gate] = lambda: gate  # noqa: E731
+    forwarder = Forwarder(app.build(), replica_id="a", peers=PEERS, gate=gates, http=http)  # type: ignore[arg-type]
+    return await _call_forwarder(forwarder, headers=headers, client_leaves=client_leaves)
+
+
+async def _call_forwarder(
+    forwarder: Forwarder,
+    path: str = "/v1/chat/completions",
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    client_leaves: bool = False,
+) -> Client:
     scope = {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
         "scheme": "http", "server": ("a", 8080), "client": ("127.0.0.1", 5000),
-        "root_path": "", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+        "root_path": "", "path": path, "raw_path": path.encode(),
         "query_string": b"stream=1",
         "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer k"),
                     (b"proxy-authorization", b"Basic eA=="), *(headers or [])],
@@ -173,7 +186,7 @@ async def _call(
         out.append(dict(message))
 
     await forwarder(scope, receive, send)
-    for asked in gate.handoffs:
+    for asked in forwarder.gate().handoffs:  # type: ignore[union-attr]
         await asked
     await forwarder.aclose()
     return Client(out)
@@ -329,3 +342,85 @@ def test_a_forwarded_turn_is_never_forwarded_again() -> None:
     assert owners.requests[0].headers.get_list("x-kvswap-hop") == ["a"]
     assert json.loads(hopped.body) == {"served": "here"}
     assert [r.url.path for r in owners.requests] == ["/v1/chat/completions", "/cluster/handoff"]
+
+
+def test_a_response_that_names_an_owner_is_passed_on_never_forwarded() -> None:
+    """Audit B1: the app asked the forwarder to forward through a response header, so any
+    response carrying it (one /cors-proxy relays from a third-party server) made the
+    forwarder send the client's request, API key included, to a URL that response chose."""
+    marker = json.dumps(["ns", "x", "r9", "http://evil.example", "tok"])
+
+    built = App([]).build()
+
+    @built.post("/cors-proxy")
+    async def proxy_like(request: Request) -> JSONResponse:
+        return JSONResponse({"from": "mcp"}, headers={"x-kvswap-forward": marker})
+
+    owners = Owners({"evil.example": lambda _: httpx.Response(200, text="stolen")})
+    http = httpx.AsyncClient(transport=httpx.MockTransport(owners.handle))
+    forwarder = Forwarder(built, replica_id="a", peers=PEERS, gate=lambda: Gate(), http=http)  # type: ignore[arg-type,return-value]
+    got = asyncio.run(_call_forwarder(forwarder, "/cors-proxy"))
+    assert owners.requests == []
+    assert got.status == 200 and json.loads(got.body) == {"from": "mcp"}
+
+
+def test_a_lease_naming_a_url_outside_the_cluster_is_refused() -> None:
+    """Audit B1/B5: anything that can write Redis could name itself in a mind's lease and
+    collect the turns, keys and prompts forwarded to it; only the cluster's own replicas
+    (`--shared-tier-peers`) are ever sent a turn."""
+    stranger = Owner(KEY, "r9", "http://evil.example:8080", "tok-r9")
+    app, gate = App([stranger]), Gate()
+    owners = Owners({"evil.example": lambda _: httpx.Response(200, text="stolen")})
+    got = asyncio.run(_call(app, owners, gate))
+    assert owners.requests == []
+    assert got.status == 503 and int(got.headers["retry-after"]) >= 1
+    assert "not a replica of this cluster" in json.loads(got.body)["error"]["message"]
+
+
+def test_a_full_connection_pool_is_a_503_and_the_owner_is_kept() -> None:
+    """Audit A7: past the HTTP client's pool, a PoolTimeout counted as a dead owner: the live
+    owner was marked failed and the turn waited out a lease that kept being renewed."""
+    app, gate = App([owner("b")]), Gate()
+
+    def pool_full(_: httpx.Request) -> httpx.Response:
+        raise httpx.PoolTimeout("no connection free in the pool")
+
+    got = asyncio.run(_call(app, Owners({"b": pool_full}), gate))
+    assert got.status == 503 and int(got.headers["retry-after"]) >= 1
+    assert len(app.seen) == 1 and gate.outcomes == []  # never run here, the owner not blamed
+
+
+KEY_OF_CLUSTER = peer_key("redis://:s3cret@redis:6379/0")
+
+
+def test_a_hop_mark_or_a_hand_off_needs_a_replicas_signature() -> None:
+    """Audit B6: `X-Kvswap-Hop` and POST /cluster/handoff were open to clients: a hand-off
+    alternated with a turn made the owner publish its whole mind each time (Redis traffic
+    paid by every tenant), a forged hop failed one's own turns. Replicas now sign them with a
+    key from the tier's password; a client's hop mark is dropped (the turn is forwarded as
+    usual), a hand-off it asks is a 403, and the forwarder's own requests carry a signature
+    the receiving replica accepts."""
+    assert KEY_OF_CLUSTER is not None and peer_key("redis://redis:6379/0") is None
+    app, gate = App([owner("b")]), Gate()
+    owners = Owners({"b": _stream(b"data: 1\n\n")})
+    http = httpx.AsyncClient(transport=httpx.MockTransport(owners.handle))
+    gates: Callable[[], Gate] = lambda: gate  # noqa: E731
+    forwarder = Forwarder(
+        app.build(), replica_id="a", peers=PEERS, gate=gates, http=http,  # type: ignore[arg-type]
+        peer_key=KEY_OF_CLUSTER,
+    )  # fmt: skip
+    forged = [(b"x-kvswap-hop", b"r9")]
+    got = asyncio.run(_call_forwarder(forwarder, headers=forged))
+    assert got.status == 200 and app.seen[0]["hop"] == ""  # not honoured: forwarded to b
+    turn, handoff = owners.requests
+    for sent in (turn, handoff):  # b accepts what a signed
+        assert verify(KEY_OF_CLUSTER, sent.headers["x-kvswap-peer"], "POST", sent.url.path) == "a"
+    refused = asyncio.run(_call_forwarder(forwarder, "/cluster/handoff"))
+    assert refused.status == 403
+    assert json.loads(refused.body)["error"]["type"] == "permission_error"
+    signed = sign(KEY_OF_CLUSTER, "b", "POST", "/cluster/handoff")
+    passed = asyncio.run(
+        _call_forwarder(forwarder, "/cluster/handoff", [(b"x-kvswap-peer", signed.encode())])
+    )
+    assert passed.status == 404  # through to the app (this stand-in has no such route)
+    assert verify(KEY_OF_CLUSTER, signed, "POST", "/v1/chat/completions") is None

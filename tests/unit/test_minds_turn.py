@@ -53,9 +53,13 @@ def test_the_log_gets_what_the_kv_holds_not_the_last_sampled_token() -> None:
 
 def test_a_turn_id_is_the_requests_else_a_digest_of_its_tokens() -> None:
     """Defect caught: a retried turn (same request, no X-Request-Id, no forwarder) applied to
-    the log twice: the same tokens give the same id, other tokens another."""
+    the log twice: the same tokens give the same id, other tokens another; and (audit A9) a
+    regenerated answer to the same request kept as a duplicate, the log holding the first
+    answer while the KV holds the second."""
     tokens = turn.kv_tokens(PROMPT, completion(cache_n=100))
-    assert turn.turn_id(TurnFacts("req-1"), tokens) == "req-1"
+    assert turn.turn_id(TurnFacts("req-1"), tokens).startswith("req-1:")
+    assert turn.turn_id(TurnFacts("req-1"), tokens) == turn.turn_id(TurnFacts("req-1"), tokens)
+    assert turn.turn_id(TurnFacts("req-1"), tokens[:-1]) != turn.turn_id(TurnFacts("req-1"), tokens)
     assert turn.turn_id(None, tokens) == turn.turn_id(None, tokens.copy())
     assert turn.turn_id(None, tokens).startswith("tokens:")
     assert turn.turn_id(None, tokens[:-1]) != turn.turn_id(None, tokens)
@@ -141,7 +145,8 @@ def test_a_turns_end_is_written_and_a_takeover_counted_once() -> None:
     tier = FakeTier()
     done = _turn_done(tier, ResumeSource.TIER)
     assert isinstance(done, Completion)
-    assert tier.ends == [(KEY, "req-9", [*range(132), 500, 501])]
+    ((key, turn_id, written),) = tier.ends
+    assert (key, written) == (KEY, [*range(132), 500, 501]) and turn_id.startswith("req-9:")
     assert [c["n_resumes"] for c in tier.counted] == [1]
     held_tier = FakeTier()
     _turn_done(held_tier, ResumeSource.HELD)

@@ -22,7 +22,7 @@ from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, mind_key, namespace_of
 from kvswap.engine.client import ClientGone
 from kvswap.minds.placement import OwnedElsewhere, Owner, TurnFacts
-from kvswap.server.asgi import with_failed_owners, with_namespace
+from kvswap.server.asgi import ForwardSlot, with_failed_owners, with_namespace
 from kvswap.server.streaming import named_mind, turn
 
 NS = namespace_of("key")
@@ -42,7 +42,7 @@ def request(
     }  # fmt: skip
     scope = with_namespace(scope, NS)
     if forwarded:
-        scope = with_failed_owners(scope, frozenset({"tok-b"}))
+        scope = with_failed_owners(scope, frozenset({"tok-b"}), ForwardSlot())
     sent = False
     never = asyncio.Event()
 

@@ -14,10 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 
+from kvswap.core.errors import StoreFull
 from kvswap.core.keys import PageKey, mind_key, namespace_of
 from kvswap.core.page import PageGeometry, plan_layout, write_tokens
 from kvswap.core.vocab import ResumeSource
+from kvswap.engine.kv.pagestore import PageStore
 from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held
@@ -87,6 +90,7 @@ class Holdings:
 class Local:
     has_copy: bool = False
     forgotten: list[PageKey] = field(default_factory=list)
+    store: PageStore = field(default_factory=lambda: PageStore(1 << 20))
 
     def forget(self, key: PageKey) -> bool:
         self.forgotten.append(key)
@@ -147,8 +151,26 @@ def test_a_takeover_restores_the_tiers_page_and_forgets_the_local_copies() -> No
     assert list(out.tokens_known) == list(LOG_TOKENS) and out.last_turn == "t7"
     assert (out.fetch_s, out.verify_s) == (0.25, 0.05)
     assert (record.n_published, record.published_gen, record.published_seq) == (6, 9, 0)
+    assert not record.resumed  # audit A6: resumed once a turn ran on it, not before
     out.close()
     assert out.state is None
+
+
+def test_a_fetched_page_is_charged_to_the_page_store_until_it_is_let_go() -> None:
+    """Audit C4: takeover buffers were allocated outside the page store's ceiling, so eight
+    concurrent takeovers of large minds could hold eight pages' worth of RAM uncounted; a
+    store too full for the page now refuses the takeover with a typed 503 (StoreFull)."""
+    p = Parts()
+    out = p.resumer().resume(held(), GEOMETRY)
+    assert p.local.store.charged_bytes == p.store.fetched_into[0] > 0
+    out.close()
+    assert p.local.store.charged_bytes == 0
+    full = Parts(local=Local(store=PageStore(p.store.fetched_into[0] + 1)))
+    blocker = full.local.store.reserve(KEY, 2)
+    with pytest.raises(StoreFull):
+        full.resumer().resume(held(), GEOMETRY)
+    full.local.store.cancel(blocker)
+    assert full.local.store.charged_bytes == 0
 
 
 def test_a_corrupt_page_falls_back_and_the_next_publication_writes_whole() -> None:

@@ -9,6 +9,7 @@ never released, a hand-off that drops a mind it could not publish.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,11 +67,17 @@ class Holdings:
     def drop(self, record: Held, **_: object) -> None:
         self.minds.pop(record.key, None)
 
-    def release(self, record: Held) -> None:
+    def release(self, record: Held, *, keep: bool = False) -> bool:
         if self.release_fails:
             raise TierUnavailable("lease release: connection refused")
         self.released.append(record.key)
         self.minds.pop(record.key, None)
+        return True
+
+    def release_many(self, records: list[Held]) -> int:
+        for record in records:
+            self.release(record)
+        return len(records)
 
 
 @dataclass
@@ -138,6 +145,9 @@ class Local:
         self.forgotten.append(key)
         return True
 
+    def has(self, key: PageKey) -> bool:
+        return self.state is not None or self.n_tokens > 0
+
 
 @dataclass
 class Parts:
@@ -147,16 +157,21 @@ class Parts:
     local: Local = field(default_factory=Local)
     health: TierHealth = field(default_factory=TierHealth)
 
-    def writer(self, rpo_tokens: int = 0) -> MindWriter:
+    registry: MindRegistry = field(default_factory=MindRegistry)
+
+    def writer(self, rpo_tokens: int = 0, release_s: float = 60.0) -> MindWriter:
         return MindWriter(
             holdings=self.holdings,  # type: ignore[arg-type]
             store=self.store,  # type: ignore[arg-type]
             token_log=self.log,  # type: ignore[arg-type]
             local=self.local,  # type: ignore[arg-type]
-            registry=MindRegistry(),
+            registry=self.registry,
             health=self.health,
             rpo_tokens=rpo_tokens,
             rpo_s=5.0,
+            quiet_s=2.0,
+            release_s=release_s,
+            drain_s=60.0,
         )
 
     def hold(self, **fields: Any) -> Held:
@@ -258,11 +273,13 @@ def test_a_failed_publication_keeps_the_mind_dirty_and_releases_the_copy() -> No
 
 
 def test_a_busy_slot_or_a_clean_mind_publishes_nothing() -> None:
-    """Decision: a mind whose slot a turn holds is left to that turn's end (NOT_NOW); a mind
-    with nothing unpublished takes no copy at all (CLEAN)."""
-    p = Parts(local=Local(state=None))
-    busy = p.hold(tokens=tokens(1), seq=1)
+    """Decision: a mind whose slot a turn holds is left to that turn's end (NOT_NOW, retried
+    a second later: audit A2 found it asked of the engine every pass, forever); a mind with
+    nothing unpublished takes no copy at all (CLEAN)."""
+    p = Parts(local=Local(state=None, n_tokens=1))
+    busy = p.hold(tokens=tokens(1), seq=1, dirty_since=1.0)
     assert p.writer().publish(busy) is Outcome.NOT_NOW
+    assert busy.retry_at > 0 and busy.dirty_since == 1.0
     clean = held(mind_key(namespace_of("k"), "bob"), seq=2, published_seq=2)
     p.local.state = b"never copied"
     assert p.writer().publish(clean) is Outcome.CLEAN
@@ -314,3 +331,50 @@ def test_an_ended_mind_leaves_the_tier_or_stays_when_redis_is_away() -> None:
     assert p.holdings.get(KEY) is not None
     writer.end_mind(KEY)
     assert len(p.store.dropped) == 1 and p.holdings.released == [KEY]
+
+
+def test_a_dirty_mind_with_no_copy_left_here_stops_being_asked_for_one() -> None:
+    """Audit A2: a held, dirty mind whose RAM page and files were dropped made the publication
+    thread ask the engine for a copy every 0.2 s, forever: what the tier holds is all there
+    is, so it is no longer dirty (and its lease can go)."""
+    p = Parts(local=Local(state=None, n_tokens=0))
+    record = p.hold(tokens=tokens(1, 2), seq=3, dirty_since=1.0)
+    writer = p.writer()
+    assert writer.publish(record) is Outcome.NOT_NOW
+    assert record.dirty_since is None and writer.publish(record) is Outcome.CLEAN
+
+
+def test_a_mind_idle_past_the_quiet_period_is_due_and_one_idle_past_release_is_let_go() -> None:
+    """Decisions: a mind resting in its slot is published once idle `quiet_s` (a SIGKILL then
+    loses only minds that were mid-turn), never while a turn holds it; a clean mind idle
+    `release_s` has its lease released (audit A2: every mind ever served stayed held and
+    renewed), a dirty one never."""
+    p = Parts()
+    record = p.hold(tokens=tokens(1, 2), seq=1, dirty_since=time.monotonic())
+    writer = p.writer(release_s=30.0)
+    p.registry.seated(KEY, 0)  # resting in slot 0
+    p.registry.set_busy(KEY, True)
+    record.last_used = time.monotonic() - 10
+    assert not writer._due(record, catch_up=False)  # a turn holds it
+    p.registry.set_busy(KEY, False)
+    record.last_used = time.monotonic() - 1
+    assert not writer._due(record, catch_up=False)  # not quiet yet
+    record.last_used = time.monotonic() - 2.5
+    assert writer._due(record, catch_up=False)
+    record.last_used = time.monotonic() - 31
+    assert not writer._idle(record)  # dirty: published first
+    record.dirty_since = None
+    assert writer._idle(record)
+    writer._release_idle(record)
+    assert p.holdings.released == [KEY] and writer.counters()["n_released_idle"] == 1
+
+
+def test_drain_sends_nothing_while_redis_is_away() -> None:
+    """Audit A3: a SIGTERM during a Redis outage spent the grace period on timeouts, one per
+    mind and operation; now the drain skips the tier (the minds are on disk already)."""
+    p = Parts()
+    p.hold(tokens=tokens(1), seq=1)
+    p.health.failed("lease renewal", RuntimeError("down"))
+    writer = p.writer()
+    writer.drain()
+    assert p.store.published == [] and p.holdings.released == []

@@ -77,6 +77,7 @@ SERVER_RANKS = {
     "internal": 1,
     "requestlog": 1,
     "turnfacts": 1,
+    "peerauth": 0,  # replica-to-replica signatures (hashlib, hmac)
     "requests": 2,
     "state": 3,
     "streaming": 4,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kvswap.config import ConfigError, MachineInfo, ServerConfig, parse_serve_args
+from kvswap.server import routes_web
 from kvswap.server.guard import Guard
 from kvswap.web import load_assets, page_paths
 
@@ -149,3 +150,24 @@ def test_a_wheel_carries_the_page(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         shipped = {n.removeprefix("kvswap/web/assets/") for n in z.namelist() if "/assets/" in n}
     assert shipped == set(load_assets())
+
+
+def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path: Path) -> None:
+    """Audit B8: a `--path` file was checked by its resolved path, then opened by name, so a
+    symbolic link swapped in between was followed out of the folder; it is now opened one
+    component at a time without following links."""
+    root = tmp_path / "static"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "page.html").write_text("<p>mine</p>")
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not for you")
+    checked = routes_web._folder_file(str(root), "docs/page.html")
+    assert checked is not None
+    assert routes_web._open_under(str(root), checked) == b"<p>mine</p>"
+    (root / "docs" / "page.html").unlink()
+    (root / "docs" / "page.html").symlink_to(outside)  # swapped after the check
+    assert routes_web._open_under(str(root), checked) is None
+    (root / "docs" / "page.html").unlink()
+    (root / "docs").rmdir()
+    (root / "docs").symlink_to(tmp_path)  # a folder on the way swapped too
+    assert routes_web._open_under(str(root), checked) is None

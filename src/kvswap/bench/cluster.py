@@ -4,13 +4,15 @@ Starts redis-server and two `kvswap serve` replicas, A and B, joined through the
 with per-turn publication (SmolLM2 by default, one slot each, `-c 8192`), then measures,
 client-side, time to first token of a streamed `/completion` turn:
 
-1. Resume against re-prefill, per mind size (1k, 4k and 8k tokens by default): A builds the
+1. Resume against re-prefill, and against its floor, per mind size (1k, 4k and 8k tokens by
+   default; 16k with a model trained on more, `--ctx`): A builds the
    mind (its first turn prefills the whole history), hands it off (as it would to the mind's
    ring home), and B, which never saw the mind, takes the next turn (32 new tokens): it fetches
    the page from Redis, checks it, restores it and prefills the new tokens. The same turn is
    then sent to B under a fresh mind name: a forced re-prefill of the whole conversation. Side
    by side in one run, with B's own split of the resume (fetch, verify, restore, prefill) and
-   the page's bytes and GB/s. Re-prefills of minds larger than `--measure-max` are estimated
+   the page's bytes and GB/s; and the resume against its floor (`cluster_floor`: the page at
+   the tier's raw bandwidth, the restore, the new tokens' prefill on B). Re-prefills of minds larger than `--measure-max` are estimated
    from the prefill rate measured on the largest measured one, and labelled so.
 2. Bytes written per turn: the 4k mind on B, three turns of 32 tokens each: the chunk bytes each
    publication wrote (delta segments) against the page's size.
@@ -42,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from kvswap.bench.cluster_floor import floor_of, tier_bandwidth
 from kvswap.cluster.procs import ManagedProcess, free_port, start_redis
 from kvswap.models import default_model_path
 
@@ -78,15 +81,18 @@ class SizeResult:
 
 
 class Replica:
-    def __init__(self, name: str, root: Path, redis_url: str, argv: list[str]) -> None:
-        self.port = free_port()
+    def __init__(
+        self, name: str, root: Path, redis_url: str, argv: list[str], port: int, peers: str
+    ) -> None:
+        self.port = port
         self.url = f"http://127.0.0.1:{self.port}"
         slots = root / name / "slots"
         slots.mkdir(parents=True)
         full = [
             sys.executable, "-m", "kvswap", "serve", *argv, "--port", str(self.port),
             "--slot-save-path", str(slots), "--shared-tier", redis_url, "--replica-id", name,
-            "--advertise-url", self.url, "--shared-tier-rpo-tokens", "0", "--metrics",
+            "--advertise-url", self.url, "--shared-tier-peers", peers,
+            "--shared-tier-rpo-tokens", "0", "--metrics",
         ]  # fmt: skip
         self.proc = ManagedProcess(name, full, root / f"{name}.log")
         self.http = httpx.Client(base_url=self.url, timeout=3600)
@@ -205,14 +211,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     redis_port = free_port()
     redis = start_redis(redis_port, root / "redis", root / "redis.log", persistent=False)
     model = args.model or str(default_model_path())
-    serve = ["-m", model, "-c", "8192", "-np", "1", "-t", str(args.threads), "-tb",
+    serve = ["-m", model, "-c", str(args.ctx), "-np", "1", "-t", str(args.threads), "-tb",
              str(args.threads), "--shared-tier-lease-ms", str(args.lease_ms)]  # fmt: skip
     url = f"redis://127.0.0.1:{redis_port}/0"
-    a, b = Replica("a", root, url, serve), Replica("b", root, url, serve)
+    ports = (free_port(), free_port())
+    peers = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    a, b = (Replica(n, root, url, serve, p, peers) for n, p in zip("ab", ports, strict=True))
     try:
         a.wait()
         b.wait()
-        words = a.http.post("/tokenize", json={"content": TEXT * 400}).json()["tokens"]
+        words = a.http.post("/tokenize", json={"content": TEXT * 800}).json()["tokens"]
         sizes: list[SizeResult] = []
         for n in args.sizes:
             sizes.append(resume_and_reprefill(a, b, words, n, args.measure_max, sizes))
@@ -220,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             est = " (estimated)" if got.reprefill_estimated else ""
             print(f"size {n}: resume {got.resume.ttft_s * 1e3:.0f} ms, re-prefill "
                   f"{got.reprefill_s * 1e3:.0f} ms{est}", flush=True)  # fmt: skip
+        bandwidth = tier_bandwidth(url)
         per_turn = bytes_per_turn(b, words, args.delta_size)
         forwards = [forwarded_turns(a, b, n, args.forward_turns) for n in args.forward_sizes]
         takeover = kill_and_take_over(a, b, words, args.delta_size)
@@ -229,7 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             replica.proc.stop(60)
         redis.stop()
     return {"sizes": sizes, "per_turn": per_turn, "takeover": takeover, "forwards": forwards,
-            "root": str(root)}  # fmt: skip
+            "root": str(root), "bandwidth": bandwidth}  # fmt: skip
 
 
 def resume_and_reprefill(
@@ -314,6 +323,7 @@ def report(result: dict[str, Any], args: argparse.Namespace, load: str) -> str:
             f"{r.fetch_s * 1e3:.0f} ({r.verify_s * 1e3:.0f}) | {r.restore_s * 1e3:.1f} | "
             f"{gbps:.2f} | {same} |"
         )
+    lines += ["", *floor_lines(result)]
     pt, tk = result["per_turn"], result["takeover"]
     lines += [
         "",
@@ -340,6 +350,27 @@ def report(result: dict[str, Any], args: argparse.Namespace, load: str) -> str:
         f"replica, loopback Redis; load average at the start: {load}.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def floor_lines(result: dict[str, Any]) -> list[str]:
+    """Each resume against its floor (the page at the tier's raw bandwidth, B's restore, B's
+    prefill of the turn's new tokens)."""
+    bandwidth = result["bandwidth"]
+    lines = [
+        f"Resume against its floor (the tier's raw bandwidth {bandwidth / 1e9:.2f} GB/s, pipelined "
+        "GETs over 4 connections):",
+        "",
+        "| mind tokens | resume TTFT ms | floor ms (fetch + restore + prefill) | resume / floor |",
+        "|---|---|---|---|",
+    ]
+    for r in result["sizes"]:
+        f = floor_of(r.n_bytes, bandwidth, r.restore_s, r.resume.prompt_ms / 1e3)
+        lines.append(
+            f"| {r.n_tokens} | {r.resume.ttft_s * 1e3:.0f} | {f.total_s * 1e3:.0f} "
+            f"({f.fetch_s * 1e3:.0f} + {f.restore_s * 1e3:.1f} + {f.prefill_s * 1e3:.0f}) | "
+            f"{r.resume.ttft_s / f.total_s:.2f}x |"
+        )
+    return lines
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -390,6 +421,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--model", help="GGUF model (default: the embedded SmolLM2-135M)")
     p.add_argument("--threads", type=int, default=1, help="threads per replica (-t, -tb)")
     p.add_argument("--lease-ms", type=int, default=5000)
+    p.add_argument("--ctx", type=int, default=8192, help="each replica's -c (16k minds: 20480)")
     p.add_argument("--out", type=Path, help="write bench-cluster.md and bench-cluster.png here")
     args = p.parse_args(argv)  # fmt: skip
     args.sizes = [int(s) for s in args.sizes.split(",")]

@@ -154,7 +154,11 @@ defaults
 frontend kvswap
     bind {cfg.bind}:{cfg.port}
     option http-buffer-request
+    # replica-to-replica only: a client never sends a hop mark nor asks for a hand-off
+    http-request del-header x-kvswap-hop
+    http-request deny deny_status 404 if {{ path_beg /cluster/ }}
     http-request set-var(txn.mind) req.hdr({MIND_HEADER.lower()})
+    http-request set-var(txn.mind) path,field(3,/),url_dec if {{ path_beg /minds/ }} !{{ var(txn.mind) -m found }}
     http-request set-var(txn.mind) req.body,json_query('$.mind') if METH_POST !{{ var(txn.mind) -m found }}
     http-request set-var-fmt(txn.route) "%[req.hdr(authorization)]|%[var(txn.mind)]" if {{ var(txn.mind) -m found }}
     default_backend {BACKEND}

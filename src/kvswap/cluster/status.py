@@ -1,9 +1,10 @@
 """`kvswap cluster status`, `drain ID` and `ready ID`: a running `cluster up` seen and steered
 from another terminal.
 
-`status` reads cluster.json (`state`) and asks HAProxy's runtime API how it sees each replica
-(`UP`, `DOWN`, `DRAIN`, `MAINT`, ...), then prints one line per child: its supervision state,
-pid, restarts and last exit, and HAProxy's view. `drain` and `ready` send `set server
+`status` reads cluster.json (`state`), asks HAProxy's runtime API how it sees each replica
+(`UP`, `DOWN`, `DRAIN`, `MAINT`, ...) and each replica that is up how many minds it holds (its
+/health), then prints one line per child: its supervision state, pid, restarts and last exit,
+HAProxy's view and the replica's minds. `drain` and `ready` send `set server
 replicas/ID state drain|ready` on the runtime API socket (no `socat` needed) and read the new
 state back. The socket comes from cluster.json, or from `--socket` for any HAProxy running the
 generated config (a cluster not started by `cluster up`).
@@ -14,6 +15,8 @@ Owns the status report's text and the drain/ready steps; no process is started o
 from __future__ import annotations
 
 import datetime
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +36,25 @@ def haproxy_view(doc: dict[str, Any]) -> dict[str, str] | None:
 
 
 def with_haproxy(doc: dict[str, Any]) -> dict[str, Any]:
-    """cluster.json with each replica's `haproxy` state added (None: HAProxy did not answer)."""
+    """cluster.json with each replica's `haproxy` state added (None: HAProxy did not answer)
+    and the minds it holds (`n_minds_held`, from its /health; None: it did not answer)."""
     view = haproxy_view(doc)
     replicas = [
-        {**r, "haproxy": None if view is None else view.get(r["id"], "unknown")}
+        {**r, "haproxy": None if view is None else view.get(r["id"], "unknown"),
+         "n_minds_held": minds_held(r["url"]) if r["state"] == "up" else None}
         for r in doc["replicas"]
-    ]
+    ]  # fmt: skip
     return {**doc, "replicas": replicas}
+
+
+def minds_held(url: str, timeout_s: float = 1.0) -> int | None:
+    """How many minds the replica at `url` holds (its /health), None when it does not say."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as r:
+            n = json.loads(r.read()).get("n_minds_held")
+    except (OSError, ValueError):
+        return None
+    return n if isinstance(n, int) else None
 
 
 def _child_line(name: str, child: dict[str, Any], extra: str) -> str:
@@ -68,8 +83,9 @@ def render(doc: dict[str, Any]) -> str:
     lines.append(_child_line("haproxy", doc["haproxy"], f"  {doc['haproxy']['socket']}"))
     lines.append(_child_line("redis", doc["redis"], f"  {doc['redis']['url']}"))
     for r in doc["replicas"]:
-        seen = r.get("haproxy")
+        seen, n_minds = r.get("haproxy"), r.get("n_minds_held")
         extra = f"  {r['url']}" + (f"  haproxy {seen}" if seen is not None else "")
+        extra += f"  minds {n_minds}" if n_minds is not None else ""
         lines.append(_child_line(r["id"], r, extra))
     return "\n".join(lines)
 

@@ -57,7 +57,9 @@ from kvswap.tiers.shared.replica import redacted
 
 # Serve flags the cluster sets itself for every replica.
 OWNED_FLAGS: Final = ("--port", "--host", "--slot-save-path")
-SHARED_TIER_FLAGS: Final = ("--shared-tier", "--replica-id", "--advertise-url")
+SHARED_TIER_FLAGS: Final = (
+    "--shared-tier", "--replica-id", "--advertise-url", "--shared-tier-peers",
+)  # fmt: skip
 TIER_ENV: Final = "KVSWAP_ARG_SHARED_TIER"
 BUDGET_ENV: Final = "KVSWAP_ARG_SHARED_TIER_BYTES"
 HOST: Final = "127.0.0.1"
@@ -151,6 +153,7 @@ def make_plan(
     as_replica = [  # the flags the cluster adds, so a shared-tier flag given is checked too
         "--port", str(port + 1), "--shared-tier", f"redis://{HOST}:{port}/0",
         "--replica-id", "r1", "--advertise-url", f"http://{HOST}:{port + 1}",
+        "--shared-tier-peers", f"http://{HOST}:{port + 1}",
     ]  # fmt: skip
     try:
         parse_serve_args([*serve_flags, *as_replica], {})
@@ -189,6 +192,7 @@ def replica_argv(plan: ClusterPlan, replica: ReplicaPlan) -> list[str]:
         *budget,
         "--replica-id", replica.replica_id,
         "--advertise-url", replica.url,
+        "--shared-tier-peers", ",".join(r.url for r in plan.replicas),
     ]  # fmt: skip
 
 

@@ -355,6 +355,18 @@ class ClusterSettings:
     # --shared-tier-lease-ms (KVSWAP_ARG_SHARED_TIER_LEASE_MS): a mind's owner lease; a dead
     # owner's minds move after at most this long.
     lease_ms: int = 5000
+    # --shared-tier-peers (KVSWAP_ARG_SHARED_TIER_PEERS): every replica's advertised URL, the
+    # only places a turn is forwarded to.
+    peers: tuple[str, ...] = ()
+    # --shared-tier-quiet-seconds (KVSWAP_ARG_SHARED_TIER_QUIET_SECONDS): a mind idle this
+    # long after its turn is published (a SIGKILL then loses only minds that were mid-turn).
+    quiet_seconds: float = 2.0
+    # --shared-tier-release-seconds (KVSWAP_ARG_SHARED_TIER_RELEASE_SECONDS): a published
+    # mind idle this long has its lease released (its copies here stay).
+    release_seconds: float = 60.0
+    # --shared-tier-drain-seconds (KVSWAP_ARG_SHARED_TIER_DRAIN_SECONDS): the most SIGTERM
+    # spends publishing to the tier (after the spill to disk).
+    drain_seconds: float = 60.0
 
 
 @dataclass(frozen=True)

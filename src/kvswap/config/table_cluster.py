@@ -10,6 +10,7 @@ needs a replica id, an advertised URL and the page store. Defaults: docs/CLUSTER
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
@@ -24,10 +25,14 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 _NEEDS_TIER = (
     "--replica-id",
     "--advertise-url",
+    "--shared-tier-peers",
     "--shared-tier-bytes",
     "--shared-tier-rpo-tokens",
     "--shared-tier-rpo-seconds",
     "--shared-tier-lease-ms",
+    "--shared-tier-quiet-seconds",
+    "--shared-tier-release-seconds",
+    "--shared-tier-drain-seconds",
 )
 
 
@@ -51,6 +56,19 @@ def _set_replica_id(b: Builder, v: str) -> None:
 
 
 def _set_advertise_url(b: Builder, v: str) -> None:
+    b.update("cluster", advertise_url=_replica_url(v))
+
+
+def _set_peers(b: Builder, v: str) -> None:
+    urls = tuple(_replica_url(u.strip()) for u in v.split(",") if u.strip())
+    if not urls:
+        raise ValueError("expected http://host:port[,http://host:port...]")
+    b.update("cluster", peers=urls)
+
+
+def _replica_url(v: str) -> str:
+    """A replica's URL as other replicas reach it, checked (a ValueError names what is
+    wrong)."""
     parts = urlsplit(v)
     try:
         port = parts.port
@@ -60,7 +78,7 @@ def _set_advertise_url(b: Builder, v: str) -> None:
         raise ValueError(f"{v!r}: expected http://host:port (where other replicas reach this one)")
     if any(c.isspace() for c in v) or parts.path.strip("/") or parts.query:
         raise ValueError(f"{v!r}: expected http://host:port, with no path")
-    b.update("cluster", advertise_url=v.rstrip("/"))
+    return v.rstrip("/")
 
 
 def _set_bytes(b: Builder, v: str) -> None:
@@ -74,15 +92,18 @@ def _set_rpo_tokens(b: Builder, v: str) -> None:
     b.update("cluster", rpo_tokens=read_int(v, lo=0))
 
 
-def _set_rpo_seconds(b: Builder, v: str) -> None:
-    seconds = read_float(v)
-    if not seconds > 0:
-        raise ValueError("must be more than 0 seconds")
-    b.update("cluster", rpo_seconds=seconds)
-
-
 def _set_lease_ms(b: Builder, v: str) -> None:
     b.update("cluster", lease_ms=read_int(v, lo=100, hi=600_000))
+
+
+def _seconds(field_name: str) -> Callable[[Builder, str], None]:
+    def setter(b: Builder, v: str) -> None:
+        seconds = read_float(v)
+        if not seconds > 0:
+            raise ValueError("must be more than 0 seconds")
+        b.update("cluster", **{field_name: seconds})
+
+    return setter
 
 
 # fmt: off
@@ -97,6 +118,10 @@ FLAGS: tuple[Flag, ...] = (
     flag("--advertise-url", VALUE, KVSWAP, _set_advertise_url, env="KVSWAP_ARG_ADVERTISE_URL",
          hint="URL", help="where the other replicas reach this one (http://host:port): turns "
          "for the minds it owns are forwarded there"),
+    flag("--shared-tier-peers", VALUE, KVSWAP, _set_peers, env="KVSWAP_ARG_SHARED_TIER_PEERS",
+         hint="URL,...", help="the advertised URL of every replica of the cluster, this one's "
+         "included: the only places a turn is forwarded to (a lease naming any other URL is "
+         "refused with a 503)"),
     flag("--shared-tier-bytes", VALUE, KVSWAP, _set_bytes, env="KVSWAP_ARG_SHARED_TIER_BYTES",
          hint="SIZE", help="byte budget of the shared tier: past it the least recently used "
          "minds keep their tokens only (default: no budget)"),
@@ -105,7 +130,7 @@ FLAGS: tuple[Flag, ...] = (
          help="a turn leaving more than N unpublished tokens publishes its mind's page before "
          "answering, so a replica's death re-prefills at most N tokens per mind (default: 2048; "
          "0 = every turn)"),
-    flag("--shared-tier-rpo-seconds", VALUE, KVSWAP, _set_rpo_seconds,
+    flag("--shared-tier-rpo-seconds", VALUE, KVSWAP, _seconds("rpo_seconds"),
          env="KVSWAP_ARG_SHARED_TIER_RPO_SECONDS", hint="SECONDS",
          help="a mind's unpublished page is published in the background once this old "
          "(default: 30)"),
@@ -113,6 +138,18 @@ FLAGS: tuple[Flag, ...] = (
          env="KVSWAP_ARG_SHARED_TIER_LEASE_MS", hint="MS",
          help="a mind's owner lease, renewed while held: a dead replica's minds move after at "
          "most this long (default: 5000)"),
+    flag("--shared-tier-quiet-seconds", VALUE, KVSWAP, _seconds("quiet_seconds"),
+         env="KVSWAP_ARG_SHARED_TIER_QUIET_SECONDS", hint="SECONDS",
+         help="a mind idle this long after its turn is published, so a replica's death loses "
+         "only the minds it was answering (default: 2)"),
+    flag("--shared-tier-release-seconds", VALUE, KVSWAP, _seconds("release_seconds"),
+         env="KVSWAP_ARG_SHARED_TIER_RELEASE_SECONDS", hint="SECONDS",
+         help="a published mind idle this long has its lease released (its copies here stay; "
+         "default: 60)"),
+    flag("--shared-tier-drain-seconds", VALUE, KVSWAP, _seconds("drain_seconds"),
+         env="KVSWAP_ARG_SHARED_TIER_DRAIN_SECONDS", hint="SECONDS",
+         help="the most SIGTERM spends publishing minds to the tier, after spilling them to "
+         "disk: keep it under the grace period (default: 60)"),
 )
 # fmt: on
 
@@ -131,6 +168,15 @@ def check(b: Builder) -> None:
         raise ConfigError(
             "--shared-tier needs --advertise-url (where the other replicas reach this one, "
             "http://host:port)"
+        )
+    if not c.peers:
+        raise ConfigError(
+            "--shared-tier needs --shared-tier-peers (every replica's advertised URL, this "
+            "one's included: the only places a turn is forwarded to)"
+        )
+    if c.advertise_url not in c.peers:
+        raise ConfigError(
+            f"--shared-tier-peers does not list this replica's --advertise-url {c.advertise_url}"
         )
     if b.paging.page_ram_bytes <= 0:
         raise ConfigError("--shared-tier needs the page store: --page-ram-bytes must be above 0")

@@ -96,6 +96,19 @@ class SharedMinds:
         resumed = await self._run(self.tier.resume, got)
         return resumed, waited_s if resumed.taken_over else 0.0
 
+    async def to_owner(self, key: PageKey, facts: TurnFacts | None) -> None:
+        """A read of the mind (its history) goes to its owner: raises OwnedElsewhere when
+        another live replica holds its lease and the request may be forwarded (no lease is
+        taken here; Redis away or no owner: the read is this replica's)."""
+        try:
+            holder = await self._run(self.tier.holder, key)
+        except TierUnavailable:
+            return
+        if holder is None or facts is None or facts.hop or self.is_me(holder):
+            return
+        if holder.token not in facts.failed_owners:
+            raise placement.OwnedElsewhere(Owner.of(key, holder))
+
     # -- the forwarder's side ---------------------------------------------------------------
 
     async def watch_owner(self, owner: Owner) -> None:

@@ -4,8 +4,8 @@ id, and a takeover's costs.
 - `kv_tokens`: the prompt and the generated tokens, cut to what the KV holds (the last sampled
   token is not in it): what the token log appends (`SharedTier.end_turn`, which publishes the
   page too when the turn leaves more than the RPO bound unpublished);
-- `turn_id`: the request's own id (`TurnFacts.turn_id`), else a digest of those tokens, so a
-  retried turn is applied to the token log once;
+- `turn_id`: the request's own id (`TurnFacts.turn_id`) and a digest of those tokens, so a
+  retried turn is applied to the token log once, and a regenerated one replaces the first;
 - `takeover_figures`: for the first turn of a mind taken over here, what the takeover cost
   (lease wait, fetch, verify, restore, prefill) and how many tokens it prefilled that the mind
   had held before (what the publication missed: 0 with per-turn publication).
@@ -43,10 +43,12 @@ def kv_tokens(prompt: Tokens, completion: Completion) -> Tokens:
 
 
 def turn_id(facts: TurnFacts | None, tokens: Tokens) -> str:
-    """The turn's id in the token log: the request's, else a digest of the turn's tokens."""
-    if facts is not None:
-        return facts.turn_id
-    return "tokens:" + hashlib.sha256(tokens.tobytes()).hexdigest()[:32]
+    """The turn's id in the token log: the request's (else "tokens"), with a digest of what
+    the turn left in the KV, its completion included: a retry that answered the same applies
+    once, a regenerated answer (the same request, another completion) is written over the
+    first, so the log always says what the KV holds."""
+    digest = hashlib.sha256(tokens.tobytes()).hexdigest()[:24]
+    return f"{facts.turn_id if facts is not None else 'tokens'}:{digest}"
 
 
 @dataclass(frozen=True)

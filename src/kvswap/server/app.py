@@ -37,6 +37,7 @@ from kvswap.server.openai import (
 )
 from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import routes_cluster, routes_minds, routes_reconfigure, routes_slots
+from kvswap.server.peerauth import peer_key
 from kvswap.server.requestlog import RequestLog
 from kvswap.server.sleep import Sleeper
 from kvswap.web import page_paths
@@ -64,7 +65,9 @@ def create_app(config: ServerConfig, loader: Loader) -> RequestLog:
         install_gcp(app, gcp, routers)
     inner: ASGIApp = app
     if config.cluster.replica_id is not None:
-        forwarder = _cluster(app, config.cluster.replica_id, loader, routers)
+        forwarder = _cluster(
+            app, config.cluster.replica_id, frozenset(config.cluster.peers), loader, routers
+        )
         forwarders.append(forwarder)
         inner = forwarder
     app.include_router(routes_web.router(config.http))  # last: a --path folder takes the rest
@@ -120,7 +123,9 @@ def _lifespan(
     return lifespan
 
 
-def _cluster(app: FastAPI, replica_id: str, loader: Loader, routers: list[APIRouter]) -> Forwarder:
+def _cluster(
+    app: FastAPI, replica_id: str, peers: frozenset[str], loader: Loader, routers: list[APIRouter]
+) -> Forwarder:
     """A replica of a cluster: its own route, and the forwarder in front of the app."""
     app.include_router(routes_cluster.router)
     routers.append(routes_cluster.router)  # after install_gcp: /predict runs no cluster verb
@@ -128,6 +133,8 @@ def _cluster(app: FastAPI, replica_id: str, loader: Loader, routers: list[APIRou
     return Forwarder(
         app,
         replica_id=replica_id,
+        peers=peers,
+        peer_key=peer_key(loader.config.cluster.shared_tier),
         gate=lambda: loader.state.shared_minds if loader.state is not None else None,
     )
 

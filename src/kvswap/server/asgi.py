@@ -5,7 +5,9 @@
 - The entries a middleware sets in `scope["state"]` for the routes: the tenant namespace the
   guard authenticated (`tenant_namespace`), and in a cluster the lease tokens of the owners a
   forward of this very request could not reach (`failed_owners`; absent: no forwarder in
-  front, so the turn is never forwarded).
+  front, so the turn is never forwarded) and the forwarder's `ForwardSlot`, where the app
+  names the owner a turn must go to (never a response header: a response can come from
+  elsewhere, /cors-proxy's from any server on the internet).
 - `until_disconnect(receive)`: the wait for a client's `http.disconnect` (the body read).
 
 Pure; imports nothing of the server.
@@ -24,6 +26,17 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _NAMESPACE: Final = "kvswap.namespace"  # the guard's: the tenant of the request's key
 _FAILED_OWNERS: Final = "kvswap.failed_owners"  # the forwarder's: owners a forward missed
+_FORWARD: Final = "kvswap.forward"  # the forwarder's: where the app names a turn's owner
+
+
+class ForwardSlot:
+    """Filled by the app (its `OwnedElsewhere` handler) when a turn must go to its mind's
+    owner; read by the forwarder that put it in the request's scope. `owner` is the owner as
+    the app found it in the lease (`minds.placement.Owner`); typed loosely, this module
+    imports nothing of the minds."""
+
+    def __init__(self) -> None:
+        self.owner: object | None = None
 
 
 def with_state(scope: Scope, **entries: object) -> Scope:
@@ -42,8 +55,14 @@ def tenant_namespace(scope: Scope) -> str:
     return namespace
 
 
-def with_failed_owners(scope: Scope, tokens: frozenset[str]) -> Scope:
-    return with_state(scope, **{_FAILED_OWNERS: tokens})
+def with_failed_owners(scope: Scope, tokens: frozenset[str], slot: ForwardSlot) -> Scope:
+    return with_state(scope, **{_FAILED_OWNERS: tokens, _FORWARD: slot})
+
+
+def forward_slot(scope: Scope) -> ForwardSlot | None:
+    """The forwarder's slot for this request (None: no forwarder in front)."""
+    slot = scope.get("state", {}).get(_FORWARD)
+    return slot if isinstance(slot, ForwardSlot) else None
 
 
 def failed_owners(scope: Scope) -> frozenset[str] | None:

@@ -28,6 +28,7 @@ from kvswap.core.types import (
     TokenProbs,
 )
 from kvswap.engine.plan.geometry import Geometry
+from kvswap.tiers.shared.replica import LoopView
 
 FLOAT32_LOWEST = -3.4028234663852886e38  # std::numeric_limits<float>::lowest(): log(0)
 
@@ -330,8 +331,22 @@ def select_fields(paths: Sequence[str], body: Mapping[str, Any]) -> dict[str, An
 # --------------------------------------------------------------------- small route bodies
 
 
-def health_json() -> dict[str, Any]:
-    return {"status": "ok"}
+def health_json(
+    threads: Sequence[LoopView] = (), n_minds_held: int | None = None
+) -> dict[str, Any]:
+    """llama-server's `{"status": "ok"}`; on a replica of a cluster, how many minds it holds
+    (`kvswap cluster status` shows it) and its shared tier's background threads (alive,
+    failed passes, restarts, the last error)."""
+    body: dict[str, Any] = {"status": "ok"}
+    if n_minds_held is not None:
+        body["n_minds_held"] = n_minds_held
+    if threads:
+        body["threads"] = [
+            {"name": t.name, "alive": t.alive, "n_failures": t.n_failures,
+             "n_restarts": t.n_restarts, "last_error": t.last_error}
+            for t in threads
+        ]  # fmt: skip
+    return body
 
 
 def tokenize_json(tokens: Sequence[int], pieces: Sequence[bytes] | None = None) -> dict[str, Any]:

@@ -63,6 +63,12 @@ def pages_json(view: TierView, namespace: str) -> dict[str, Any]:
         "token_log": view.token_log,
         "resumes": {k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()},
         "minds_lost": view.writer["n_lost"],
+        "replicas": None
+        if view.replicas is None
+        else [
+            {"id": r.replica_id, "url": r.url, "state": r.state, "n_restarts": r.n_restarts}
+            for r in view.replicas
+        ],
         "handoffs": view.writer["n_handoffs"],
         "held": [
             {

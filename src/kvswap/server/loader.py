@@ -280,7 +280,7 @@ class Loader:
                 state.shared.close()
             state.client.close()
             state.io.shutdown(wait=True)
-            for publisher in (state.publisher, state.minds_files):
+            for publisher in (state.publisher, state.minds_files, *state.tenant_files.values()):
                 if publisher is not None:
                     publisher.close()
             if self.adapters is not None:
@@ -294,11 +294,13 @@ class Loader:
 
 def _drain(state: ServerState) -> None:
     """Everything a leaving server must not lose, while its engine still runs (SIGTERM, sleep,
-    close): in a cluster every dirty mind published to the shared tier and every lease
-    released, so the minds resume elsewhere with no wait; then every mind spilled to disk."""
+    close): first every mind spilled to this replica's disk (local, fast, and what a grace
+    period must never run out before: a Redis that is slow or away cannot delay it), then in
+    a cluster every dirty mind published to the shared tier and every lease released, within
+    `--shared-tier-drain-seconds`, so the minds resume elsewhere with no wait."""
+    state.demoter.close(engine_alive=state.snapshot.crashed is None)
     if state.shared is not None:
         state.shared.drain()
-    state.demoter.close(engine_alive=state.snapshot.crashed is None)
 
 
 def open_state_store(config: ServerConfig) -> StateStore:

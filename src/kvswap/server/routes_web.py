@@ -8,16 +8,19 @@ browser that ran llama-server's web UI on this address drops the UI it cached an
 one. The guard serves these paths without an API key and while the model loads.
 
 Unlike llama-server, whose file handler runs before its routes, API routes win over files of
-`--path` with the same name. Files are read on worker threads (Starlette's `FileResponse`).
+`--path` with the same name. Files are read on worker threads, opened one path component at a
+time from the folder's descriptor without following a symbolic link (a link swapped in after
+the check is refused, not followed out of the folder).
 """
 
 from __future__ import annotations
 
 import asyncio
+import mimetypes
 import os
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 
 from kvswap.config.settings import HttpSettings
 from kvswap.core.errors import ErrorKind, KvswapError
@@ -81,9 +84,12 @@ def _page_routes(router: APIRouter) -> None:
 
 def _folder_file(root: str, rel: str) -> str | None:
     """The file `rel` names under `root` (a folder's index.html), or None; never outside
-    `root`, symbolic links included."""
-    base = os.path.realpath(root)
-    target = os.path.realpath(os.path.join(base, rel.lstrip("/")))
+    `root`, symbolic links included (a NUL in the name names nothing)."""
+    try:
+        base = os.path.realpath(root)
+        target = os.path.realpath(os.path.join(base, rel.lstrip("/")))
+    except ValueError:  # an embedded NUL
+        return None
     if os.path.commonpath([base, target]) != base:
         return None
     if os.path.isdir(target):
@@ -91,13 +97,45 @@ def _folder_file(root: str, rel: str) -> str | None:
     return target if os.path.isfile(target) else None
 
 
+def _open_under(root: str, path: str) -> bytes | None:
+    """The bytes of `path` (resolved, under `root`), opened one component at a time from
+    `root`'s descriptor without following a symbolic link: a link swapped in after
+    `_folder_file` looked is refused (None), never followed out of the folder."""
+    base = os.path.realpath(root)
+    parts = os.path.relpath(path, base).split(os.sep)
+    fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (0 if last else os.O_DIRECTORY)
+            try:
+                nxt = os.open(part, flags, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = nxt
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _folder_response(root: str, rel: str, headers: dict[str, str] | None = None) -> Response | None:
+    found = _folder_file(root, rel)
+    data = _open_under(root, found) if found is not None else None
+    if found is None or data is None:
+        return None
+    media = mimetypes.guess_type(found)[0] or "application/octet-stream"
+    return Response(data, media_type=media, headers=headers)
+
+
 def _folder_routes(router: APIRouter, root: str) -> None:
     @router.get("/{rel:path}", include_in_schema=False)
-    async def folder(rel: str) -> FileResponse:
-        found = await asyncio.to_thread(_folder_file, root, rel)
+    async def folder(rel: str) -> Response:
+        found = await asyncio.to_thread(_folder_response, root, rel)
         if found is None:
             raise _not_found()
-        return FileResponse(found)
+        return found
 
 
 def router(http: HttpSettings) -> APIRouter:
@@ -109,9 +147,11 @@ def router(http: HttpSettings) -> APIRouter:
     @out.get(SERVICE_WORKER, include_in_schema=False)
     async def service_worker() -> Response:
         if folder is not None:
-            own = await asyncio.to_thread(_folder_file, folder, "sw.js")
+            own = await asyncio.to_thread(
+                _folder_response, folder, "sw.js", {"Cache-Control": "no-cache"}
+            )
             if own is not None:
-                return FileResponse(own, headers={"Cache-Control": "no-cache"})
+                return own
         return Response(
             _SW_REMOVE_JS,
             media_type="application/javascript",

@@ -20,6 +20,7 @@ from kvswap.backend.model import Model
 from kvswap.backend.vocab import TokenArray, Vocab
 from kvswap.config.settings import ServerConfig
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import PUBLIC_NAMESPACE
 from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
@@ -34,6 +35,8 @@ from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import ChatTemplate
 from kvswap.tiers.demoter import Demoter
 from kvswap.tiers.shared.replica import SharedTier
+
+TENANTS_DIR = ".kvswap-keys"  # each API key's slot files (a name no `filename` can take)
 
 
 @dataclass
@@ -56,6 +59,8 @@ class ServerState:
     shared_minds: SharedMinds | None = None  # ... as a mind's turn uses it (event loop)
     chains: Chains | None = None  # the Responses API's stored conversations, on minds
     backgrounds: Backgrounds = field(default_factory=Backgrounds)  # `background: true` runs
+    # each API key's slot files (a keyed server; the key-less one uses `publisher`)
+    tenant_files: dict[str, Publisher] = field(default_factory=dict)
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it
@@ -69,6 +74,20 @@ class ServerState:
         """The engine's last published state (while asleep, the last before the sleep)."""
         snap = self.client.snapshot
         return replace(snap, is_sleeping=True) if self.sleeping else snap
+
+    def slot_files(self, namespace: str) -> Publisher | None:
+        """Where tenant `namespace`'s slot files live: the save path itself for a server
+        without API keys (llama-server's layout), else a folder of the key's own under
+        `<save>/.kvswap-keys/`, so no key can save over, restore or probe another key's files
+        by guessing their names (None: no save path)."""
+        if self.publisher is None or self.save_dir is None or namespace == PUBLIC_NAMESPACE:
+            return self.publisher
+        found = self.tenant_files.get(namespace)
+        if found is None:
+            folder = self.save_dir / TENANTS_DIR / namespace
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            found = self.tenant_files.setdefault(namespace, Publisher(folder))
+        return found
 
     @property
     def store(self) -> PageStore | None:

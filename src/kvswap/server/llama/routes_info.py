@@ -51,10 +51,14 @@ BUILD_INFO = f"kvswap {__version__} (libllama from llama-cpp-python 0.3.36)"
 @router.get("/health")
 @router.get("/v1/health")
 async def health(request: Request) -> JSONResponse:
-    crashed = get_state(request).snapshot.crashed
+    state = get_state(request)
+    crashed = state.snapshot.crashed
     if crashed:
         raise KvswapError(ErrorKind.SERVER, crashed)
-    return JSONResponse(health_json())
+    shared = state.shared
+    if shared is None:
+        return JSONResponse(health_json())
+    return JSONResponse(health_json(shared.threads(), shared.n_minds_held()))
 
 
 def _geometry(state: ServerState, snap: EngineSnapshot) -> ContextGeometry:

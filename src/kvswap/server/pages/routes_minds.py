@@ -9,7 +9,8 @@ told apart (a raw /completion prompt, a template that frames turns unalike): a c
 sends those messages and a new user message extends the mind, and prefills only the new
 tokens. The tokens are read where the mind lives (its slot or RAM page, on the engine thread;
 its spilled file's header, on the I/O executor), while the mind is held, so no turn changes
-them meanwhile; nothing moves.
+them meanwhile; nothing moves. In a cluster, a mind another live replica owns is read there (the request goes
+on to its owner through the forwarder, as a turn does).
 
 - `page_out`: from its slot to its RAM page (a mind not in a slot stays where it is);
 - `page_in`: into a slot, as a request naming it would be seated (from RAM, or read back from
@@ -17,11 +18,13 @@ them meanwhile; nothing moves.
 - `spill`: to disk, leaving its slot and RAM (needs `--slot-save-path`);
 - `drop`: out of every tier: its slot is cleared, its RAM page and its files removed.
 
-Each verb holds the mind as a request does (`MindSession.hold`: its lock, so a move never races a turn
-of the same mind; in a cluster it acts on this replica's copy, and a drop reaches the shared
-tier too). The name is the caller's own, in its tenant namespace: another tenant's mind
-cannot be named, and a mind that lives nowhere is a 404. The answer is `{"mind", "action",
-"tier"}`, the tier after the move ("slot", "ram", "disk", or "none" after a drop).
+Each verb holds the mind as a request's turn does (`MindSession.turn`: its lock, so a move never
+races a turn of the same mind; in a cluster the mind is placed first, so a verb sent to a
+replica that does not own the mind goes on to its owner through the forwarder, as a turn does,
+and a drop leaves the shared tier too, inside the mind's lock). The name is the caller's own,
+in its tenant namespace: another tenant's mind cannot be named, and a mind that lives nowhere
+is a 404. The answer is `{"mind", "action", "tier"}`, the tier after the move ("slot", "ram",
+"disk", or "none" after a drop).
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ from kvswap.core.page import SlotState
 from kvswap.core.vocab import MindAction, MindMove, MindTier
 from kvswap.engine.commands import MindTokens, MindVerb
 from kvswap.files import FilesError
+from kvswap.minds.session import HeldMind
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.requests.chat import render_plain
 from kvswap.server.state import ServerState, get_state
+from kvswap.server.turnfacts import turn_facts
 from kvswap.text.transcript import history
 from kvswap.tiers.mindfiles import tokens_on_disk
 from kvswap.tiers.slotfiles import files_error
@@ -53,6 +58,8 @@ router = APIRouter()
 async def mind_history(name: str, request: Request) -> JSONResponse:
     state = get_state(request)
     key = mind_key(tenant_namespace(request.scope), name)
+    if state.shared_minds is not None:  # another replica owns it: the read goes there
+        await state.shared_minds.to_owner(key, turn_facts(request.scope, b""))
     tier = state.minds.tier(key)
     tokens = await _tokens(state, key) if tier is not None else None
     if tier is None or tokens is None:
@@ -93,23 +100,14 @@ async def mind_action(name: str, request: Request, action: str = "") -> JSONResp
     act = MindAction(action)
     key = mind_key(tenant_namespace(request.scope), name)
     minds = state.minds
-    if minds.tier(key) is None:
-        raise KvswapError(ErrorKind.NOT_FOUND, f"no mind named {name!r}")
     if act is MindAction.SPILL and state.publisher is None:
         raise KvswapError(
             ErrorKind.NOT_SUPPORTED,
             "spilling a mind needs a disk tier (start with --slot-save-path)",
         )
-    async with minds.hold(key) as held:
-        if act is MindAction.PAGE_IN:
-            restore = await minds.restore(held)
-            await _mind_verb(state, request, key, MindMove.TO_SLOT, restore)
-        elif act in (MindAction.PAGE_OUT, MindAction.SPILL):
-            await _mind_verb(state, request, key, MindMove.TO_RAM)
-        else:
-            await _mind_verb(state, request, key, MindMove.ERASE)
-            if state.store is not None:
-                state.store.remove(key)
+    facts = turn_facts(request.scope, await request.body())
+    async with minds.turn(key, facts) as held:  # placed: its owner's, in a cluster
+        await _move(state, request, held, act)
     loop = asyncio.get_running_loop()
     if act is MindAction.SPILL and minds.tier(key) is MindTier.RAM:
         spilled = await loop.run_in_executor(state.io, state.demoter.spill_now, key)
@@ -119,9 +117,26 @@ async def mind_action(name: str, request: Request, action: str = "") -> JSONResp
                 "the mind could not be written to disk now (the disk tier is full, "
                 "--page-disk-bytes, or a write failed: see the server log); it stays in RAM",
             )
-    if act is MindAction.DROP:
-        await minds.forget(key)  # its files, and in a cluster the shared tier's copy
     return JSONResponse({"mind": name, "action": action, "tier": minds.tier(key) or "none"})
+
+
+async def _move(state: ServerState, request: Request, held: HeldMind, act: MindAction) -> None:
+    """The verb on the held mind (a drop also leaves the disk and the shared tier, still
+    inside the mind's lock: no turn slips in between)."""
+    key, minds = held.key, state.minds
+    here = minds.tier(key) is not None or (held.resumed is not None and held.resumed.state)
+    if not here and not (act is MindAction.DROP and state.shared is not None):
+        raise KvswapError(ErrorKind.NOT_FOUND, f"no mind named {key.name!r}")
+    if act is MindAction.PAGE_IN:
+        restore = await minds.restore(held)
+        await _mind_verb(state, request, key, MindMove.TO_SLOT, restore)
+    elif act in (MindAction.PAGE_OUT, MindAction.SPILL):
+        await _mind_verb(state, request, key, MindMove.TO_RAM)
+    else:
+        await _mind_verb(state, request, key, MindMove.ERASE)
+        if state.store is not None:
+            state.store.remove(key)
+        await minds.forget(key)  # its files, and in a cluster the shared tier's copy
 
 
 async def _mind_verb(

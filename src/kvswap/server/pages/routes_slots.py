@@ -16,8 +16,10 @@ Tenants: a page name is always a client page of the caller's own namespace
 (`core.keys.page_key` with `asgi.tenant_namespace`), so no verb can reach another key's pages
 or any page the server made (minds, the anonymous cache), and GET /pages lists only the
 caller's own pages and minds. Minds' files live in a folder no `filename` can name
-(`tiers.mindfiles`), so save, restore and spill cannot reach them either. Slot files themselves
-are one folder for every key, as llama-server's.
+(`tiers.mindfiles`), so save, restore and spill cannot reach them either. Slot files are the
+save path's own on a server without API keys (llama-server's layout); with `--api-key`, each
+key's are in a folder of its own (`<save>/.kvswap-keys/<namespace>/`), so one key can neither
+save over nor restore (and so probe) another key's files.
 """
 
 from __future__ import annotations
@@ -73,13 +75,15 @@ async def _in_worker(
     return await asyncio.shield(future)
 
 
-def _publisher(state: ServerState) -> Publisher:
-    if state.publisher is None:
+def _publisher(state: ServerState, namespace: str) -> Publisher:
+    """The caller's slot files (its key's own folder on a keyed server)."""
+    found = state.slot_files(namespace)
+    if found is None:
         raise KvswapError(
             ErrorKind.NOT_SUPPORTED,
             "This server does not support slots action (start it with --slot-save-path).",
         )
-    return state.publisher
+    return found
 
 
 def _store(state: ServerState) -> PageStore:
@@ -124,7 +128,7 @@ async def slot_action(
         answer = slot_erase_json(erased.slot_id, erased.n_erased)
         return JSONResponse(_with_mind(answer, erased.mind, namespace))
     if action in ("save", "restore"):
-        publisher = _publisher(state)
+        publisher = _publisher(state, namespace)
         body = parse_body(SlotFileRequest, await request.body())
         filename = _name(validate_filename, body.filename, f"{action} slot")
         if action == "save":
@@ -211,7 +215,7 @@ async def _restore(
 async def _spill(
     state: ServerState, store: PageStore, request: Request, key: PageKey
 ) -> JSONResponse:
-    publisher = _publisher(state)
+    publisher = _publisher(state, key.namespace)
     body = parse_body(SpillRequest, await request.body())
     filename = _name(validate_filename, body.filename, "spill")
     t0 = time.perf_counter()

@@ -1,7 +1,9 @@
 """The shared tier's byte budget and LRU, kept by kvswap, not by Redis.
 
 Redis runs with `maxmemory-policy noeviction`: its own eviction would drop single chunks or
-lease keys. Instead every mind's stored bytes are charged here
+lease keys. Instead every mind's bytes are charged here (its chunks, its manifest, its token
+log and the small keys beside them, `mind_charge`; while a publication writes its chunks, the
+old and the new generation's together, so the budget covers the peak)
 (`kv:{tier}:bytes`, total in `kv:{tier}:total`) with its last use in a sorted set
 (`kv:{tier}:lru`, scored by Redis's clock); the store degrades the least recently used minds to
 tokens-only until the total is back under the budget. Each update is one script, so replicas
@@ -22,6 +24,15 @@ import redis
 
 from kvswap.tiers.shared.errors import translating
 from kvswap.tiers.shared.keys import TierKeys
+
+MIND_OVERHEAD_BYTES: Final = 1024  # a mind's lease, fence, generation and turn-id keys in Redis
+TOKEN_BYTES: Final = 4  # the token log: int32 per token
+
+
+def mind_charge(n_chunk_bytes: int, n_manifest_bytes: int, n_tokens: int) -> int:
+    """What one mind costs the tier: its chunks, manifest, token log and small keys."""
+    return n_chunk_bytes + n_manifest_bytes + TOKEN_BYTES * n_tokens + MIND_OVERHEAD_BYTES
+
 
 _NOW_MS_LUA: Final = """
 local t = redis.call('TIME')
@@ -100,23 +111,26 @@ class TierBudget:
             members = self._client.zrange(self._keys.lru, 0, n - 1)
         return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
 
-    def settle(self, tag: str, n_bytes: int, degrade: Callable[[str], bool | None]) -> int:
+    def settle(self, tag: str, n_bytes: int, degrade: Callable[[str], int | None]) -> int:
         """Charge mind `tag` `n_bytes` (0: none), then `degrade` the least recently used other
-        minds while the tier is over budget; how many were degraded. `degrade(victim)` is True
-        when it freed chunks, False when there were none, None when the victim kept moving (it
-        is not idle: the next one is tried)."""
+        minds while the tier is over budget; how many were degraded or evicted.
+        `degrade(victim)` answers what the victim still costs afterwards (a tokens-only mind:
+        its manifest and log; 0: it left the tier), or None when it could not be touched (it
+        kept moving, or a replica holds it): the next one is tried."""
         total = self.charge(tag, n_bytes) if n_bytes else self.uncharge(tag)
         n_degraded = 0
-        skipped: set[str] = {tag}  # the mind just published, and victims that kept moving
+        skipped: set[str] = {tag}  # the mind being published, and victims left alone
         while total > self.budget_bytes:
             oldest = self.oldest(len(skipped) + 1)
             victim = next((t for t in oldest if t not in skipped), None)
             if victim is None:
                 break
-            freed = degrade(victim)
-            if freed is None:
+            left = degrade(victim)
+            if left is None:
                 skipped.add(victim)
                 continue
-            total = self.uncharge(victim)
-            n_degraded += int(freed)
+            # degraded, it is charged what is left and becomes the most recently used: it
+            # leaves the tier only once every older mind has been degraded
+            total = self.charge(victim, left) if left else self.uncharge(victim)
+            n_degraded += 1
         return n_degraded

@@ -14,7 +14,10 @@ the user part and in the query) with `***`, and every message here goes through 
 Bytes in, bytes out (`decode_responses=False`: chunks are binary). Failures surface fast, as
 `TierUnavailable` from the callers: two retries at most, 50 ms apart and growing, instead of
 redis-py's default back-off (seconds per call when Redis is down, which would stall a turn's
-end or a drain). The socket timeout bounds one command, an 8 MiB chunk included.
+end or a drain). The socket timeout bounds one command: a replica keeps two clients, one for
+the small commands (leases, token appends, manifests: `SMALL_COMMAND_TIMEOUT_S`, so a Redis
+that stops answering, a partition, holds a turn's end for seconds, not half a minute) and one
+for chunks (`COMMAND_TIMEOUT_S`, an 8 MiB chunk included).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 CONNECT_TIMEOUT_S: Final = 2.0
-COMMAND_TIMEOUT_S: Final = 10.0
+COMMAND_TIMEOUT_S: Final = 10.0  # the bulk client's: an 8 MiB chunk on a slow link
+SMALL_COMMAND_TIMEOUT_S: Final = 2.0  # leases, token appends, manifests: bytes to kilobytes
 SCHEMES: Final = ("redis", "rediss", "unix")
 _QUERY_PASSWORD_RE = re.compile(r"(^|&)(password=)[^&]*", re.IGNORECASE)
 

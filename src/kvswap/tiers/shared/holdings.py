@@ -2,8 +2,13 @@
 the renewal thread.
 
 A mind is held from a successful `take` (its lease acquired, `lease.Leases`) until it is
-released (`release`: a hand-off, the drain before exit) or lost. The renewal thread renews
-every held lease each third of its TTL. A renewal Redis refuses means the lease is gone: when
+released (`release`: a hand-off, an idle mind, the drain before exit) or lost. The renewal
+thread renews every held lease each third of its TTL, all of them in pipelines of
+`RENEW_BATCH` (one round trip per batch: 50,000 held minds renew in well under a second on a
+LAN, where one round trip each took about 4 s). A renewal Redis refuses is handled on a worker
+of its own, never on the renewal thread (taking the lease again, or forgetting the mind's
+copies, waits on Redis, the engine and the disk), so one lost lease never holds up the others'
+renewals. A renewal Redis refuses means the lease is gone: when
 it merely expired (Redis was away longer than the TTL) and nobody wrote the mind since, it is
 taken again and the mind carries on (`_regain`); otherwise the mind is lost: forgotten here,
 unpublished state dropped (`on_lost`); a mind whose turn still runs is marked lost instead, and
@@ -20,7 +25,12 @@ With `KVSWAP_FENCE_LOG=FILE` every lease event (acquire, renew, release, lost) i
 FILE as a JSON line with Redis's clock, so a test can check that two replicas never held one
 mind's lease at once (`FenceLog`).
 
-Owns the leases and `Held` records and the renewal thread. Thread-safe.
+A mind released while idle keeps its copies here; what it had published is remembered
+(`Released`, the latest `MAX_RELEASED` minds), so taking it again finds out whether anyone
+wrote it since (`resume`: if not, the copies here serve it, with no fetch).
+
+Owns the leases and `Held` records, the renewal thread (`loops.Loop`: a failed pass is logged
+and the next runs) and the worker that handles lost leases. Thread-safe.
 """
 
 from __future__ import annotations
@@ -30,8 +40,11 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -43,10 +56,22 @@ from kvswap.tiers.shared.errors import TierUnavailable, translating
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.lease import Lease, LeaseHolder, Leases
+from kvswap.tiers.shared.loops import Loop, LoopView
 
 log = logging.getLogger("kvswap.shared")
 
 FENCE_LOG_ENV = "KVSWAP_FENCE_LOG"
+RENEW_BATCH: Final = 2000  # leases renewed per pipeline (one round trip)
+MAX_RELEASED: Final = 100_000  # released minds remembered (two ints and a turn id each)
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a mind released while idle had published, for its next take here."""
+
+    gen: int  # its manifest's generation when released (0: none)
+    turn_id: str  # the token log's last turn id when released
+    n_published: int  # tokens of that page
 
 
 @dataclass
@@ -68,6 +93,8 @@ class Held:
     resumed: bool = False  # its takeover is done (`resume`): turns just run
     publish_whole: bool = False  # the tier's page had bad chunks: write the next one whole
     lost: bool = False  # its lease is gone but a turn still runs: its end's write is refused
+    last_used: float = field(default_factory=time.monotonic)  # its last turn's end, or take
+    released: Released | None = None  # it was released here while idle, this is what it had
     publishing: threading.Lock = field(default_factory=threading.Lock, repr=False)
     # renewals, re-takes and the release of its lease, one at a time: a renewal that races a
     # release never takes the lease again behind it
@@ -125,8 +152,9 @@ class Holdings:
         self._fence_log = FenceLog.from_env(leases.incarnation.replica_id, leases.incarnation.token)
         self._lock = threading.Lock()
         self._held: dict[PageKey, Held] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._released: OrderedDict[PageKey, Released] = OrderedDict()
+        self.loop = Loop("kvswap-leases", self._pass, retry_s=self.ttl_ms / 3000)
+        self._refused = ThreadPoolExecutor(1, thread_name_prefix="kvswap-lease-lost")
 
     # -- the records -------------------------------------------------------------------------
 
@@ -160,6 +188,7 @@ class Holdings:
             return got
         held = Held(key, got, np.zeros(0, np.int32))
         with self._lock:
+            held.released = self._released.pop(key, None)
             held = self._held.setdefault(key, held)
         self._log_event("acquire", got, got.t_ms)
         log.info("mind %s: lease taken (fence %d)", key.name, got.fence)
@@ -178,15 +207,41 @@ class Holdings:
                 return True
             return self._regain(held)
 
-    def release(self, held: Held) -> None:
-        """Give the lease up (after publishing). Raises TierUnavailable (the mind stays held)."""
+    def release(self, held: Held, *, keep: bool = False) -> bool:
+        """Give the lease up (after publishing); False when, with `keep`, a turn of the mind
+        has begun meanwhile (it keeps the lease). With `keep` (an idle mind whose copies stay
+        here) what it published is remembered for its next take. Raises TierUnavailable (the
+        mind stays held)."""
         with held.leasing:
+            # under the lease lock: a turn that began before this look renews after it, finds
+            # the record gone and takes the lease again (`renew`)
+            if keep and self._busy(held.key):
+                return False
             t_ms = self.leases.release(held.lease)
             with self._lock:
                 if self._held.get(held.key) is held:
                     del self._held[held.key]
+                if keep:
+                    self._released[held.key] = Released(
+                        held.published_gen, held.turn_id_logged, held.n_published
+                    )
+                    while len(self._released) > MAX_RELEASED:
+                        self._released.popitem(last=False)
         self._log_event("release", held.lease, t_ms)
         log.info("mind %s: lease released (fence %d)", held.key.name, held.lease.fence)
+        return True
+
+    def release_many(self, helds: list[Held]) -> int:
+        """Release every lease of `helds` in one pipeline (the drain before exit); how many
+        were still ours. Raises TierUnavailable (they stay held)."""
+        replies = self.leases.release_many([h.lease for h in helds])
+        with self._lock:
+            for h in helds:
+                if self._held.get(h.key) is h:
+                    del self._held[h.key]
+        for h, t_ms in zip(helds, replies, strict=True):
+            self._log_event("release", h.lease, t_ms)
+        return sum(1 for t_ms in replies if t_ms)
 
     def drop(self, held: Held, *, unless_busy: bool = False) -> None:
         """Forget a record whose lease is not ours anymore. With `unless_busy` (the renewal
@@ -201,7 +256,7 @@ class Holdings:
             del self._held[held.key]
         self._log_event("lost", held.lease)
         log.warning("mind %s: lease lost (fence %d)", held.key.name, held.lease.fence)
-        self._on_lost(held)
+        self._later(self._on_lost, held)
 
     def _regain(self, held: Held) -> bool:
         """The lease is not ours anymore: take it again when it merely expired and nobody wrote
@@ -252,32 +307,59 @@ class Holdings:
     # -- the renewal thread ------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="kvswap-leases", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self.loop.stop()
+        self._refused.shutdown(wait=True, cancel_futures=True)
 
-    def _loop(self) -> None:
-        interval_s = self.ttl_ms / 3000
-        while not self._stop.wait(interval_s):
-            t0 = time.monotonic()
-            if not self._health.reachable:
-                self._probe()
-            for held in self.all():
-                if self._stop.is_set():
-                    return
-                if held.lost:
-                    continue  # its turn's end drops it
-                try:
-                    self.renew(held)
-                except TierUnavailable as err:
-                    self._health.failed("lease renewal", err)
-                    break
-                self._health.ok()
-            # a pass over many minds takes its time: the next starts a third of a TTL after
-            # this one started, or at once
-            interval_s = max(0.0, self.ttl_ms / 3000 - (time.monotonic() - t0))
+    def threads(self) -> list[LoopView]:
+        """The renewal thread as /health shows it (started again first if it had died)."""
+        self.loop.ensure_running()
+        return [self.loop.view()]
+
+    def _pass(self) -> float:
+        """Renew every held lease, in pipelines; the seconds until the next pass (a third of
+        a TTL after this one started, or at once when it took longer)."""
+        t0 = time.monotonic()
+        if not self._health.reachable:
+            self._probe()
+        held = [h for h in self.all() if not h.lost]  # a lost one: its turn's end drops it
+        for i in range(0, len(held), RENEW_BATCH):
+            if self.loop.stopping:
+                return 0.0
+            batch = held[i : i + RENEW_BATCH]
+            try:
+                renewed = self.leases.renew_many([h.lease for h in batch])
+            except TierUnavailable as err:
+                self._health.failed("lease renewal", err)
+                break
+            self._health.ok()
+            for h, t_ms in zip(batch, renewed, strict=True):
+                if t_ms:
+                    self._log_event("renew", h.lease, t_ms)
+                else:
+                    self._later(self._after_refusal, h)
+        return max(0.0, self.ttl_ms / 3000 - (time.monotonic() - t0))
+
+    def _later(self, fn: Callable[[Held], object], held: Held) -> None:
+        """`fn(held)` on the lost-lease worker (inline once it has stopped: the drain)."""
+        try:
+            self._refused.submit(self._guarded, fn, held)
+        except RuntimeError:  # shut down
+            self._guarded(fn, held)
+
+    def _after_refusal(self, held: Held) -> None:
+        """A renewal Redis refused: take the lease again or lose the mind (on the worker)."""
+        with held.leasing:
+            if self.get(held.key) is held:  # not released meanwhile
+                self._regain(held)
+
+    def _guarded(self, fn: Callable[[Held], object], held: Held) -> None:
+        """The lost-lease worker's call: every failure logged, none kills the worker."""
+        try:
+            fn(held)
+        except TierUnavailable as err:
+            self._health.failed("lease check", err)
+        except Exception:
+            log.exception("mind %s: handling its lost lease failed", held.key.name)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -183,6 +184,19 @@ class Leases:
             )
         return int(reply)
 
+    def renew_many(self, leases: Sequence[Lease]) -> list[int]:
+        """`renew` of every lease in one pipeline (one round trip, not one per mind): Redis's
+        time of each renewal, 0 for each lease no longer ours."""
+        with translating("lease renew"):
+            pipe = self._client.pipeline(transaction=False)
+            for lease in leases:
+                self._renew(
+                    keys=[lease.keys.lease, lease.keys.fence],
+                    args=[lease.holder.value, lease.fence, lease.ttl_ms],
+                    client=pipe,
+                )
+            return [int(reply) for reply in pipe.execute()]
+
     def release(self, lease: Lease) -> int:
         """Give the lease up: Redis's time in ms of the release; 0 when it was not ours anymore
         (nothing changed)."""
@@ -191,6 +205,18 @@ class Leases:
                 keys=[lease.keys.lease, lease.keys.fence], args=[lease.holder.value, lease.fence]
             )
         return int(reply)
+
+    def release_many(self, leases: Sequence[Lease]) -> list[int]:
+        """`release` of every lease in one pipeline: Redis's time of each, 0 where not ours."""
+        with translating("lease release"):
+            pipe = self._client.pipeline(transaction=False)
+            for lease in leases:
+                self._release(
+                    keys=[lease.keys.lease, lease.keys.fence],
+                    args=[lease.holder.value, lease.fence],
+                    client=pipe,
+                )
+            return [int(reply) for reply in pipe.execute()]
 
     def holder(self, keys: MindKeys) -> LeaseHolder | None:
         """Who holds the lease now, or None when it is free."""

@@ -22,7 +22,7 @@ from kvswap.core.page import CheckpointSpan, LoraRef, PageGeometry, PageLayout, 
 from kvswap.tiers.shared.segments import Extent, Literal, PagePlan, Section, SectionPlan
 
 FORMAT: Final = "kvswap-shared-page"
-VERSION: Final = 1
+VERSION: Final = 2  # 2: extents carry a BLAKE2b-128 digest (1: a CRC-32)
 
 
 class ManifestError(ValueError):
@@ -125,7 +125,7 @@ def encode(m: Manifest) -> bytes:
                 sp.section.offset,
                 sp.section.n_rows,
                 sp.section.row_bytes,
-                [[e.gen, e.blob_offset, e.width, e.crc] for e in sp.extents],
+                [[e.gen, e.blob_offset, e.width, e.digest.hex()] for e in sp.extents],
             ]
             for sp in m.plan.sections
         ]
@@ -138,8 +138,8 @@ def encode(m: Manifest) -> bytes:
 def decode(body: bytes) -> Manifest:
     try:
         doc = json.loads(body)
-        if doc.get("format") != FORMAT or doc.get("version") != VERSION:
-            raise ManifestError(f"not a {FORMAT} v{VERSION} manifest")
+        if doc.get("format") != FORMAT or doc.get("version") not in (1, VERSION):
+            raise ManifestError(f"not a {FORMAT} v1 or v{VERSION} manifest")
         plan = None
         if not doc["tokens_only"]:
             plan = PagePlan(
@@ -147,7 +147,7 @@ def decode(body: bytes) -> Manifest:
                 tuple(
                     SectionPlan(
                         Section(str(name), int(off), int(rows), int(row)),
-                        tuple(Extent(int(g), int(o), int(w), int(c)) for g, o, w, c in extents),
+                        tuple(Extent(int(g), int(o), int(w), _digest(c)) for g, o, w, c in extents),
                     )
                     for name, off, rows, row, extents in doc["sections"]
                 ),
@@ -175,6 +175,12 @@ def decode(body: bytes) -> Manifest:
         raise ManifestError(f"malformed manifest: {err}") from err
     _check(manifest)
     return manifest
+
+
+def _digest(value: object) -> bytes:
+    """An extent's digest: hex (v2); a v1 manifest's CRC-32 (an int) reads as none, so its
+    extents are read back but never reused by a new generation."""
+    return bytes.fromhex(value) if isinstance(value, str) else b""
 
 
 def _check(m: Manifest) -> None:

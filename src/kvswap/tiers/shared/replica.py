@@ -21,9 +21,12 @@ of the package is its inside.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -33,13 +36,15 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Command
 from kvswap.engine.handle import PagesHandle
+from kvswap.engine.minds.registry import MindRegistry
 from kvswap.files import Publisher
-from kvswap.tiers.shared.connection import connect, redacted
+from kvswap.tiers.shared.connection import SMALL_COMMAND_TIMEOUT_S, connect, redacted
 from kvswap.tiers.shared.errors import TierUnavailable, translating
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.lease import Incarnation, LeaseHolder, Leases
 from kvswap.tiers.shared.local import LocalMinds
+from kvswap.tiers.shared.loops import LoopView
 from kvswap.tiers.shared.records import RecordLog
 from kvswap.tiers.shared.resume import Resumed, Resumer
 from kvswap.tiers.shared.stats import ResumeStats
@@ -48,8 +53,11 @@ from kvswap.tiers.shared.token_log import TokenLog
 from kvswap.tiers.shared.writer import MindWriter
 
 log = logging.getLogger("kvswap.shared")
+CLUSTER_STATE_ENV = "KVSWAP_CLUSTER_STATE"  # set by `kvswap cluster up` for its replicas
 
-__all__ = ["HeldView", "Holder", "Placement", "Resumed", "SharedTier", "TierView", "redacted"]
+__all__ = [
+    "HeldView", "Holder", "LoopView", "Placement", "Resumed", "SharedTier", "TierView", "redacted",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,34 @@ class TierView:
     writer: dict[str, int]
     resumes: dict[str, float]
     held: tuple[HeldView, ...]
+    # the cluster's replicas as its `cluster up` supervises them (None: not started by it)
+    replicas: tuple[ReplicaState, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    """One replica of a `kvswap cluster up`, as its cluster.json says (`KVSWAP_CLUSTER_STATE`)."""
+
+    replica_id: str
+    url: str
+    state: str  # starting, up, restarting, gave up, stopped
+    n_restarts: int
+
+
+def cluster_replicas(environ: Mapping[str, str]) -> tuple[ReplicaState, ...] | None:
+    """The replicas `cluster up` lists in the file `KVSWAP_CLUSTER_STATE` names; None when no
+    such file is named or it cannot be read now."""
+    path = environ.get(CLUSTER_STATE_ENV)
+    if not path:
+        return None
+    try:
+        doc = json.loads(Path(path).read_text())
+        return tuple(
+            ReplicaState(str(r["id"]), str(r["url"]), str(r["state"]), int(r["n_restarts"]))
+            for r in doc["replicas"]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class SharedTier:
@@ -134,10 +170,14 @@ class SharedTier:
         self.settings = settings
         self.geometry = geometry
         self.incarnation = Incarnation.new(settings.replica_id, settings.advertise_url)
-        self.client = connect(settings.shared_tier)
+        self.client = connect(settings.shared_tier, command_timeout_s=SMALL_COMMAND_TIMEOUT_S)
+        self.bulk = connect(settings.shared_tier)  # chunks: a longer timeout
         self.health = TierHealth()
         self.store = SharedStore(
-            self.client, replica_id=settings.replica_id, budget_bytes=settings.shared_tier_bytes
+            self.client,
+            replica_id=settings.replica_id,
+            budget_bytes=settings.shared_tier_bytes,
+            bulk=self.bulk,
         )
         self.token_log = TokenLog(self.client)
         self.local = LocalMinds(
@@ -155,16 +195,7 @@ class SharedTier:
             busy=lambda key: not pages.registry.idle([key]),
             on_lost=self._lost,
         )
-        self.writer = MindWriter(
-            holdings=self.holdings,
-            store=self.store,
-            token_log=self.token_log,
-            local=self.local,
-            registry=pages.registry,
-            health=self.health,
-            rpo_tokens=settings.rpo_tokens,
-            rpo_s=settings.rpo_seconds,
-        )
+        self.writer = self._writer(pages.registry)
         self.resumer = Resumer(
             holdings=self.holdings,
             store=self.store,
@@ -175,6 +206,15 @@ class SharedTier:
         self.stats = ResumeStats()
         self.records = RecordLog(self.client, self.store.prefix)
         self._closed = False
+
+    def _writer(self, registry: MindRegistry) -> MindWriter:
+        s = self.settings
+        return MindWriter(
+            holdings=self.holdings, store=self.store, token_log=self.token_log,
+            local=self.local, registry=registry, health=self.health,
+            rpo_tokens=s.rpo_tokens, rpo_s=s.rpo_seconds, quiet_s=s.quiet_seconds,
+            release_s=s.release_seconds, drain_s=s.drain_seconds,
+        )  # fmt: skip
 
     @property
     def replica_id(self) -> str:
@@ -276,6 +316,15 @@ class SharedTier:
         lease = self.holdings.leases.holder(self.holdings.keys_of(key))
         return Holder.of(lease) if lease is not None else None
 
+    def n_minds_held(self) -> int:
+        """Minds whose lease this replica holds now."""
+        return len(self.holdings.all())
+
+    def threads(self) -> list[LoopView]:
+        """The tier's background threads (lease renewal, publication) as /health shows them;
+        one that had died is started again first (logged)."""
+        return [*self.holdings.threads(), *self.writer.threads()]
+
     def _lost(self, held: Held) -> None:
         """Another replica has the mind: drop our copies (unless a turn still runs on it: its
         end finds the mind lost and drops them then)."""
@@ -318,6 +367,7 @@ class SharedTier:
             writer=self.writer.counters(),
             resumes=self.stats.snapshot(),
             held=held,
+            replicas=cluster_replicas(os.environ) if read_redis else None,
         )
 
     # -- the end -----------------------------------------------------------------------------
@@ -337,3 +387,4 @@ class SharedTier:
         self.drain()
         self.store.close()
         self.client.close()
+        self.bulk.close()

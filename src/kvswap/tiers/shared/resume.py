@@ -10,7 +10,15 @@ resumes from the best state there is:
    logged, and falls back to the local copies, then to nothing: the engine prefills the
    request's whole prompt. The next publication then writes a whole page (no chunk of the bad
    generation is reused);
-3. a mind the tier never held is served from the local copies, as without a cluster.
+   The fetched page's buffer is charged to the page store (`--page-ram-bytes`) until the
+   engine has applied it, so concurrent takeovers never hold RAM past the budget;
+3. a mind the tier never held is served from the local copies, as without a cluster;
+4. a mind this replica released while idle (`holdings.Released`) and nobody wrote since (the
+   same manifest generation, the same last turn in its token log) is served from its copies
+   here, with no fetch.
+A fetched page counts as resumed only once a turn ran on it (`MindWriter.end_turn`): a turn
+that never reached a slot (its client left during the fetch, a refusal at admission) leaves
+the mind to be fetched again by the next turn, never re-prefilled for want of the page.
 The token log is read too: it says which tokens the mind held before this turn, so the turn
 can count the tokens it had to prefill again (for a retried turn that its dead owner had
 already logged, what the restored page held).
@@ -28,20 +36,23 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PageKey, spare_key
 from kvswap.core.page import PageGeometry, SlotState, state_of_page
 from kvswap.core.vocab import ResumeSource
 from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.kv.pagestore import PageStore, Reservation
 from kvswap.tiers.shared.errors import Miss, MissReason, TierUnavailable
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.local import LocalMinds
+from kvswap.tiers.shared.manifest import Manifest
 from kvswap.tiers.shared.store import Fetched, SharedStore
 from kvswap.tiers.shared.token_log import TokenLog
 
 log = logging.getLogger("kvswap.shared")
 
 _CHUNK_MISSES = (MissReason.CHUNK_MISSING, MissReason.CHUNK_CORRUPT)
+TAKEOVER_KEY = spare_key("takeover")  # what the page store charges a fetched page to
 
 
 @dataclass
@@ -57,12 +68,21 @@ class Resumed:
     fetch_s: float = 0.0
     verify_s: float = 0.0
     n_bytes: int = 0
-    _buffers: list[mmap.mmap] = field(default_factory=list, repr=False)
+    store: PageStore | None = field(default=None, repr=False)  # charges the fetched page
+    _buffers: list[tuple[mmap.mmap, Reservation | None]] = field(default_factory=list, repr=False)
 
     def alloc(self, n_bytes: int) -> memoryview:
-        """A buffer for the fetched page, closed with this resume."""
-        buffer = new_buffer(n_bytes)
-        self._buffers.append(buffer)
+        """A buffer for the fetched page, closed with this resume, and charged to the page
+        store until then (`--page-ram-bytes` bounds takeovers too: StoreFull, a typed 503,
+        when it cannot take the page now)."""
+        res = self.store.reserve(TAKEOVER_KEY, n_bytes) if self.store is not None else None
+        try:
+            buffer = new_buffer(n_bytes)
+        except BaseException:
+            if res is not None and self.store is not None:
+                self.store.cancel(res)
+            raise
+        self._buffers.append((buffer, res))
         return memoryview(buffer)
 
     @property
@@ -74,8 +94,14 @@ class Resumed:
         if self.state is not None:
             self.state.release()
             self.state = None
-        for buffer in self._buffers:
-            buffer.close()
+        for buffer, res in self._buffers:
+            try:
+                buffer.close()
+                closed = True
+            except BufferError:  # a view is still alive: its bytes stay counted as leaked
+                closed = False
+            if res is not None and self.store is not None:
+                self.store.cancel(res, closed=closed)
         self._buffers.clear()
 
 
@@ -108,13 +134,32 @@ class Resumer:
             self.health.failed("token log read", err)
             tokens, last_turn = np.zeros(0, np.int32), ""
             self.holdings.update(held, log_behind=True)
-        self.holdings.update(held, tokens=tokens, turn_id_logged=last_turn, resumed=True)
+        self.holdings.update(held, tokens=tokens, turn_id_logged=last_turn)
         record = self.store.read_manifest(keys)
+        if self._unchanged(held, record, last_turn):
+            # released here while idle, and nobody wrote it since: its copies here are current
+            released = held.released
+            assert released is not None
+            self.holdings.update(
+                held, resumed=True, published_gen=released.gen,
+                n_published=released.n_published, published_seq=0,
+            )  # fmt: skip
+            return Resumed(ResumeSource.HELD, tokens_known=tokens)
         if isinstance(record, Miss) and record.reason is MissReason.ABSENT:
             # the tier never held it: a new mind, or one this replica holds from before the
             # cluster (its copies here serve it, as without a shared tier)
+            self.holdings.update(held, resumed=True)
             return Resumed(ResumeSource.NEW, tokens_known=tokens, last_turn=last_turn)
-        out = Resumed(ResumeSource.TIER, tokens_known=tokens, last_turn=last_turn)
+        return self._fetch(held, geometry, tokens, last_turn)
+
+    def _fetch(
+        self, held: Held, geometry: PageGeometry, tokens: npt.NDArray[np.int32], last_turn: str
+    ) -> Resumed:
+        """The tier's page for the turn, or the fallback after a miss."""
+        out = Resumed(
+            ResumeSource.TIER, tokens_known=tokens, last_turn=last_turn, store=self.local.store
+        )
+        keys = held.lease.keys
         fetched = self.store.fetch(keys, fingerprint=geometry.file_fingerprint(), alloc=out.alloc)
         if isinstance(fetched, Fetched):
             self.local.forget(held.key)
@@ -141,9 +186,21 @@ class Resumer:
             "its copy here" if source is ResumeSource.LOCAL else "its prompt (a re-prefill)",
         )
         self.holdings.update(
-            held, published_gen=fetched.gen, publish_whole=fetched.reason in _CHUNK_MISSES
+            held,
+            resumed=True,
+            published_gen=fetched.gen,
+            publish_whole=fetched.reason in _CHUNK_MISSES,
         )
         return Resumed(source, tokens_known=tokens, last_turn=last_turn, miss=fetched.reason.value)
+
+    def _unchanged(self, held: Held, record: Manifest | Miss, last_turn: str) -> bool:
+        """Released here while idle, with copies here, and nobody wrote it since."""
+        released = held.released
+        if released is None or last_turn != released.turn_id or not self.local.has(held.key):
+            return False
+        if isinstance(record, Miss):
+            return record.reason is MissReason.ABSENT and released.gen == 0
+        return record.gen == released.gen
 
     def _fallback(self, key: PageKey) -> ResumeSource:
         """Where the turn starts without the tier's page: this replica's copies, or nothing."""

@@ -11,9 +11,11 @@ starts, row by row, with the old section's bytes:
     new section   | e0 (gen 3) | e1 (gen 7) | new columns (gen 9) |
 
 A generation's plan lists, per section, the **extents** covering its columns in order, each
-naming the generation whose blob holds it, where, its width and its CRC-32. Planning a new
-generation keeps the previous plan's extents while the new page's bytes match their CRC-32
-(checked on the page, so a section that changed in any way is rewritten, never patched), and
+naming the generation whose blob holds it, where, its width and a 128-bit BLAKE2b digest of
+its bytes. Planning a new generation keeps the previous plan's extents while the new page's
+bytes match their digest (checked on the page, so a section that changed in any way is
+rewritten, never patched; a CRC-32 here would keep a changed extent once in 2^32, silently,
+since the chunks' own CRCs still pass), and
 writes the remaining columns into the new generation's blob. To bound the extent count (and the
 generations a page references), the new extent absorbs the trailing kept extents narrower than
 twice itself, so widths at least halve from left to right: a section has O(log(row_bytes))
@@ -26,7 +28,7 @@ Redis, no libllama.
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +38,7 @@ from kvswap.core.page import PageLayout, Span
 from kvswap.tiers.shared.kvstate import split_kv_state
 
 MAX_LITERAL_BYTES = 4096  # a gap wider than this between sections is stored as a section
+DIGEST_BYTES = 16  # an extent's digest: 128 bits
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ class Extent:
     gen: int
     blob_offset: int
     width: int  # columns (bytes of each row) it covers
-    crc: int  # CRC-32 of its n_rows x width bytes, row by row
+    digest: bytes  # BLAKE2b-128 of its n_rows x width bytes, row by row (b"": never reused)
 
 
 @dataclass(frozen=True)
@@ -153,13 +156,13 @@ def _add_state(out: list[Section], view: memoryview, name: str, span: Span) -> N
             out.append(Section(f"{name}.{s.name}", span.offset + s.offset, s.n_rows, s.row_bytes))
 
 
-def region_crc(page: memoryview, section: Section, col: int, width: int) -> int:
-    """CRC-32 of columns [col, col + width) of every row, row by row."""
-    crc = 0
+def region_digest(page: memoryview, section: Section, col: int, width: int) -> bytes:
+    """BLAKE2b-128 of columns [col, col + width) of every row, row by row."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
     for row in range(section.n_rows):
         start = section.offset + row * section.row_bytes + col
-        crc = zlib.crc32(page[start : start + width], crc)
-    return crc
+        h.update(page[start : start + width])
+    return h.digest()
 
 
 def region_bytes(page: memoryview, section: Section, col: int, width: int) -> memoryview:
@@ -194,7 +197,8 @@ def plan_generation(
             width += dropped.width
         if width:
             data = region_bytes(view, section, col, width)
-            kept.append(Extent(gen, n_blob, width, zlib.crc32(data)))
+            digest = hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
+            kept.append(Extent(gen, n_blob, width, digest))
             blob.append(data)
             n_blob += len(data)
         n_reused += sum(e.width for e in kept if e.gen != gen) * section.n_rows
@@ -213,7 +217,7 @@ def _matching_prefix(
     for extent in before.extents:
         if col + extent.width > section.row_bytes:
             return
-        if region_crc(view, section, col, extent.width) != extent.crc:
+        if not extent.digest or region_digest(view, section, col, extent.width) != extent.digest:
             return
         yield extent
         col += extent.width

@@ -29,7 +29,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Final
 
 import redis
@@ -38,82 +38,35 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import PageLayout
 from kvswap.tiers.shared import manifest as mf
 from kvswap.tiers.shared import store_scripts as lua
-from kvswap.tiers.shared.budget import TierBudget
+from kvswap.tiers.shared.budget import TierBudget, mind_charge
 from kvswap.tiers.shared.chunks import DEFAULT_CHUNK_BYTES, ChunkIO, cut
 from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable, translating
-from kvswap.tiers.shared.keys import MindKeys, TierKeys, mind_id
+from kvswap.tiers.shared.keys import MindKeys, TierKeys
 from kvswap.tiers.shared.lease import Lease
 from kvswap.tiers.shared.segments import (
     BlobScatter,
-    PagePlan,
     plan_generation,
     split_page,
     write_literals,
 )
+from kvswap.tiers.shared.store_records import (
+    Fetched,
+    PublishReceipt,
+    Replan,
+    StoreCounters,
+    Written,
+    blob_keys,
+    chunk_keys,
+    decode_or_none,
+    gen_of,
+    manifest_of,
+)
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour
 _MAX_ATTEMPTS: Final = 3  # a publish whose base moved (budget eviction) is planned again
+_MANIFEST_RESERVE_BYTES: Final = 64 << 10  # a manifest's bytes, reserved before it is known
 Alloc = Callable[[int], memoryview]
-
-
-@dataclass(frozen=True)
-class PublishReceipt:
-    gen: int
-    fence: int
-    n_tokens: int
-    n_bytes_page: int
-    n_bytes_written: int  # chunk bytes sent for this generation
-    n_bytes_manifest: int
-    n_bytes_reused: int  # page bytes served by older generations' chunks
-    n_chunks: int
-    delta: bool  # some older generation's chunks were reused
-    tokens_only: bool
-    n_degraded: int  # other minds degraded to tokens-only to keep the budget
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Fetched:
-    page: memoryview  # the page's bytes (n_bytes of the caller's buffer)
-    layout: PageLayout
-    manifest: mf.Manifest
-    n_bytes_read: int
-    seconds: float  # the whole fetch, wall clock (manifest, chunks, checks, reassembly)
-    verify_s: float  # of which checking chunks' lengths and CRC-32s (summed over threads)
-
-
-@dataclass
-class StoreCounters:
-    """What /metrics and /pages report about the shared tier (phase 2)."""
-
-    n_publish: int = 0
-    n_publish_delta: int = 0
-    n_publish_tokens_only: int = 0
-    n_publish_stale: int = 0  # refused inside Redis: lease lost or fence moved
-    n_publish_failed: int = 0  # Redis unavailable, or chunks lost before the commit
-    n_publish_replanned: int = 0  # the manifest moved under a publish (eviction)
-    bytes_written: int = 0
-    bytes_reused: int = 0
-    publish_s: float = 0.0
-    n_fetch: int = 0
-    n_fetch_hit: int = 0
-    misses: dict[str, int] = field(default_factory=dict)
-    bytes_read: int = 0
-    fetch_s: float = 0.0
-    verify_s: float = 0.0
-    n_degraded: int = 0
-
-
-@dataclass(frozen=True)
-class _Written:
-    """A generation whose chunks are in Redis, waiting for its commit."""
-
-    plan: PagePlan | None  # None: tokens-only
-    blobs: tuple[mf.BlobRef, ...]  # every blob the plan references, its own included
-    chunk_keys: list[str]  # its own chunks (TTL until the commit persists them)
-    n_blob_bytes: int
-    n_reused_bytes: int
 
 
 class SharedStore:
@@ -131,9 +84,11 @@ class SharedStore:
         pipeline_depth: int = 4,
         pending_ttl_ms: int = DEFAULT_PENDING_TTL_MS,
         after_chunks: Callable[[int], None] | None = None,
+        bulk: redis.Redis | None = None,
     ) -> None:
-        """`after_chunks(gen)` is a seam for crash tests: it runs between a generation's
-        chunks and its commit."""
+        """`bulk`: the client chunks travel on (a longer timeout; default `client`).
+        `after_chunks(gen)` is a seam for crash tests: it runs between a generation's chunks
+        and its commit."""
         if chunk_bytes < 4096:
             raise ValueError(f"chunk size {chunk_bytes} is below 4096 bytes")
         self.replica_id = replica_id
@@ -144,7 +99,7 @@ class SharedStore:
             TierBudget(client, TierKeys(prefix), budget_bytes) if budget_bytes is not None else None
         )
         self._client = client
-        self._io = ChunkIO(client, n_connections, pipeline_depth)
+        self._io = ChunkIO(bulk or client, n_connections, pipeline_depth)
         self._after_chunks = after_chunks
         self._lock = threading.Lock()
         self._counters = StoreCounters()
@@ -152,6 +107,8 @@ class SharedStore:
         self._commit = client.register_script(lua.COMMIT)
         self._degrade_script = client.register_script(lua.DEGRADE)
         self._drop = client.register_script(lua.DROP)
+        self._unlink_script = client.register_script(lua.UNLINK_REFUSED)
+        self._evict_script = client.register_script(lua.EVICT)
 
     def close(self) -> None:
         self._io.close()
@@ -197,8 +154,9 @@ class SharedStore:
         try:
             for _ in range(_MAX_ATTEMPTS):
                 receipt = self._publish_once(lease, mind_key, page, layout, t0, whole)
-                if receipt is not None:
+                if isinstance(receipt, PublishReceipt):
                     return receipt
+                whole = whole or receipt is Replan.WHOLE
                 self._count(n_publish_replanned=1)
             raise TierUnavailable("the manifest kept moving under the publish (evictions)")
         except StaleOwner:
@@ -216,8 +174,8 @@ class SharedStore:
         layout: PageLayout,
         t0: float,
         whole: bool,
-    ) -> PublishReceipt | None:
-        """One attempt: begin, write the chunks, commit. None when the base moved meanwhile."""
+    ) -> PublishReceipt | Replan:
+        """One attempt: begin, write the chunks, commit; or how to plan the next attempt."""
         keys = lease.keys
         owner: list[str | int] = [lease.holder.value, lease.fence]
         with translating("publish begin"):
@@ -225,35 +183,56 @@ class SharedStore:
         if int(reply[0]) != lua.DONE:
             raise StaleOwner(f"lease on {keys.tag} lost before publishing (fence {lease.fence})")
         gen, base_gen = int(reply[1]), int(reply[2])
-        base = _decode_or_none(as_bytes(reply[3]))
+        base_body = as_bytes(reply[3])
+        base = decode_or_none(base_body)
         written = self._write_generation(keys, gen, page, layout, base, whole)
         if self._after_chunks is not None:
             self._after_chunks(gen)
-        record = _manifest(lease, mind_key, gen, layout, written)
+        record = manifest_of(lease, mind_key, gen, layout, written)
         body = mf.encode(record)
         kept = {b.gen for b in written.blobs}
-        drop = [k for k in _chunk_keys(keys, base) if _gen_of(k) not in kept]
+        if base is None and base_body is not None:
+            old = self._orphans(keys, gen)  # an unreadable base: its chunks found by name
+        else:
+            old = chunk_keys(keys, base)
+        drop = [k for k in old if gen_of(k) not in kept]
+        reused = [k for b in written.blobs if b.gen != gen for k in blob_keys(keys, b)]
         with translating("publish commit"):
             reply = self._commit(
-                keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *drop],
-                args=[*owner, gen, base_gen, body, len(written.chunk_keys)],
+                keys=[keys.lease, keys.fence, keys.manifest, *written.chunk_keys, *reused, *drop],
+                args=[*owner, gen, base_gen, body, len(written.chunk_keys), len(reused)],
             )
         outcome = int(reply[0])
         if outcome != lua.DONE:
-            self._unlink(written.chunk_keys)
+            self._unlink_refused(keys, gen, written.chunk_keys)
             if outcome == lua.NOT_OWNER:
                 raise StaleOwner(
                     f"lease on {keys.tag} lost before the commit (fence {lease.fence})"
                 )
-            return None  # BASE_MOVED (an eviction) or CHUNK_LOST (expired): plan again
+            # BASE_MOVED (an eviction): plan again; CHUNK_LOST (expired, or a reused chunk
+            # gone): plan again as a whole page
+            return Replan.WHOLE if outcome == lua.CHUNK_LOST else Replan.AGAIN
         return self._committed(keys.tag, record, len(body), written, t0)
 
+    def _orphans(self, keys: MindKeys, gen: int) -> list[str]:
+        """Every chunk key of the mind older than `gen` (its manifest cannot be read, so its
+        chunks are found by name: a scan of the mind's own keys)."""
+        pattern = keys.chunk(0, 0).rsplit(":", 2)[0] + ":g[0-9]*"
+        with translating("publish scan"):
+            found = [k.decode() for k in self._client.scan_iter(match=pattern, count=1000)]
+        return [k for k in found if gen_of(k) < gen]
+
     def _committed(
-        self, tag: str, record: mf.Manifest, n_body: int, written: _Written, t0: float
+        self, tag: str, record: mf.Manifest, n_body: int, written: Written, t0: float
     ) -> PublishReceipt:
         """A generation committed: the budget settled (least recently used minds degraded),
-        counted, and its receipt."""
-        n_degraded = self._settle_budget(tag, record.n_bytes_stored)
+        counted, and its receipt. Redis failing during the settling does not fail the publish:
+        the commit landed (the charge is set again by the mind's next publish)."""
+        try:
+            charge = mind_charge(record.n_bytes_stored, n_body, record.n_tokens)
+            n_degraded = written.n_degraded + self._settle_budget(tag, charge)
+        except TierUnavailable:
+            n_degraded = written.n_degraded
         seconds = time.perf_counter() - t0
         n_reused = written.n_reused_bytes
         layout = record.layout
@@ -288,18 +267,26 @@ class SharedStore:
         layout: PageLayout,
         base: mf.Manifest | None,
         whole: bool,
-    ) -> _Written:
+    ) -> Written:
         """Plan generation `gen` against `base` (unless `whole`) and write its chunks (none
         when tokens-only)."""
         over_budget = self.budget is not None and layout.n_bytes > self.budget.budget_bytes
         if layout.token_only or over_budget:
-            return _Written(None, (), [], 0, 0)
+            return Written(None, (), [], 0, 0)
         previous = None
         same_model = base is not None and base.fingerprint == layout.geometry.file_fingerprint()
         if base is not None and same_model and not whole:
             previous = base.plan
         view = memoryview(page)
         write = plan_generation(view, split_page(view, layout), previous, gen)
+        if self.budget is not None:
+            # the old generation's chunks and the new one's coexist until the commit: room
+            # for both is made before a byte is written
+            n_old = base.n_bytes_stored if base is not None else 0
+            peak = mind_charge(n_old + write.n_blob_bytes, _MANIFEST_RESERVE_BYTES, layout.n_tokens)
+            n_degraded = self._settle_budget(keys.tag, peak)
+        else:
+            n_degraded = 0
         chunks = list(cut(write.blob, self.chunk_bytes))
         chunk_keys = [keys.chunk(gen, i) for i in range(len(chunks))]
         crcs = self._io.write(chunk_keys, chunks, self.pending_ttl_ms)
@@ -307,23 +294,29 @@ class SharedStore:
         blobs = [old[g] for g in sorted(write.plan.gens() - {gen})]
         if write.n_blob_bytes:
             blobs.append(mf.BlobRef(gen, write.n_blob_bytes, self.chunk_bytes, tuple(crcs)))
-        return _Written(
-            write.plan, tuple(blobs), chunk_keys, write.n_blob_bytes, write.n_reused_bytes
+        return Written(
+            write.plan,
+            tuple(blobs),
+            chunk_keys,
+            write.n_blob_bytes,
+            write.n_reused_bytes,
+            n_degraded,
         )
 
-    def _unlink(self, keys: Sequence[str]) -> None:
-        """Best effort: chunks of a refused generation (their TTL removes them otherwise)."""
-        if keys:
-            # on failure they expire after pending_ttl_ms
+    def _unlink_refused(self, keys: MindKeys, gen: int, chunk_keys: Sequence[str]) -> None:
+        """Best effort: chunks of a refused generation, unless its commit did land after all
+        (a script that refuses when the manifest is that generation); on failure they expire
+        after pending_ttl_ms."""
+        if chunk_keys:
             with contextlib.suppress(
                 redis.exceptions.ConnectionError, redis.exceptions.TimeoutError
             ):
-                self._client.unlink(*keys)
+                self._unlink_script(keys=[keys.manifest, *chunk_keys], args=[gen])
 
     # -- budget ------------------------------------------------------------------------------
 
     def _settle_budget(self, tag: str, n_bytes: int) -> int:
-        """Charge the mind's stored bytes; degrade LRU minds while the tier is over budget."""
+        """Charge the mind `n_bytes`; degrade LRU minds while the tier is over budget."""
         if self.budget is None:
             return 0
         n_degraded = self.budget.settle(
@@ -332,26 +325,39 @@ class SharedStore:
         self._count(n_degraded=n_degraded)
         return n_degraded
 
-    def _degrade(self, keys: MindKeys) -> bool | None:
-        """Mark the mind's manifest tokens-only and unlink its chunks, in one script.
-
-        True when chunks were freed, False when there were none (a stale charge), None when
-        the manifest changed under every attempt."""
+    def _degrade(self, keys: MindKeys) -> int | None:
+        """Make room: a mind with chunks becomes tokens-only (its manifest marked, its chunks
+        unlinked, in one script); a tokens-only mind nobody holds leaves the tier (manifest,
+        token log, turn ids). What it still costs (0: nothing), or None when it was left alone
+        (the manifest changed under every attempt, or a replica holds it)."""
         for _ in range(_MAX_ATTEMPTS):
             with translating("budget eviction"):
-                current = _decode_or_none(as_bytes(self._client.hget(keys.manifest, "body")))
-                if current is None or current.tokens_only:
-                    return False
+                body = as_bytes(self._client.hget(keys.manifest, "body"))
+                current = decode_or_none(body)
+                if current is None:
+                    return 0  # a stale charge
+                if current.tokens_only:
+                    reply = self._evict_script(
+                        keys=[keys.lease, keys.manifest, keys.tokens, keys.turns],
+                        args=[current.gen],
+                    )
+                    outcome = int(reply[0])
+                    if outcome == lua.NOT_OWNER:
+                        return None  # held: its holder keeps it
+                    if outcome == lua.DONE:
+                        return 0
+                    continue
                 gen = int(self._client.incr(keys.gens))
                 degraded = dataclasses.replace(
                     current, gen=gen, tokens_only=True, plan=None, blobs=()
                 )
+                new_body = mf.encode(degraded)
                 reply = self._degrade_script(
-                    keys=[keys.manifest, *_chunk_keys(keys, current)],
-                    args=[current.gen, gen, mf.encode(degraded)],
+                    keys=[keys.manifest, *chunk_keys(keys, current)],
+                    args=[current.gen, gen, new_body],
                 )
             if int(reply[0]) == lua.DONE:
-                return True
+                return mind_charge(0, len(new_body), degraded.n_tokens)
         return None
 
     # -- fetch -------------------------------------------------------------------------------
@@ -388,6 +394,10 @@ class SharedStore:
             return self._miss(MissReason.TOKENS_ONLY, "the tier holds its tokens only", record.gen)
         if fingerprint is not None and record.fingerprint != fingerprint:
             return self._miss(MissReason.FINGERPRINT, f"made with {record.fingerprint}", record.gen)
+        if self.budget is not None:
+            # used now: the budget never degrades a mind while it is being taken over
+            with contextlib.suppress(TierUnavailable):
+                self.budget.touch(keys.tag)
         plan = record.plan
         out = alloc(plan.n_bytes) if alloc is not None else memoryview(bytearray(plan.n_bytes))
         page = out.cast("B") if out.format != "B" else out
@@ -446,52 +456,13 @@ class SharedStore:
         """Remove the mind from the tier: manifest, chunks, token log (the lease stays held)."""
         keys = lease.keys
         current = self.read_manifest(keys)
-        chunk_keys = _chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
+        chunks = chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
         with translating("drop"):
             reply = self._drop(
-                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunk_keys],
+                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunks],
                 args=[lease.holder.value, lease.fence],
             )
         if int(reply[0]) != lua.DONE:
             raise StaleOwner(f"lease on {keys.tag} lost before the drop")
         if self.budget is not None:
             self.budget.uncharge(keys.tag)
-
-
-def _decode_or_none(body: bytes | None) -> mf.Manifest | None:
-    """A manifest to plan against; an unreadable one is replaced by a full page."""
-    if body is None:
-        return None
-    try:
-        return mf.decode(body)
-    except mf.ManifestError:
-        return None
-
-
-def _manifest(
-    lease: Lease, mind_key: PageKey, gen: int, layout: PageLayout, written: _Written
-) -> mf.Manifest:
-    """The commit record of generation `gen`, written under `lease`."""
-    return mf.Manifest(
-        mind_key=mind_id(mind_key),
-        gen=gen,
-        fence=lease.fence,
-        replica_id=lease.holder.replica_id,
-        n_tokens=layout.n_tokens,
-        fingerprint=layout.geometry.file_fingerprint(),
-        layout=layout,
-        tokens_only=written.plan is None,
-        plan=written.plan,
-        blobs=written.blobs,
-        t_unix_ms=int(time.time() * 1000),
-    )
-
-
-def _chunk_keys(keys: MindKeys, record: mf.Manifest | None) -> list[str]:
-    if record is None:
-        return []
-    return [keys.chunk(b.gen, i) for b in record.blobs for i in range(len(b.crcs))]
-
-
-def _gen_of(chunk_key: str) -> int:
-    return int(chunk_key.rsplit(":", 2)[1][1:])

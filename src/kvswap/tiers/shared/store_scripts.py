@@ -30,25 +30,41 @@ return {1, gen, cur, redis.call('HGET', KEYS[4], 'body')}
 """
 )
 
-# KEYS lease, fence, manifest, then n_new chunk keys of the new generation, then chunk keys to
-# unlink; ARGV holder, fence, gen, base gen, body, n_new -> {1} | {0} | {-1, gen} | {-2, i}
+# KEYS lease, fence, manifest, then n_new chunk keys of the new generation, then n_reused chunk
+# keys of older generations the new one references, then chunk keys to unlink; ARGV holder,
+# fence, gen, base gen, body, n_new, n_reused -> {1} | {0} | {-1, gen} | {-2, i}
+# Idempotent: a COMMIT that runs again after its reply was lost (redis-py re-sends a script
+# whose connection broke) finds its own generation committed and answers done, changing
+# nothing; generations are unique (INCR gens), so no other publish can have committed `gen`.
+# Every chunk the new manifest references, reused ones included, must exist: a reused chunk
+# that is gone answers CHUNK_LOST, and the publish is planned again as a whole page.
 COMMIT: Final = (
     OWNS_LUA
     + """
-if not owns(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return {0} end
 local cur = tonumber(redis.call('HGET', KEYS[3], 'gen') or '0')
 local gen = tonumber(ARGV[3])
+if cur == gen and redis.call('HGET', KEYS[3], 'fence') == ARGV[2] then return {1} end
+if not owns(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return {0} end
 if cur ~= tonumber(ARGV[4]) or gen <= cur then return {-1, cur} end
 local last_new = 3 + tonumber(ARGV[6])
-for i = 4, last_new do
+local last_ref = last_new + tonumber(ARGV[7])
+for i = 4, last_ref do
   if redis.call('EXISTS', KEYS[i]) == 0 then return {-2, i - 4} end
 end
 for i = 4, last_new do redis.call('PERSIST', KEYS[i]) end
 redis.call('HSET', KEYS[3], 'gen', gen, 'fence', ARGV[2], 'body', ARGV[5])
-for i = last_new + 1, #KEYS do redis.call('UNLINK', KEYS[i]) end
+for i = last_ref + 1, #KEYS do redis.call('UNLINK', KEYS[i]) end
 return {1}
 """
 )
+
+# KEYS manifest, then the chunk keys of a generation whose commit was refused; ARGV its gen
+# -> {1} unlinked | {0} kept: the manifest is that very generation (its commit did land)
+UNLINK_REFUSED: Final = """
+if tonumber(redis.call('HGET', KEYS[1], 'gen') or '0') == tonumber(ARGV[1]) then return {0} end
+for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
+return {1}
+"""
 
 # KEYS manifest, then the chunk keys it references; ARGV expected gen, new gen, body
 # -> {1} | {-1, gen}   (budget eviction: no lease, the manifest's generation is the guard)
@@ -94,3 +110,13 @@ for i = 3, #KEYS do redis.call('UNLINK', KEYS[i]) end
 return {1}
 """
 )
+
+# KEYS lease, manifest, tokens, turns; ARGV the manifest's generation -> {1} | {0} held | {-1}
+# (budget eviction of a tokens-only mind nobody holds: its manifest, token log and turn ids
+# go; its fence and generation counter stay, so a later owner's fence only grows)
+EVICT: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
+if tonumber(redis.call('HGET', KEYS[2], 'gen') or '0') ~= tonumber(ARGV[1]) then return {-1} end
+redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4])
+return {1}
+"""

@@ -6,12 +6,18 @@ under the RPO bound, and everything before exit.
   turn leaves more than `rpo_tokens` tokens unpublished, the page is published now, before the
   answer (`rpo_tokens` 0: every turn), so a replica's death re-prefills at most that many
   tokens of any mind.
-- The publication thread publishes, in the background, every dirty mind that has left its slot
-  (a demotion) or whose oldest unpublished turn is `rpo_s` old; a publication that failed
-  (Redis away) is retried a second later, and once Redis answers again every dirty mind is
-  published at once.
+- The publication thread publishes, in the background, every dirty mind that has been idle
+  `quiet_s` since its last turn (a mind resting in its slot between turns: a SIGKILL then
+  loses only minds that were mid-turn), has left its slot (a demotion) or whose oldest
+  unpublished turn is `rpo_s` old; a publication that failed (Redis away) or could not be
+  made now (no copy here yet) is retried a second later, and once Redis answers again every
+  dirty mind is published at once. A held mind idle `release_s` and clean (published) has its
+  lease released (its copies here stay; the tier is its home): a replica does not hold, renew
+  and list every mind it ever served.
 - `hand_off` (another replica asked, the mind is idle) and `drain` (SIGTERM, sleep): publish,
-  then release the lease; a hand-off also forgets the local copies.
+  then release the lease; a hand-off also forgets the local copies. The drain skips Redis when
+  it is away, stops publishing at its deadline (`drain_s`), and releases every lease in one
+  pipeline.
 
 A publication copies the mind's state out where it lives (`local.LocalMinds.copy`: one memcpy on
 the engine thread for a resident mind, the page itself for a RAM page) and writes it to Redis
@@ -22,7 +28,8 @@ dropped. Redis unreachable: the mind stays dirty, the failure is counted and log
 (`health`), resident minds keep serving, and until Redis answers again a turn's end does not
 wait on it (the publication thread catches up).
 
-Owns the publication thread and its counters. Never runs on the engine thread or the event loop.
+Owns the publication thread (`loops.Loop`: a failed pass is logged and the next runs) and its
+counters. Never runs on the engine thread or the event loop.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from kvswap.tiers.shared.errors import StaleOwner, TierUnavailable, TokenLogGap
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.local import LocalMinds
+from kvswap.tiers.shared.loops import Loop, LoopView
 from kvswap.tiers.shared.store import SharedStore
 from kvswap.tiers.shared.token_log import TokenLog
 from kvswap.tiers.slotfiles import drop_frames
@@ -74,6 +82,7 @@ class WriterCounters:
     n_lost: int = 0  # minds lost to another replica (a write refused by the fence)
     n_handoffs: int = 0  # minds handed off to another replica
     n_drained: int = 0  # leases released before exit
+    n_released_idle: int = 0  # leases of idle, published minds released (copies kept here)
 
 
 class MindWriter:
@@ -90,6 +99,9 @@ class MindWriter:
         health: TierHealth,
         rpo_tokens: int,
         rpo_s: float,
+        quiet_s: float,
+        release_s: float,
+        drain_s: float,
     ) -> None:
         self.holdings = holdings
         self.store = store
@@ -99,12 +111,13 @@ class MindWriter:
         self.health = health
         self.rpo_tokens = rpo_tokens
         self.rpo_s = rpo_s
+        self.quiet_s = quiet_s
+        self.release_s = release_s
+        self.drain_s = drain_s
         self._lock = threading.Lock()
         self._counters = WriterCounters()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
         self._catch_up = False  # Redis is back: the next pass publishes every dirty mind
-        self._thread: threading.Thread | None = None
+        self.loop = Loop("kvswap-publish", self._pass, retry_s=_RETRY_S)
         health.on_back(self._retry_all)
 
     def counters(self) -> dict[str, int]:
@@ -129,7 +142,8 @@ class MindWriter:
             self._count(n_log_failed=1)
             self.holdings.update(
                 held, tokens=tokens, turn_id=turn_id, seq=held.seq + 1, log_behind=True,
-                dirty_since=held.dirty_since or time.monotonic(),
+                dirty_since=held.dirty_since or time.monotonic(), last_used=time.monotonic(),
+                resumed=True,
             )  # fmt: skip
             return None
         try:
@@ -147,6 +161,8 @@ class MindWriter:
             turn_id=turn_id,
             seq=held.seq + 1,
             dirty_since=held.dirty_since or time.monotonic(),
+            last_used=time.monotonic(),
+            resumed=True,  # a turn ran on what it was resumed from
         )
         self._count(n_turns=1)
         if held.n_unpublished > self.rpo_tokens:
@@ -184,7 +200,7 @@ class MindWriter:
             except (TierUnavailable, TimeoutError, KvswapError) as err:
                 return self._failed(held, "publish", err)
             if copy is None:
-                return Outcome.NOT_NOW
+                return self._not_now(held, seq)
             try:
                 receipt = self._fenced(
                     held,
@@ -230,6 +246,21 @@ class MindWriter:
             if held.lost or not self.holdings.renew(held):
                 raise
         return write()
+
+    def _not_now(self, held: Held, seq: int) -> Outcome:
+        """No copy to publish now: its slot is busy (its turn's end publishes), or the mind
+        has no state here at all (its RAM page and files were dropped): then what the tier
+        holds is all there is, and it stops being dirty (else it would be asked every pass)."""
+        if not self.local.has(held.key):
+            log.warning(
+                "mind %s: its unpublished turns are gone from this replica (no slot, RAM page "
+                "or file); the tier keeps what it had",
+                held.key.name,
+            )
+            self.holdings.update(held, published_seq=seq, dirty_since=None, log_behind=False)
+            return Outcome.NOT_NOW
+        self.holdings.update(held, retry_at=time.monotonic() + _RETRY_S)
+        return Outcome.NOT_NOW
 
     def _failed(self, held: Held, what: str, err: Exception) -> Outcome:
         if isinstance(err, TierUnavailable):
@@ -285,57 +316,74 @@ class MindWriter:
         return True
 
     def drain(self) -> None:
-        """Publish every dirty mind, then release every lease (SIGTERM, sleep)."""
+        """Publish every dirty mind, then release every lease (SIGTERM, sleep), in at most
+        `drain_s`; nothing is sent when Redis is away (the minds stay on this replica's disk,
+        their leases expire by themselves)."""
         self.stop()
-        n_published = n_released = 0
         held_all = self.holdings.all()
-        for held in held_all:
-            n_published += int(self.publish(held) is Outcome.DONE)
-            try:
-                self.holdings.release(held)
-                n_released += 1
-            except TierUnavailable as err:
-                self.health.failed("lease release", err)
-        self._count(n_drained=n_released)
-        if held_all:
-            log.info(
-                "shared tier drained: %d mind(s) published, %d of %d lease(s) released",
-                n_published,
-                n_released,
+        if not held_all:
+            return
+        if not self.health.reachable:
+            log.warning(
+                "shared tier away: %d held mind(s) not published before exit (their copies "
+                "here stay; their leases expire)",
                 len(held_all),
             )
+            return
+        deadline = time.monotonic() + self.drain_s
+        n_published = n_left = 0
+        for held in held_all:
+            if time.monotonic() > deadline or not self.health.reachable:
+                n_left += 1
+                continue
+            n_published += int(self.publish(held) is Outcome.DONE)
+        try:
+            n_released = self.holdings.release_many(held_all)
+        except TierUnavailable as err:
+            self.health.failed("lease release", err)
+            n_released = 0
+        self._count(n_drained=n_released)
+        log.info(
+            "shared tier drained: %d mind(s) published, %d left unpublished (deadline %.0f s or "
+            "Redis away), %d of %d lease(s) released",
+            n_published,
+            n_left,
+            self.drain_s,
+            n_released,
+            len(held_all),
+        )
 
     # -- the publication thread --------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="kvswap-publish", daemon=True)
-        self._thread.start()
+        self.loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self.loop.stop()
+
+    def threads(self) -> list[LoopView]:
+        """The publication thread as /health shows it (started again first if it had died)."""
+        self.loop.ensure_running()
+        return [self.loop.view()]
 
     def _retry_all(self) -> None:
         """Redis answers again: every dirty mind is published now, failed or not."""
         for held in self.holdings.all():
             self.holdings.update(held, retry_at=0.0)
         self._catch_up = True
-        self._wake.set()
+        self.loop.wake.set()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(_POLL_S)
-            self._wake.clear()
-            catch_up, self._catch_up = self._catch_up, False
-            for held in self.holdings.all():
-                if self._stop.is_set():
-                    return
-                if self._due(held, catch_up):
-                    outcome = self.publish(held)
-                    self._count(n_publish_behind=int(outcome is Outcome.DONE))
+    def _pass(self) -> float:
+        catch_up, self._catch_up = self._catch_up, False
+        for held in self.holdings.all():
+            if self.loop.stopping:
+                break
+            if self._due(held, catch_up):
+                outcome = self.publish(held)
+                self._count(n_publish_behind=int(outcome is Outcome.DONE))
+            elif self._idle(held):
+                self._release_idle(held)
+        return _POLL_S
 
     def _due(self, held: Held, catch_up: bool) -> bool:
         now = time.monotonic()
@@ -346,7 +394,29 @@ class MindWriter:
             return False  # a turn holds it: its end writes it
         demoted = self.registry.resident_slot(held.key) is None
         aged = dirty_since is not None and now - dirty_since >= self.rpo_s
-        return catch_up or demoted or aged or held.log_behind
+        quiet = now - held.last_used >= self.quiet_s
+        return catch_up or demoted or aged or quiet or held.log_behind
+
+    def _idle(self, held: Held) -> bool:
+        """Idle long enough to let go of its lease, and nothing of it unpublished."""
+        clean = held.dirty_since is None and not held.log_behind
+        return (
+            clean
+            and not held.lost
+            and time.monotonic() - held.last_used >= self.release_s
+            and bool(self.registry.idle([held.key]))
+        )
+
+    def _release_idle(self, held: Held) -> None:
+        with held.publishing:  # no publication of it runs meanwhile
+            if not self._idle(held):
+                return
+            try:
+                released = self.holdings.release(held, keep=True)
+            except TierUnavailable as err:
+                self.health.failed("lease release", err)
+                return
+        self._count(n_released_idle=int(released))
 
 
 def _common_prefix(a: npt.NDArray[np.int32], b: npt.NDArray[np.int32]) -> int:

@@ -79,9 +79,12 @@ export async function getText(path) {
 
 // A mind verb (contract: POST /minds/{name}?action=page_out|page_in|spill|drop, answering
 // {"mind", "action", "tier"} or a typed error).
+// In a cluster the mind's name routes the action to its replica (HAProxy hashes X-Mind-Id,
+// or the path's name), and that replica sends it on to the mind's owner if it is another.
 export async function mindAction(name, action) {
   const path = `minds/${encodeURIComponent(name)}?action=${encodeURIComponent(action)}`;
-  return (await call(path, { method: "POST", headers: headers() })).json();
+  const extra = ASCII_NAME.test(name) ? { "X-Mind-Id": name } : {};
+  return (await call(path, { method: "POST", headers: headers(extra) })).json();
 }
 
 // Header values must be ASCII; the body's "mind" field names any mind (and wins, server side).

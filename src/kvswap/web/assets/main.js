@@ -105,6 +105,18 @@ document.getElementById("new-mind").addEventListener("submit", (event) => {
   minds.onOpen(name);
 });
 
+// In a cluster started by `kvswap cluster up`: this replica, and each replica's state and
+// restarts as the supervisor reports them ("r2 restarting (1 restart)").
+function clusterText(pages) {
+  const tier = pages && pages.shared_tier;
+  if (!tier) return "";
+  const others = (tier.replicas || []).map((r) => {
+    const restarts = r.n_restarts ? ` (${r.n_restarts} restart${r.n_restarts === 1 ? "" : "s"})` : "";
+    return `${r.id} ${r.state}${restarts}`;
+  });
+  return ` · replica ${tier.replica_id}${others.length ? ` · ${others.join(", ")}` : ""}`;
+}
+
 function start(props) {
   const ns = namespace(); // an API key may have been given meanwhile
   minds.setNamespace(ns);
@@ -138,7 +150,7 @@ function start(props) {
       (e) => e && (e.status === 0 || e.status === 503),
     );
     if (down) showConn(down.describe(), { bad: true });
-    else showConn(`connected · ${props.total_slots} slot${props.total_slots === 1 ? "" : "s"}`);
+    else showConn(`connected · ${props.total_slots} slot${props.total_slots === 1 ? "" : "s"}${clusterText(snapshot.pages)}`);
   });
 
   poller.start();
