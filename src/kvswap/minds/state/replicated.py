@@ -73,6 +73,19 @@ def turn_of(data: dict[str, Any]) -> TurnWrite:
     )
 
 
+def _caught_up(name: str) -> Any:
+    """`StateStore`'s read `name`, once the mirror has caught up with the log."""
+    read = getattr(StateStore, name)
+
+    def method(self: ReplicatedStore, *args: Any) -> Any:
+        self.catch_up()
+        return read(self, *args)
+
+    method.__name__ = name
+    method.__doc__ = read.__doc__
+    return method
+
+
 class ReplicatedStore(StateStore):
     """See the module docstring."""
 
@@ -181,41 +194,15 @@ class ReplicatedStore(StateStore):
 
     # -- reads: caught up first ---------------------------------------------------------------
 
-    def chain(self, ns: str, rid: str) -> Any:
-        self.catch_up()
-        return super().chain(ns, rid)
-
-    def response(self, ns: str, rid: str) -> Any:
-        self.catch_up()
-        return super().response(ns, rid)
-
-    def events(self, ns: str, rid: str) -> Any:
-        self.catch_up()
-        return super().events(ns, rid)
-
-    def input_items(self, ns: str, rid: str) -> Any:
-        self.catch_up()
-        return super().input_items(ns, rid)
-
-    def listing(self, ns: str) -> Any:
-        self.catch_up()
-        return super().listing(ns)
-
-    def conversation(self, ns: str, conv_id: str) -> Any:
-        self.catch_up()
-        return super().conversation(ns, conv_id)
-
-    def conversation_items(self, ns: str, conv_id: str) -> Any:
-        self.catch_up()
-        return super().conversation_items(ns, conv_id)
-
-    def conversation_item(self, ns: str, conv_id: str, item_id: str) -> Any:
-        self.catch_up()
-        return super().conversation_item(ns, conv_id, item_id)
-
-    def conversation_turn(self, ns: str, conv_id: str) -> Any:
-        self.catch_up()
-        return super().conversation_turn(ns, conv_id)
+    chain = _caught_up("chain")
+    response = _caught_up("response")
+    events = _caught_up("events")
+    input_items = _caught_up("input_items")
+    listing = _caught_up("listing")
+    conversation = _caught_up("conversation")
+    conversation_items = _caught_up("conversation_items")
+    conversation_item = _caught_up("conversation_item")
+    conversation_turn = _caught_up("conversation_turn")
 
     def sweep(self) -> list[Released]:
         self.catch_up()
