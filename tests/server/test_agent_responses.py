@@ -134,5 +134,7 @@ def test_structured_output_through_text_format(agent_server: ServerProcess) -> N
 def test_input_tokens_and_refusals(agent_server: ServerProcess) -> None:
     counted = agent_server.post("/v1/responses/input_tokens", {"input": "Say hello."}).json()
     assert counted["object"] == "response.input_tokens" and counted["input_tokens"] > 0
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
+    # Stored state is kept (docs/STATEFUL.md): an id never stored is OpenAI's 400.
+    with pytest.raises(openai.BadRequestError) as unknown:
         oai(agent_server).responses.create(model="m", input="x", previous_response_id="resp_1")
+    assert unknown.value.code == "previous_response_not_found"

@@ -150,7 +150,6 @@ def test_responses_items_merge_into_chat_turns() -> None:
 @pytest.mark.parametrize(
     ("raw", "code"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, 400),
         ({"input": [{"type": "mystery"}]}, 400),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},

@@ -114,3 +114,20 @@ def test_another_tenants_prompt_in_a_slot_is_no_prefix_match() -> None:
     assert choose_slot(slots, prompt, similarity=0.1, taken=set(), namespace="kb") is slots[1]
     assert slots[0].prefix_for(prompt, "ka") == 5
     assert slots[0].prefix_for(prompt, "kb") == 0
+
+
+def test_a_mind_that_adopts_takes_the_anonymous_slot_holding_its_prefix() -> None:
+    """Decision: a stored conversation's new mind (`adopt`) is seated where its first turn's
+    anonymous KV is, so its second turn prefills only its new input; any other homeless mind
+    takes its seat order (an empty slot first), as before."""
+    from kvswap.core.keys import mind_key
+
+    slots = _slots(3)
+    slots[1].tokens.append([1, 2, 3, 4])  # the first turn, anonymous, of the same tenant
+    slots[1].namespace = "ns"
+    mind = mind_key("ns", "chain-1")
+    prompt = _prompt(1, 2, 3, 4, 5, 6)
+    adopted = choose_slot(slots, prompt, similarity=0.1, taken=set(), mind=mind, adopt=True)
+    assert adopted is slots[1]
+    seated = choose_slot(slots, prompt, similarity=0.1, taken=set(), mind=mind)
+    assert seated is slots[0]

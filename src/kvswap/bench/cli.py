@@ -12,6 +12,7 @@ BENCHES: dict[str, str] = {
     "startup": "process start to a first completion, beside llama-server (wall and CPU)",
     "flush": "what a SIGKILL loses, with and without --page-flush-seconds",
     "cluster": "minds across replicas: resume against re-prefill, bytes per turn, takeover",
+    "stateful": "stored conversations (previous_response_id) against full re-sends and llama-server",
     "stalls": "how long a stream and the event loop stall while minds switch and pages move",
     "paging": "what a mind switch costs: page_out/page_in against save/restore and re-prefill",
     "throughput": "the server against a bare llama_decode loop and llama-server (several minutes)",

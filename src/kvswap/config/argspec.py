@@ -21,6 +21,7 @@ from kvswap.config.settings import (
     PagingSettings,
     SamplingDefaults,
     SpecSettings,
+    StateSettings,
 )
 from kvswap.config.sizes import parse_size
 from kvswap.config.values import INT32_MAX, INT32_MIN, read_float, read_int
@@ -40,6 +41,7 @@ class Group(enum.Enum):
 
     PAGES = "minds: the RAM page store, the disk tier and checkpoints (kvswap)"
     CLUSTER = "cluster: replicas that share minds through Redis (kvswap)"
+    STATE = "stored conversations: OpenAI's Responses state on minds (kvswap)"
     LIMITS = "request limits (kvswap)"
     MINDS = "llama-server's flags that matter to minds"
     INFO = "print and exit"
@@ -53,7 +55,7 @@ class Group(enum.Enum):
     @property
     def kvswap_only(self) -> bool:
         """A section of flags llama-server does not have (their variables are KVSWAP_ARG_*)."""
-        return self in (Group.PAGES, Group.CLUSTER, Group.LIMITS)
+        return self in (Group.PAGES, Group.CLUSTER, Group.STATE, Group.LIMITS)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Builder:
     spec: SpecSettings
     log: LogSettings
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    state: StateSettings = field(default_factory=StateSettings)
     # Raw thread flags by primary name (-t, -tb, -td, -tbd), resolved in flags.py.
     threads: dict[str, int] = field(default_factory=dict)
     # (speculative type, the flag or env var that asked for it), in order.

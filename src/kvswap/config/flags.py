@@ -35,6 +35,7 @@ from kvswap.config import (
     table_sampling,
     table_serving,
     table_spec,
+    table_state,
 )
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
 from kvswap.config.errors import ConfigError, HelpRequested
@@ -75,6 +76,7 @@ def all_flags() -> tuple[Flag, ...]:
         *table_sampling.FLAGS,
         *table_serving.FLAGS,
         *table_cluster.FLAGS,
+        *table_state.FLAGS,
         *table_cors.FLAGS,
         *table_router.FLAGS,
         *table_spec.FLAGS,
@@ -282,6 +284,7 @@ def _finish(b: Builder, host: MachineInfo, ignored: list[str]) -> ServerConfig:
         spec=b.spec,
         log=b.log,
         cluster=b.cluster,
+        state=b.state,
         ignored_flags=tuple(ignored),
     )
 

@@ -377,6 +377,21 @@ class ClusterSettings:
 
 
 @dataclass(frozen=True)
+class StateSettings:
+    """The stored conversations of the Responses API (kvswap-only; the minds layer's slice)."""
+
+    # --state-dir (KVSWAP_ARG_STATE_DIR): the folder of their database; None: under
+    # --slot-save-path (`.kvswap-state/`), or in memory without one.
+    state_dir: str | None = None
+    # --state-ttl-seconds (KVSWAP_ARG_STATE_TTL_SECONDS): how long a stored response is kept
+    # (30 days, as OpenAI); conversations have no time to live.
+    ttl_s: float = 30 * 86400.0
+    # --state-bytes (KVSWAP_ARG_STATE_BYTES): the records' byte budget; past it the least
+    # recently used chains are dropped first, with their minds. None: no bound.
+    budget_bytes: int | None = 1 << 30
+
+
+@dataclass(frozen=True)
 class LogSettings:
     """Logging (the process's slice)."""
 
@@ -400,6 +415,7 @@ class ServerConfig:
     spec: SpecSettings = field(default_factory=SpecSettings)
     log: LogSettings = field(default_factory=LogSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    state: StateSettings = field(default_factory=StateSettings)
     # llama-server flags accepted but not implemented by kvswap, as spelled on the command line
     # (or the environment variable's name), in order, once each; the server logs them.
     ignored_flags: tuple[str, ...] = ()

@@ -55,6 +55,10 @@ class GenerationRequest:
     # A retention floor (Anthropic's cache_control): a mind's state stays in some tier (RAM or
     # disk) at least this many seconds after this turn; 0: none.
     retain_s: int = 0
+    # A mind with no state anywhere takes the anonymous KV holding its prompt's longest prefix
+    # (a stored conversation's second turn adopts its first, which ran without a mind); else
+    # a new mind starts from an empty slot.
+    adopt_prefix: bool = False
 
 
 @dataclass(frozen=True)

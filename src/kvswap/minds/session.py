@@ -11,8 +11,9 @@ verb; both yield a `HeldMind`:
 3. in a cluster, a turn is placed (`shared.SharedMinds.place`: serve, forward, wait the lease
    out and take over; a mind taken over is resumed from the shared tier);
 4. `restore(held)`, asked once by the turn before it goes to the engine: the state the engine
-   applies with it (`Submit.restore`): the shared tier's page, else the mind's disk copy when
-   it lives there only (read on an I/O worker; one made under other KV types is re-prefilled);
+   applies with it (`Submit.restore`): a fork's seed (another mind's state, `HeldMind.seed`),
+   the shared tier's page, else the mind's disk copy when it lives there only (read on an I/O
+   worker; one made under other KV types is re-prefilled);
 5. at the end: when a restored state went to the engine, the barrier (a `Nudge`: every
    command posted so far handled, so the engine is done with the buffers) before they are
    freed; the busy mark cleared, and what a mind that holds no live state no longer needs let
@@ -68,6 +69,15 @@ class Claims(Protocol):
 
 
 @dataclass
+class Seed:
+    """Another mind's state a new mind starts from (a fork), and what frees it once the
+    engine is done with it."""
+
+    state: SlotState
+    close: Callable[[], None]
+
+
+@dataclass
 class HeldMind:
     """A mind held for one turn or verb (see the module docstring)."""
 
@@ -79,6 +89,7 @@ class HeldMind:
     read: ReadState | None = None  # the disk copy read back for the engine
     read_ms: float = 0.0  # ... and how long its read took
     restored: bool = False  # `restore` was asked (once per turn)
+    seed: Seed | None = None  # a fork: the state it starts from (set before `restore`)
 
 
 class MindSession:
@@ -142,6 +153,8 @@ class MindSession:
         once, right before the turn is submitted)."""
         assert not held.restored, "a turn restores its mind once"
         held.restored = True
+        if held.seed is not None:
+            return held.seed.state
         resumed = held.resumed
         if resumed is not None and resumed.state is not None:
             return resumed.state
@@ -168,9 +181,11 @@ class MindSession:
         resumed = held.resumed
         given = held.read is not None or (resumed is not None and resumed.state is not None)
         try:
-            if held.restored and given:
+            if held.restored and (given or held.seed is not None):
                 await self._after_engine()  # the engine is done with the restored state
         finally:
+            if held.seed is not None:
+                held.seed.close()
             if held.read is not None:
                 held.read.close()
             if resumed is not None:
@@ -252,6 +267,10 @@ class MindSession:
 
         self.post(Nudge(reply))
         await asyncio.shield(done)
+
+    async def read_state(self, key: PageKey) -> ReadState | None:
+        """Mind `key`'s disk copy read back (held by the caller; None: it cannot be loaded)."""
+        return await self._read(key)
 
     async def _read(self, key: PageKey) -> ReadState | None:
         """The mind's state read back from disk; None when it was made under KV types (or a

@@ -35,7 +35,12 @@ from kvswap.server.llama import (
     routes_stream,
 )
 from kvswap.server.loader import Loader
-from kvswap.server.openai import routes_chat, routes_responses
+from kvswap.server.openai import (
+    routes_chat,
+    routes_conversations,
+    routes_responses,
+    routes_stored,
+)
 from kvswap.server.openapi import hoist_defs, resolve_bodies
 from kvswap.server.pages import routes_cluster, routes_minds, routes_reconfigure, routes_slots
 from kvswap.server.peerauth import peer_key
@@ -94,6 +99,8 @@ def _routers() -> list[APIRouter]:
         routes_chat.router,
         routes_anthropic.router,
         routes_responses.router,
+        routes_stored.router,
+        routes_conversations.router,
         routes_slots.router,
         routes_minds.router,
         routes_reconfigure.router,

@@ -15,6 +15,7 @@ mind spilled at sleep (its files carry the live KV types) is served again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -35,8 +36,11 @@ from kvswap.engine.runtime import EngineConfig
 from kvswap.engine.spec.speculate import SpecConfig, check_compatible
 from kvswap.files import Publisher
 from kvswap.files.faults import KILL_AT_STEP_ENV, clock_from_env, kill_seam_from_env
+from kvswap.minds.chains import Chains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
+from kvswap.minds.state.replicated import ReplicatedStore
+from kvswap.minds.state.store import StateStore
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.requests.lora import LoraScales
 from kvswap.server.state import ServerState
@@ -48,6 +52,9 @@ from kvswap.tiers.shared.replica import SharedTier
 from kvswap.tiers.slotfiles import ReadState, read_state
 
 log = logging.getLogger("kvswap.server")
+
+STATE_DIR = ".kvswap-state"  # the stored conversations' folder under the save path
+SWEEP_S = 60.0  # how often the stored conversations' retention runs on an idle server
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,9 @@ class Loader:
         self.listening: tuple[str, ...] = ()
         self.resume: Resume | None = None  # set while asleep: what the wake restores
         self.resting: ServerState | None = None  # the closed state of a sleeping server
+        # The stored conversations: opened once, kept over a sleep (an in-memory one too).
+        self.state_store: StateStore | None = None
+        self._sweeper: concurrent.futures.Future[None] | None = None
 
     def ready(self) -> bool:
         """Loaded (awake, or asleep with the answers of its read-only routes)."""
@@ -164,7 +174,13 @@ class Loader:
                 draft_model=self.draft_model,
             )
             assert self.adapters is not None
-            state = build_state(self.config, model, client, self.adapters.infos)
+            if self.state_store is None and self.config.cluster.shared_tier is None:
+                self.state_store = open_state_store(self.config)
+            state = build_state(self.config, model, client, self.adapters.infos, self.state_store)
+            assert state.chains is not None
+            self._sweeper = asyncio.run_coroutine_threadsafe(
+                state.chains.sweep_forever(SWEEP_S), loop
+            )
             if resume is not None:
                 state.lora.scales = list(resume.lora_scales)
             snap = client.snapshot
@@ -254,6 +270,9 @@ class Loader:
             self._thread.join()
 
         state = self.state
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if state is not None:
             _drain(state)
             if state.shared_minds is not None:
@@ -285,8 +304,24 @@ def _drain(state: ServerState) -> None:
         state.shared.drain()
 
 
+def open_state_store(config: ServerConfig) -> StateStore:
+    """The stored conversations' database: under `--state-dir`, else the save path's
+    `.kvswap-state/`, else in memory (said in one line)."""
+    state, save = config.state, config.http.slot_save_path
+    folder = state.state_dir or (str(Path(save) / STATE_DIR) if save else None)
+    store = StateStore(
+        Path(folder) if folder else None, ttl_s=state.ttl_s, budget_bytes=state.budget_bytes
+    )
+    log.info("%s", store.describe())
+    return store
+
+
 def build_state(
-    config: ServerConfig, model: Model, client: EngineClient, adapters: Sequence[AdapterInfo]
+    config: ServerConfig,
+    model: Model,
+    client: EngineClient,
+    adapters: Sequence[AdapterInfo],
+    state_store: StateStore | None = None,
 ) -> ServerState:
     """What handlers share, around a started engine; the demoter is built, not started."""
     save_dir = Path(config.http.slot_save_path) if config.http.slot_save_path else None
@@ -320,6 +355,9 @@ def build_state(
         read_back=_mind_reader(minds_files, client),
         shared=shared_minds,
     )
+    # A cluster's stored conversations live in the shared tier's log.
+    store = _replicated(config, shared) if shared is not None else state_store
+    chains = Chains(store, session=minds, client=client, io=io) if store is not None else None
     return ServerState(
         config=config,
         model=model,
@@ -335,7 +373,16 @@ def build_state(
         minds=minds,
         shared=shared,
         shared_minds=shared_minds,
+        chains=chains,
     )
+
+
+def _replicated(config: ServerConfig, shared: SharedTier) -> ReplicatedStore:
+    store = ReplicatedStore(
+        shared, ttl_s=config.state.ttl_s, budget_bytes=config.state.budget_bytes
+    )
+    log.info("%s", store.describe())
+    return store
 
 
 def _demoter(

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from kvswap.engine.metrics import MetricsSnapshot
+from kvswap.minds.chains import ChainCounters
 
 PREFIX = "llamacpp:"
 
@@ -174,3 +175,40 @@ class MetricsRenderer:
                 *[m for m in own if m.kind == "gauge"],
             ]
         )
+
+
+def stored_metrics(counters: ChainCounters) -> list[Metric]:
+    """The stored conversations' series: how each stored turn's prompt was made (a template
+    that breaks incremental continuation shows as `rendered`), forks, minds let go."""
+    turns = counters.turns
+    return [
+        Metric(
+            f"responses_{mode.value}_total",
+            "counter",
+            f"Stored Responses turns whose prompt was {_MODE_HELP[mode.value]}",
+            turns[mode],
+        )
+        for mode in turns
+    ] + [
+        Metric(
+            "responses_forks_total",
+            "counter",
+            "Stored turns forked into a new mind",
+            counters.n_forks,
+        ),
+        Metric(
+            "responses_minds_released_total",
+            "counter",
+            "Minds no stored response or conversation references any more",
+            counters.n_released,
+        ),
+    ]
+
+
+_MODE_HELP = {
+    "new": "a new chain's render",
+    "incremental": "the mind's own tokens plus the rendered glue",
+    "kept": "the mind's own tokens plus the glue, its last answer kept as generated",
+    "rendered": "the whole render tokenized (incremental continuation not possible)",
+    "truncated": "rendered after dropping the oldest items (truncation: auto)",
+}

@@ -25,6 +25,8 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
+from kvswap.minds.background import Backgrounds
+from kvswap.minds.chains import Chains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
 from kvswap.server.convstreams import ConvStreams
@@ -56,6 +58,8 @@ class ServerState:
     minds: MindSession  # a mind's turn: its lock, claim, read-back (and placement)
     shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
     shared_minds: SharedMinds | None = None  # ... as a mind's turn uses it (event loop)
+    chains: Chains | None = None  # the Responses API's stored conversations, on minds
+    backgrounds: Backgrounds = field(default_factory=Backgrounds)  # `background: true` runs
     # each API key's slot files (a keyed server; the key-less one uses `publisher`)
     tenant_files: dict[str, Publisher] = field(default_factory=dict)
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)

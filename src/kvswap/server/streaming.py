@@ -12,7 +12,8 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
   turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
   `MindSeated`, its first event) is kept for the answer's headers (`Turn.headers`) and its
-  `Completion`.
+  `Completion`; then the route's own end of the turn runs (`Turn.before_answer`: a stored
+  response is written), still before that event.
 - waiting for the first event before answering (an early error becomes a proper 4xx/5xx, as
   llama-server), merging the events of several tasks (a batch of prompts, `n` > 1) into one
   stream, and cancelling every task when the client goes away (the async generators'
@@ -37,7 +38,7 @@ from collections.abc import (
     Iterable,
     Sequence,
 )
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -71,6 +72,9 @@ T = TypeVar("T")
 Indexed = tuple[int, Event]
 # Turns one task's event into zero or more JSON objects to send.
 Render = Callable[[int, Event], Iterable[dict[str, object]]]
+# A route's end of a turn, run on its Completion before the answer goes out (the event to
+# answer with: the Completion, or an error when the end could not be written).
+BeforeAnswer = Callable[[GenerationRequest, Completion], Awaitable[Completion | EngineError]]
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,7 @@ class Turn:
         self.namespace = namespace  # the caller's tenant: its requests carry it
         self.resumable = resumable  # X-Conversation-Id: its stream outlives its client
         self.served: MindServed | None = None  # how the mind was served, once it is seated
+        self.before_answer: BeforeAnswer | None = None
 
     @property
     def mind(self) -> PageKey | None:
@@ -127,19 +132,20 @@ class Turn:
         (`MindSeated`) is kept as `served`, not yielded."""
         request = replace(request, namespace=self.namespace)
         held = self.held
-        if held is None:
-            async for event in self.client.stream(request):
-                yield event
-            return
-        assert request.mind == held.key, "a held turn runs its own mind's request"
-        restore = await self.minds.restore(held)
+        restore = None
+        if held is not None:
+            assert request.mind == held.key, "a held turn runs its own mind's request"
+            restore = await self.minds.restore(held)
         async for event in self.client.stream(request, restore):
             if isinstance(event, MindSeated):
-                self.served = self.minds.served(held, event.served)
+                if held is not None:
+                    self.served = self.minds.served(held, event.served)
                 continue
-            if isinstance(event, Completion):
+            if isinstance(event, Completion) and held is not None:
                 event = replace(event, served=self.served)
                 event = await self.minds.turn_done(held, request, event)
+            if isinstance(event, Completion) and self.before_answer is not None:
+                event = await self.before_answer(request, event)
             yield event
 
     async def complete(
@@ -183,10 +189,24 @@ def session_headers(state: ServerState) -> Sequence[str] | None:
     return http.session_headers if http.session_minds else None
 
 
-@asynccontextmanager
-async def turn(state: ServerState, http: Request, raw: bytes) -> AsyncIterator[Turn]:
+def turn(state: ServerState, http: Request, raw: bytes) -> AbstractAsyncContextManager[Turn]:
     """The route's work, its mind held first when it names one (see the module docstring)."""
-    key = await named_mind(http, raw, session_headers(state))
+    return _turn(state, http, raw, None, named=True)
+
+
+def turn_on(
+    state: ServerState, http: Request, raw: bytes, key: PageKey | None
+) -> AbstractAsyncContextManager[Turn]:
+    """`turn`, on mind `key` (the route found it: a stored conversation's), or on none."""
+    return _turn(state, http, raw, key, named=False)
+
+
+@asynccontextmanager
+async def _turn(
+    state: ServerState, http: Request, raw: bytes, key: PageKey | None, *, named: bool
+) -> AsyncIterator[Turn]:
+    if named:
+        key = await named_mind(http, raw, session_headers(state))
     namespace = tenant_namespace(http.scope)
     resumable = None
     conv = http.headers.get("x-conversation-id")

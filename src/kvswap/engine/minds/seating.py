@@ -16,9 +16,10 @@ Before any job starts on a slot, `seat` makes the slot right for it:
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from the longest prefix of its prompt its tenant's anonymous cache or the slot
-  holds, else empty). In a unified KV pool a returning mind needs free cells for its
-  state: the least recently used idle residents move out first (`_make_cells`), exactly as a
-  full pool moves them for a prefill; while running requests hold the cells the job waits.
+  holds, else empty: the slot choice gave a stored conversation's new mind the slot its first,
+  mind-less turn left). In a unified KV pool a returning mind needs cells for its state: the
+  least recently used idle residents move out first (`_make_cells`), as a full pool moves them
+  for a prefill; while running requests hold the cells the job waits.
 
 A switch copies into a spare buffer prepared ahead (`kv.spare`: reserved in the page store,
 mapped and faulted in by the buffer worker, a little larger than the largest mind page):
@@ -35,15 +36,14 @@ reason instead of waiting forever.
 resident moves out (a mind to its own page; an anonymous slot's cached prompt into the
 anonymous cache, where it is found by its prefix and evicted like any entry, or, when the cache
 cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
-buffer, or that nothing can move. Nothing the engine makes here is a page that lives forever.
+buffer, or that nothing can move. Nothing made here is a page that lives forever.
 
 `seat` says how a request's mind came in (`Seat`: the tier, the switch's time); `served` adds
 what of the mind's history the request's prompt keeps: a prompt that does not extend it
 diverges, and the rest is dropped (counted and logged, and the answer says so).
 
-Owns the spare and the wait for room; slots carry their mind, the registry where each mind lives,
-the flush schedule what changed, the hand-offs what goes to disk. Called only by the engine
-thread; does no file I/O.
+Owns the spare and the wait for room; slots carry their mind, the registry where each mind
+lives, the flush schedule what changed, the hand-offs what goes to disk. Engine thread; no I/O.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ class Job:
     lora: LoraSet = ()  # a request's LoRA set: only its slots' prefixes count
     mind: PageKey | None = None  # the mind the request names (None: anonymous)
     namespace: str = PUBLIC_NAMESPACE  # the tenant of an anonymous request
+    adopt: bool = False  # a mind in no slot may take an anonymous slot holding its prefix
 
     @staticmethod
     def of(
@@ -50,7 +51,10 @@ class Job:
         """A generation request's job (a mind's runs on the slot where the mind lives)."""
         mind = request.mind
         slot_id = -1 if mind else request.id_slot
-        return Job(req_id, slot_id, prompt, cmd, False, request.lora, mind, request.namespace)
+        return Job(
+            req_id, slot_id, prompt, cmd, False, request.lora, mind, request.namespace,
+            request.adopt_prefix,
+        )  # fmt: skip
 
 
 def choose_slot(
@@ -61,31 +65,47 @@ def choose_slot(
     lora: LoraSet = (),
     mind: PageKey | None = None,
     namespace: str = PUBLIC_NAMESPACE,
+    adopt: bool = False,
 ) -> Slot | None:
     """The idle slot an unpinned request should take, or None when none is idle. A slot's
     cached prefix counts only when it was computed under the request's LoRA set, for the
-    request's own tenant (`namespace`)."""
+    request's own tenant (`namespace`). A mind takes its own slot; one in no slot its seat
+    order, or with `adopt` first an anonymous slot holding enough of its prompt (a stored
+    conversation's new mind adopts the KV its first, mind-less turn left there)."""
     idle = [s for s in slots if s.is_idle and s.id not in taken]
+    free = [s for s in idle if s.mind is None]
     if mind:
         home = next((s for s in slots if s.mind == mind), None)
         if home is not None:
             return home if home in idle else None
-        return min(idle, key=_seat_order, default=None)
+        best = _best_prefix(free, prompt, similarity, lora, mind.namespace) if adopt else None
+        return best or min(idle, key=_seat_order, default=None)
     if not idle:
         return None
-    free = [s for s in idle if s.mind is None]
-    if similarity > 0.0 and len(prompt) > 0:
-        best: Slot | None = None
-        best_sim = 0.0
-        for slot in free:
-            if len(slot.tokens) == 0 or slot.lora != lora:
-                continue
-            sim = slot.prefix_for(prompt, namespace) / len(prompt)
-            if sim > best_sim and sim > similarity:
-                best, best_sim = slot, sim
-        if best is not None:
-            return best
-    return min(free or idle, key=lambda s: s.t_last_used)
+    best = _best_prefix(free, prompt, similarity, lora, namespace)
+    return best or min(free or idle, key=lambda s: s.t_last_used)
+
+
+def _best_prefix(
+    free: Sequence[Slot],
+    prompt: npt.NDArray[np.int32],
+    similarity: float,
+    lora: LoraSet,
+    namespace: str,
+) -> Slot | None:
+    """The anonymous slot sharing the largest part of `prompt` (above `similarity`), of
+    tenant `namespace`'s prefixes."""
+    if similarity <= 0.0 or len(prompt) == 0:
+        return None
+    best: Slot | None = None
+    best_sim = 0.0
+    for slot in free:
+        if len(slot.tokens) == 0 or slot.lora != lora:
+            continue
+        sim = slot.prefix_for(prompt, namespace) / len(prompt)
+        if sim > best_sim and sim > similarity:
+            best, best_sim = slot, sim
+    return best
 
 
 def _seat_order(slot: Slot) -> tuple[bool, bool, float]:
@@ -145,6 +165,7 @@ class WaitQueue:
                     job.lora,
                     job.mind,
                     job.namespace,
+                    job.adopt,
                 )
                 if slot is None:
                     unpinned_blocked = True

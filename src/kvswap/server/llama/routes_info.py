@@ -32,7 +32,7 @@ from kvswap.server.llama.formats_info import (
     slots_json,
 )
 from kvswap.server.openapi import body_schema
-from kvswap.server.prometheus import render
+from kvswap.server.prometheus import render, stored_metrics
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.params import build_sampling, content_part, tokenize_prompt
 from kvswap.server.requests.schemas import (
@@ -172,6 +172,8 @@ async def metrics(request: Request) -> Response:
     if not state.config.http.metrics:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "This server does not support metrics endpoint.")
     text = state.metrics.render(state.snapshot.metrics)
+    if state.chains is not None:
+        text += render(stored_metrics(state.chains.counters))
     if state.shared_minds is not None:
         text += render(formats_cluster.metrics(await state.shared_minds.view()))
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4")

@@ -7,14 +7,15 @@ Owns the body's shape and its translation into an OpenAI chat body, as llama-ser
 items merged into one turn; function `tools` become chat functions (other tool types are
 skipped, as llama-server); `max_output_tokens` is `max_tokens`; `reasoning.effort` is
 `reasoning_effort`; every other field passes through (llama-server's sampling extensions).
-`previous_response_id` is refused (no server-side conversation store, as llama-server).
-Beyond llama-server: `text.format` (json_object, json_schema) becomes `response_format`, and a
+The stored-state fields (`store`, `previous_response_id`, `conversation`, `truncation`,
+`background`, `metadata`) are read here and acted on by the routes (`stateful`); a chained
+turn's history comes in as `items`, ahead of the request's own input. Beyond llama-server: `text.format` (json_object, json_schema) becomes `response_format`, and a
 named `tool_choice` (`{"type": "function", "name"}`) forces that function. Pure.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.server.requests.schemas import Body, PositiveInt
@@ -55,6 +56,21 @@ class ResponsesRequest(Body):
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
+    store: bool | None = None  # default true, as OpenAI
+    conversation: str | dict[str, Any] | None = None  # an id, or {"id": ...}
+    truncation: Literal["auto", "disabled"] | None = None
+    background: bool | None = None
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        conv = self.conversation
+        if isinstance(conv, dict):
+            cid = conv.get("id")
+            if not isinstance(cid, str):
+                raise _invalid("Invalid 'conversation': expected an id or {\"id\": ...}")
+            return cid
+        return conv
 
 
 def _invalid(message: str) -> KvswapError:
@@ -169,17 +185,20 @@ def _response_format(text: dict[str, Any]) -> dict[str, Any] | None:
     raise _invalid(f"unsupported text.format type {fmt.get('type')!r}")
 
 
-def to_chat_body(raw: dict[str, Any], req: ResponsesRequest) -> dict[str, Any]:
-    """The OpenAI chat body that asks the engine the same thing (`raw` is the parsed JSON)."""
-    if req.previous_response_id:
-        raise _invalid("llama.cpp does not support 'previous_response_id'.")
+def to_chat_body(
+    raw: dict[str, Any], req: ResponsesRequest, items: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The OpenAI chat body that asks the engine the same thing (`raw` is the parsed JSON;
+    `items`, when given, replace the request's `input`: a stored turn's history and input)."""
     messages: list[dict[str, Any]] = []
     if req.instructions is not None:
         messages.append({"role": "system", "content": req.instructions})
-    if isinstance(req.input, str):
+    if items is None and isinstance(req.input, str):
         messages.append({"role": "user", "content": req.input})
     else:
-        for i, item in enumerate(req.input):
+        source = items if items is not None else req.input
+        assert isinstance(source, list)
+        for i, item in enumerate(source):
             _item(messages, item, i)
     for msg in messages:
         if msg["role"] == "assistant" and not msg["content"]:

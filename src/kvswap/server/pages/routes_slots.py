@@ -272,6 +272,9 @@ async def pages(request: Request) -> JSONResponse:
     body["disk_tier"] = state.save_dir is not None  # --slot-save-path: minds may go to disk
     body["disk_n_bytes"] = state.minds.disk_bytes(namespace)
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
+    if state.chains is not None:  # the caller's stored conversations, beside their minds
+        chains = state.chains
+        body["stored"] = await chains.run(chains.store.listing, namespace)
     if state.shared_minds is not None:
         body["shared_tier"] = formats_cluster.pages_json(await state.shared_minds.view(), namespace)
     return JSONResponse(body)

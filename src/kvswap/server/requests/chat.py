@@ -81,8 +81,23 @@ def _reasoning_format(body: ChatCompletionRequest) -> str:
     return fmt
 
 
-def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
-    """Decide prompt, grammar and parsing for a chat body (typed 400s on bad inputs)."""
+@dataclass(frozen=True)
+class _Shape:
+    """What a chat body asks of the template: its tools, the call format, the messages as the
+    template sees them (adapted to the format)."""
+
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    fmt: ToolFormat | None
+    parallel: bool
+    schema: dict[str, Any] | None
+    calling: bool  # the answer may (or must) call a tool
+    answering: bool  # "none" on a format with no tool syntax: held to the JSON reply
+    messages: list[dict[str, Any]]
+    n_front: int  # messages the tool format put before the body's first (a tools system one)
+
+
+def _shape(state: Serving, body: ChatCompletionRequest) -> _Shape:
     tools, choice = _tools(body)
     calling = bool(tools) and choice.mode is not ToolMode.NONE
     if calling and body.grammar:
@@ -92,8 +107,7 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
         schema = response_format_schema(body.response_format)
     if schema is not None and choice.forces_call:
         raise _invalid(f"Cannot use response_format with tool_choice {choice.mode.value!r}")
-    template = state.template
-    fmt: ToolFormat | None = tool_format_for(template.source) if tools else None
+    fmt: ToolFormat | None = tool_format_for(state.template.source) if tools else None
     parallel = (
         body.parallel_tool_calls
         if body.parallel_tool_calls is not None
@@ -115,13 +129,24 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
         # The tools shown alike for every choice and output constraint (a grammar holds them):
         # switching between auto, required, a named function, none or a response format keeps
         # the prompt, and the conversation's cached prefix.
-        messages = fmt.adapt_messages(messages, tools, parallel, template.caps)
+        messages = fmt.adapt_messages(messages, tools, parallel, state.template.caps)
+    n_front = len(messages) - len(given)
+    return _Shape(tools, choice, fmt, parallel, schema, calling, answering, messages, n_front)
+
+
+def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
+    """Decide prompt, grammar and parsing for a chat body (typed 400s on bad inputs)."""
+    shape = _shape(state, body)
+    tools, choice, fmt, messages = shape.tools, shape.choice, shape.fmt, shape.messages
     listed = [t.as_openai() for t in tools] or None
     prompt = _render(state, body, messages, listed)
     reasoning_format = _reasoning_format(body)
+    template = state.template
     reasoning = Reasoning.detect(template.source, prompt) if reasoning_format != "none" else None
-    tool_calls = fmt if (calling or answering) and fmt is not None else None
-    constraint = _constraint(body, tool_calls, tools, choice, parallel, schema, reasoning)
+    tool_calls = fmt if (shape.calling or shape.answering) and fmt is not None else None
+    constraint = _constraint(
+        body, tool_calls, tools, choice, shape.parallel, shape.schema, reasoning
+    )
     if constraint is not None:
         check_constraint(state.vocab, constraint)
     streamed_legacy = reasoning_format == "deepseek-legacy" and bool(body.stream)
@@ -131,8 +156,27 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
     name = fmt.name if fmt else ""
-    n_front = len(messages) - len(given)
-    return ChatPlan(prompt, constraint, spec, name, reasoning_format, messages, listed, n_front)
+    return ChatPlan(
+        prompt, constraint, spec, name, reasoning_format, messages, listed, shape.n_front
+    )
+
+
+def render_history(state: Serving, body: ChatCompletionRequest) -> str:
+    """A chat body's messages rendered as history: as `plan_chat` would show them, with no
+    generation prompt and nothing continued (the last message is closed as the template
+    closes it). The stored conversations derive the glue of a new turn from it."""
+    shape = _shape(state, body)
+    tools = [t.as_openai() for t in shape.tools] or None
+    try:
+        return state.template.render(
+            shape.messages,
+            add_generation_prompt=False,
+            tools=tools,
+            chat_template_kwargs=_template_kwargs(state, body),
+            enable_thinking=_thinking(state),
+        )
+    except (InvalidMessagesError, TemplateError) as err:
+        raise _invalid(str(err)) from err
 
 
 def _tools(body: ChatCompletionRequest) -> tuple[tuple[Tool, ...], ToolChoice]:
@@ -237,14 +281,6 @@ def _render(
     tools: list[dict[str, Any]] | None,
 ) -> str:
     """The chat template applied to the messages (typed 400 on bad messages)."""
-    # --chat-template-kwargs are the defaults; the request's own keys win (llama-server).
-    kwargs = _default_kwargs(state)
-    kwargs.update(body.chat_template_kwargs or {})
-    effort = body.reasoning_effort
-    if effort == "none":
-        kwargs["enable_thinking"] = False
-    elif effort:
-        kwargs["reasoning_effort"] = effort
     cont = split_continuation(
         messages,
         add_generation_prompt=body.add_generation_prompt,
@@ -256,7 +292,7 @@ def _render(
             cont.messages,
             add_generation_prompt=cont.add_generation_prompt,
             tools=tools,
-            chat_template_kwargs=kwargs,
+            chat_template_kwargs=_template_kwargs(state, body),
             enable_thinking=_thinking(state),
         )
         if _thinking(state) is False and cont.add_generation_prompt and not cont.suffix:
@@ -264,6 +300,18 @@ def _render(
         return prompt + cont.suffix
     except (InvalidMessagesError, TemplateError) as err:
         raise _invalid(str(err)) from err
+
+
+def _template_kwargs(state: Serving, body: ChatCompletionRequest) -> dict[str, Any]:
+    # --chat-template-kwargs are the defaults; the request's own keys win (llama-server).
+    kwargs = _default_kwargs(state)
+    kwargs.update(body.chat_template_kwargs or {})
+    effort = body.reasoning_effort
+    if effort == "none":
+        kwargs["enable_thinking"] = False
+    elif effort:
+        kwargs["reasoning_effort"] = effort
+    return kwargs
 
 
 def _default_kwargs(state: Serving) -> dict[str, Any]:

@@ -11,7 +11,8 @@ Its methods block on Redis or on the engine's answers: the server calls them on 
 never on the event loop. `take` is the ownership step of every turn of a mind: renew the lease
 held (Redis away: keep serving what is held, without waiting on Redis each turn), else acquire
 it, else say who holds it; it answers with a `Placement`, which `resume` turns into the state
-the turn starts from (`Resumed`).
+the turn starts from (`Resumed`). The stored conversations' records travel through its log
+(`append_record`, `read_records`).
 
 What a caller may hold of the tier is defined here (or re-exported from here): `SharedTier`,
 `Placement`, `Holder`, `Resumed`, `TierView`; its errors are `tiers.shared.errors`'. The rest
@@ -44,6 +45,7 @@ from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.lease import Incarnation, LeaseHolder, Leases
 from kvswap.tiers.shared.local import LocalMinds
 from kvswap.tiers.shared.loops import LoopView
+from kvswap.tiers.shared.records import RecordLog
 from kvswap.tiers.shared.resume import Resumed, Resumer
 from kvswap.tiers.shared.stats import ResumeStats
 from kvswap.tiers.shared.store import SharedStore, StoreCounters
@@ -202,6 +204,7 @@ class SharedTier:
             health=self.health,
         )
         self.stats = ResumeStats()
+        self.records = RecordLog(self.client, self.store.prefix)
         self._closed = False
 
     def _writer(self, registry: MindRegistry) -> MindWriter:
@@ -297,6 +300,16 @@ class SharedTier:
     def end_mind(self, key: PageKey) -> None:
         """A slot verb ended the mind here: out of the tier too (TierUnavailable: it stays)."""
         self.writer.end_mind(key)
+
+    def append_record(self, op: bytes, mind: PageKey | None) -> str:
+        """Append a stored-conversation write to the records' log: fenced by `mind`'s lease
+        when this replica holds it (StaleOwner when the lease moved). Its entry id."""
+        held = self.holdings.get(mind) if mind is not None else None
+        return self.records.append(op, held.lease if held is not None else None)
+
+    def read_records(self, after: str) -> list[tuple[str, bytes]]:
+        """The records' log after entry `after` ("0": all), oldest first."""
+        return self.records.read_after(after)
 
     def holder(self, key: PageKey) -> Holder | None:
         """Who holds the mind's lease now (None: free). Raises TierUnavailable."""

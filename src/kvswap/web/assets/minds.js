@@ -6,6 +6,7 @@
 // the answer's tier (or the typed error's message) is shown in the action status line.
 
 import { ApiError, mindAction } from "./api.js";
+import { storedRows } from "./stored.js";
 
 const UNKNOWN = "unknown"; // a mind's tier before the first /pages answer
 
@@ -32,7 +33,7 @@ export function formatBytes(n) {
   return `${i ? v.toFixed(1) : v} ${units[i]}`;
 }
 
-function cell(text, className) {
+export function cell(text, className) {
   const td = document.createElement("td");
   td.textContent = text;
   if (className) td.className = className;
@@ -48,7 +49,7 @@ function tierBadge(tier) {
 }
 
 // One row across a table: what it shows before the first poll, or when there is nothing.
-function placeholderRow(text, colSpan) {
+export function placeholderRow(text, colSpan) {
   const tr = document.createElement("tr");
   tr.className = "placeholder";
   const td = cell(text);
@@ -124,6 +125,8 @@ export class MindsView {
       this.minds = new Map(own.map((m) => [m.mind, m]));
       this.renderBars(pages);
       this.renderTable();
+      const stored = storedRows(pages.stored);
+      this.replaceRows("stored-table", stored.rows, stored.signature);
     }
     this.renderList();
     this.renderSlots(slots, errors.slots);

@@ -1,0 +1,140 @@
+"""`kvswap bench stateful`'s report: per turn and way, TTFT p50/p95, request bytes, server CPU
+and tokens prefilled; the targets (the stored path's last turn within 1.2x of its turn 2,
+request bytes that do not grow with the chain, never slower than a full re-send, at least 10x
+faster than llama-server over the RAM budget), each with its figure; the plot of TTFT per turn
+(`bench-stateful.png`, with matplotlib). Owns the figures a turn records (`TurnFigures`) and
+the ways' names. Written to stdout and `--out`/bench-stateful.md."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+WAYS = ("kvswap stored", "kvswap re-send", "llama-server re-send")
+
+
+@dataclass(frozen=True)
+class TurnFigures:
+    way: str
+    agent: int
+    turn: int
+    ttft_ms: float
+    total_ms: float
+    request_bytes: int
+    cpu_ms: float
+    n_prompt: int  # the prompt's tokens
+    n_prefilled: int  # ... of them, those the server computed
+    error: str = ""
+
+
+ByWay = dict[str, list[TurnFigures]]
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _at(figures: list[TurnFigures], turn: int) -> list[TurnFigures]:
+    return [f for f in figures if f.turn == turn and not f.error]
+
+
+def _ttft(figures: list[TurnFigures], turn: int, q: float = 0.5) -> float:
+    return _q([f.ttft_ms for f in _at(figures, turn)], q)
+
+
+def table(figures: ByWay, turns: list[int]) -> list[str]:
+    lines = [
+        "| turn | way | TTFT p50 ms | TTFT p95 ms | request KB | server CPU ms | prompt tokens "
+        "| prefilled |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for turn in turns:
+        for way, figs in figures.items():
+            at = _at(figs, turn)
+            if not at:
+                continue
+            kb = statistics.mean(f.request_bytes for f in at) / 1024
+            cpu = statistics.mean(f.cpu_ms for f in at)
+            n_prompt = statistics.mean(f.n_prompt for f in at)
+            n_pre = statistics.mean(f.n_prefilled for f in at)
+            lines.append(
+                f"| {turn + 1} | {way} | {_ttft(figs, turn):.0f} | {_ttft(figs, turn, 0.95):.0f} "
+                f"| {kb:.1f} | {cpu:.0f} | {n_prompt:.0f} | {n_pre:.0f} |"
+            )
+    return lines
+
+
+def targets(figures: ByWay, n_turns: int) -> list[str]:
+    """Each target with its figure (the last turn against turn 2, and the other ways)."""
+    stored = figures.get(WAYS[0], [])
+    last = n_turns - 1
+    out = []
+    if stored and n_turns >= 2:
+        ratio = _ttft(stored, last) / max(_ttft(stored, 1), 1e-9)
+        out.append(f"- stored: turn {n_turns} TTFT p50 / turn 2: {ratio:.2f}x (target <= 1.2x)")
+        grow = statistics.mean(f.request_bytes for f in _at(stored, last)) / max(
+            1.0, statistics.mean(f.request_bytes for f in _at(stored, 1))
+        )
+        out.append(f"- stored: request bytes turn {n_turns} / turn 2: {grow:.2f}x (target ~1x)")
+    resend = figures.get(WAYS[1], [])
+    if stored and resend:
+        slower = [t + 1 for t in range(1, n_turns) if _ttft(stored, t) > _ttft(resend, t)]
+        out.append(
+            "- stored vs kvswap re-send: TTFT p50 slower on turns "
+            f"{slower or 'none'} (target: none); turn {n_turns}: "
+            f"{_ttft(resend, last) / max(_ttft(stored, last), 1e-9):.2f}x faster"
+        )
+    llama = figures.get(WAYS[2], [])
+    if stored and llama:
+        speedup = _ttft(llama, last) / max(_ttft(stored, last), 1e-9)
+        out.append(f"- stored vs llama-server re-send: turn {n_turns} TTFT p50 {speedup:.1f}x "
+                   "faster (target >= 10x over the RAM budget)")  # fmt: skip
+    failed = [f for figs in figures.values() for f in figs if f.error]
+    if failed:
+        out.append(f"- {len(failed)} failed turns; first: {failed[0].way}: {failed[0].error}")
+    return out
+
+
+def plot(figures: ByWay, n_turns: int, path: Path, title: str) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "(no plot: matplotlib is not installed; `pip install kvswap[bench]`)"
+    fig, ax = plt.subplots(figsize=(7, 4))
+    turns = list(range(n_turns))
+    for way, figs in figures.items():
+        ax.plot([t + 1 for t in turns], [_ttft(figs, t) for t in turns], marker="o", label=way)
+    ax.set_yscale("log")
+    ax.set_xlabel("turn")
+    ax.set_ylabel("TTFT p50 (ms, log)")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"![TTFT per turn]({path.name})"
+
+
+def report(a: argparse.Namespace, argv: list[str], figures: ByWay) -> int:
+    title = (
+        f"{a.agents} agents x {a.turns} turns, ~{a.message_tokens}-token messages, "
+        f"{a.n_predict} tokens a turn, -np {a.slots} x {a.ctx_slot}, "
+        f"{a.page_ram_mib} MiB RAM budget, -t {a.threads}"
+    )
+    picked = sorted({0, 1, a.turns // 4, a.turns // 2, (3 * a.turns) // 4, a.turns - 1})
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# kvswap bench stateful: {title}", "", f"command: `kvswap bench stateful "
+             f"{' '.join(argv)}`", ""]  # fmt: skip
+    lines += table(figures, [t for t in picked if 0 <= t < a.turns])
+    lines += ["", *targets(figures, a.turns), ""]
+    lines.append(plot(figures, a.turns, out / "bench-stateful.png", title))
+    (out / "bench-stateful.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if not any(f.error for figs in figures.values() for f in figs) else 1

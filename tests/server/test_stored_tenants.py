@@ -1,0 +1,88 @@
+"""Stored responses and conversations are their API key's own (a tiny model, `--api-key`):
+another key gets a 404 on every response id and conversation route (a 400
+`previous_response_not_found` when it chains on one, as for an unknown id), never a hint, and
+nothing of the first key's text in any answer or in its /pages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from kvswap.tiny import tiny_model_path
+from tests.server.agent_util import oai
+from tests.server.harness import ServerProcess
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+SECRET = "tangerine-harbour-7"
+ARGS: dict[str, Any] = {"model": "m", "max_output_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    model = tiny_model_path("llama", seed=7, vocab="tiny")
+    log = tmp_path_factory.mktemp("tenants") / "server.log"
+    server = ServerProcess(
+        ["-m", str(model), "-c", "2048", "-np", "2", "-t", "1", "-tb", "1", "--api-key", "ka,kb"],
+        log,
+    )
+    yield server
+    server.stop()
+
+
+def test_another_key_finds_nothing(keyed: ServerProcess) -> None:
+    """Defects caught: a response or conversation id readable, deletable, cancellable,
+    listable or continuable by another API key, or an answer that differs for another key's
+    id and an unknown one (a hint that it exists)."""
+    a, b = oai(keyed, "ka"), oai(keyed, "kb")
+    first = a.responses.create(input=f"The password is {SECRET}.", **ARGS)
+    conv = a.conversations.create(items=[{"role": "user", "content": f"Keep {SECRET} safe."}])
+    item_id = a.conversations.items.list(conv.id).data[0].id
+    answers: dict[bool, list[str]] = {True: [], False: []}  # theirs, unknown
+    for theirs, rid in ((True, first.id), (False, "resp_unknown")):
+        for call in _response_calls(b, rid):
+            with pytest.raises(openai.NotFoundError) as err:
+                call()
+            answers[theirs].append(err.value.response.text.replace(rid, "ID"))
+        with pytest.raises(openai.BadRequestError) as chained:
+            b.responses.create(input="What is the password?", previous_response_id=rid, **ARGS)
+        assert chained.value.code == "previous_response_not_found"
+        answers[theirs].append(chained.value.response.text.replace(rid, "ID"))
+    for theirs, cid in ((True, conv.id), (False, "conv_unknown")):
+        for call in _conversation_calls(b, cid, item_id):
+            with pytest.raises(openai.NotFoundError) as err:
+                call()
+            answers[theirs].append(err.value.response.text.replace(cid, "ID"))
+    assert answers[True] == answers[False], "another key's id answers as an unknown one"
+    assert not any(SECRET in body for body in answers[True])
+    pages = keyed.client.get("/pages", headers={"Authorization": "Bearer kb"}).json()
+    assert pages["stored"]["chains"] == [] and pages["stored"]["conversations"] == []
+    assert SECRET not in str(pages)
+    # The owner still has everything.
+    assert a.responses.retrieve(first.id).id == first.id
+    assert a.conversations.items.retrieve(item_id, conversation_id=conv.id).id == item_id
+
+
+def _response_calls(b: openai.OpenAI, rid: str) -> list[Callable[[], object]]:
+    return [
+        lambda: b.responses.retrieve(rid),
+        lambda: b.responses.delete(rid),
+        lambda: b.responses.cancel(rid),
+        lambda: b.responses.input_items.list(rid),
+    ]
+
+
+def _conversation_calls(b: openai.OpenAI, cid: str, item_id: str) -> list[Callable[[], object]]:
+    return [
+        lambda: b.conversations.retrieve(cid),
+        lambda: b.conversations.update(cid, metadata={"k": "v"}),
+        lambda: b.conversations.items.list(cid),
+        lambda: b.conversations.items.create(cid, items=[{"role": "user", "content": "x"}]),
+        lambda: b.conversations.items.retrieve(item_id, conversation_id=cid),
+        lambda: b.conversations.items.delete(item_id, conversation_id=cid),
+        lambda: b.responses.create(input="Tell me.", conversation=cid, **ARGS),
+        lambda: b.conversations.delete(cid),
+    ]
