@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException
 from selenium.webdriver.common.keys import Keys
 
 from tests.server.browser import Browser
@@ -85,6 +85,15 @@ def watch_answers(b: Browser) -> None:
         }).observe(list, { subtree: true, childList: true, characterData: true });
         """
     )
+
+
+def _texts(b: Browser, seen: list[list[str]]) -> list[str]:
+    """The chat's message bodies as shown, read in one script (kept in `seen`)."""
+    texts: list[str] = b.js(
+        'return Array.from(document.querySelectorAll("#messages .msg .body"), e => e.innerText)'
+    )
+    seen.append(texts)
+    return texts
 
 
 def last_answer(b: Browser) -> dict[str, Any]:
@@ -198,9 +207,15 @@ def test_chat_with_two_minds_and_watch_them_move(
 
     b.driver.refresh()
     b.wait("alice's chat after a reload", lambda: b.css("#chat-heading").text == "Chat with alice")
-    texts = [e.text for e in b.driver.find_elements("css selector", "#messages .msg .body")]
-    assert texts == ["Tell me about cats.", first["text"], new_text, third["text"]]
-    assert last_answer(b)["meta"] == third["meta"]
+    # The page paints the chat it kept, then the history the server holds (a redraw): the
+    # messages are read in one script, and waited for, never from elements a redraw replaced.
+    expected = ["Tell me about cats.", first["text"], new_text, third["text"]]
+    seen: list[list[str]] = []
+    try:
+        b.wait("alice's four messages after a reload", lambda: _texts(b, seen) == expected)
+    except TimeoutException:
+        raise AssertionError(f"after a reload the chat shows {seen[-1]}, not {expected}") from None
+    b.wait("the last answer's meta", lambda: last_answer(b)["meta"] == third["meta"])
     b.shot("after-reload")
 
     b.driver.set_window_size(390, 844)  # a phone
