@@ -42,7 +42,14 @@ from kvswap.server.requests.chat import ChatJob, count_chat_tokens, prepare_chat
 from kvswap.server.requests.offload import OFFLOAD_BYTES, prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.state import ServerState, get_state
-from kvswap.server.streaming import complete_all, named_mind, open_stream, turn, turn_on
+from kvswap.server.streaming import (
+    complete_all,
+    named_mind,
+    open_stream,
+    session_headers,
+    turn,
+    turn_on,
+)
 
 router = APIRouter()
 
@@ -138,7 +145,11 @@ async def _stored(
 ) -> Response:
     chains = _chains(state)
     ns = tenant_namespace(request.scope)
-    named = await named_mind(request, raw)
+    named = await named_mind(request, raw)  # X-Mind-Id or the body's mind
+    if named is None and not (req.previous_response_id or req.conversation):
+        # A new chain of a client with a session key (prompt_cache_key, ...) runs on that
+        # session's mind; a continued chain keeps its own (a session key never conflicts).
+        named = await named_mind(request, raw, session_headers(state))
     start = await chains.start(
         ns,
         previous=req.previous_response_id,
