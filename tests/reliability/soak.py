@@ -149,9 +149,12 @@ class Mind:
     kv: int = 0
     epoch: int = 0  # a conversation that grew too long starts over as a new mind
     # A slot verb's answer named it: an erase or page_out of its slot ended it (README: slot
-    # verbs act on a mind's slot), so a turn from then on finds it empty. Set by the verb
-    # clients, read by the one mind client.
-    ended: bool = False
+    # verbs act on a mind's slot), so a turn seated after that finds it empty. `n_ends` is
+    # counted by the verb clients; `n_seen`, by the one mind client, is how many of them a
+    # turn has found (an end reported while a turn ran may have come before or after its
+    # seat: the turn's own cache_n tells which).
+    n_ends: int = 0
+    n_seen: int = 0
 
 
 class Soak:
@@ -258,7 +261,7 @@ class Soak:
         i, epoch = (int(part) for part in name[1:].split("-"))
         mind = self._minds[i]
         if mind.epoch == epoch:
-            mind.ended = True
+            mind.n_ends += 1
 
     def _streamer(self, client: httpx.Client, rng: random.Random) -> None:
         body = {
@@ -335,19 +338,25 @@ class Soak:
         prompt = mind.text + self._prompt(rng, 20, 80)
         body = {"prompt": prompt, "n_predict": 8, "temperature": 0, "ignore_eos": True,
                 "return_tokens": True, "mind": f"m{i}-{mind.epoch}"}  # fmt: skip
-        ended_before, mind.ended = mind.ended, False
+        n_ends_before = mind.n_ends
         resp = self._post(client, "/completion", body)
         if resp.status_code != 200:
-            mind.ended |= ended_before
             return  # typed (a full store); the mind keeps its state
         out = resp.json()
         cache_n = out["timings"]["cache_n"]
-        if ended_before or (mind.ended and cache_n == 0):
-            # Ended before this turn (reported before it, or while it ran): found empty.
-            assert cache_n == 0, (f"m{i}-{mind.epoch}", "ended", cache_n)
-            mind.ended = False
-        else:  # (ended after this turn: the next one finds it empty)
-            assert cache_n == mind.kv, (f"m{i}-{mind.epoch}", cache_n, mind.kv)
+        name = f"m{i}-{mind.epoch}"
+        # A mind found with no state is served as new: it may start from a prefix its tenant's
+        # anonymous cache holds (a restored slot file can hold this mind's own tokens), so
+        # cache_n says nothing then; a mind found holding its state has exactly its tokens.
+        new = out["mind"]["tier_before"] == "new"
+        if n_ends_before > mind.n_seen:  # ended before this turn was sent: found new
+            assert new, (name, "ended", out["mind"])
+            mind.n_seen = n_ends_before
+        elif new and mind.kv:  # found new: only by an end reported while the turn ran
+            assert mind.n_ends > n_ends_before, (name, "lost", out["mind"], mind.kv)
+            mind.n_seen += 1
+        elif not new:  # (an end reported while it ran, after its seat: the next one is new)
+            assert cache_n == mind.kv, (name, cache_n, mind.kv)
         mind.text = prompt + out["tokens"]
         mind.kv = len(mind.text) - 1
         self.report.record("ok mind turn")
