@@ -31,6 +31,7 @@ from kvswap.minds.chain import Position
 from kvswap.minds.records import ResponseRecord, Segment, TurnWrite
 from kvswap.minds.state.retention import Released
 from kvswap.minds.state.store import StateStore
+from kvswap.tiers.shared.errors import TierUnavailable
 
 log = logging.getLogger("kvswap.minds")
 
@@ -198,7 +199,18 @@ class ReplicatedStore(StateStore):
     response = _caught_up("response")
     events = _caught_up("events")
     input_items = _caught_up("input_items")
-    listing = _caught_up("listing")
+
+    def listing(self, ns: str) -> dict[str, Any]:
+        """The caller's stored chains for `/pages`: with the log out of reach (Redis down), what
+        the mirror holds, marked `log_reachable: false`, so the page still answers."""
+        try:
+            self.catch_up()
+            reachable = True
+        except TierUnavailable as e:
+            log.debug("stored conversations: listed from the mirror, the log out of reach: %s", e)
+            reachable = False
+        return {**StateStore.listing(self, ns), "log_reachable": reachable}
+
     conversation = _caught_up("conversation")
     conversation_items = _caught_up("conversation_items")
     conversation_item = _caught_up("conversation_item")
