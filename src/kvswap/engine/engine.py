@@ -2,8 +2,8 @@
 
 One loop, one step at a time:
 
-    drain commands -> start waiting work on idle slots -> plan (pure) -> step -> apply the
-    step's outcome -> reconfigure tick -> start waiting work -> publish a snapshot
+    drain commands -> start waiting work on idle slots -> plan (pure) -> make room -> step ->
+    apply the step's outcome -> reconfigure tick -> start waiting work -> publish a snapshot
 
 HTTP handlers reach it only through `EngineClient`, which posts commands to `inbox`. The engine
 owns the managers and hands each the narrow owners it uses (the runtime, the slot table, the page
@@ -56,6 +56,7 @@ from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seating
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
+from kvswap.engine.room import Room
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import EngineConfig, Runtime
 from kvswap.engine.slot import Slot, SlotTable
@@ -113,6 +114,8 @@ class Engine:
         self.stepper = Stepper(
             runtime=rt, slots=self.slots, vocab=self.vocab, metrics=self.metrics, spec=self.spec
         )
+        # A unified pool's cells, planned before a start or a step needs them.
+        self.room = Room(rt, self.slots, self.seating.page_out_idle_resident, self.stepper.replan)
         self.crashed: str | None = None  # set when the loop died: every command then fails
         self._thread: threading.Thread | None = None
         # The view read by /slots, /props, /metrics and /health (see `snapshot`).
@@ -151,6 +154,7 @@ class Engine:
             flushes=self.flushes,
             handoffs=self.handoffs,
             anon=self.anon,
+            idle_out=self.config.cache_idle_slots,
         )
 
     def _new_reconfigurer(self) -> Reconfigurer:
@@ -197,8 +201,11 @@ class Engine:
                 self._stalled = False
                 self._start_waiting()
                 plan, lora = self.stepper.plan()
-                if plan.spans:
-                    self._apply(self.stepper.run(plan, lora, self._frozen()))
+                fitted = self.room.fit(plan) if plan.spans else plan
+                if fitted is None:
+                    self._stalled = True  # nothing fits until a move's buffer arrives
+                elif fitted.spans:
+                    self._apply(self.stepper.run(fitted, lora, self._frozen()))
                 finished = self.reconfigurer.tick(captures_pending=bool(self.captures))
                 if finished is not None:
                     self._reconfigured(finished)
@@ -322,6 +329,9 @@ class Engine:
         for job, slot in self.waiting.startable(self.slots):
             self._changed = True
             cmd = job.payload
+            if isinstance(cmd, Submit) and not self.room.may_start(cmd.request):
+                self.waiting.jobs.insert(0, job)  # started when a running request ends
+                break
             try:
                 self.seating.seat(slot, cmd)
             except NoRoomYet:
@@ -413,8 +423,8 @@ class Engine:
                 completion.timings.predicted_n, completion.timings.predicted_ms / 1e3
             )
         run.close()
-        if slot.mind is None:
-            self.anon.expect(slot)  # a buffer for when a later request displaces its state
+        # A buffer for when a later request moves its state out of the slot.
+        (self.anon if slot.mind is None else self.seating).expect(slot)
         return lambda: run.sink(completion)
 
     def _reconfigured(self, finished: Finished) -> None:

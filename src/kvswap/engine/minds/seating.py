@@ -12,6 +12,9 @@ Before any job starts on a slot, `seat` makes the slot right for it:
 - `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
   save copies it (the mind stays), erase and page_out end it (the caller then forgets its
   spilled copy). A verb of another tenant is refused, naming no mind;
+- with `--cache-idle-slots` (on by default) in a unified pool, a request starting moves every
+  other idle mind to its RAM page (`_idle_minds_out`), as the anonymous cache moves idle
+  prompts: the pool then holds only work that runs, which libllama attends over;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from an empty slot). In a unified KV pool a returning mind needs free cells for its
@@ -111,8 +114,10 @@ class Seating:
         flushes: FlushSchedule,
         handoffs: Handoffs,
         anon: AnonCache,
+        idle_out: bool = False,
     ) -> None:
         self.store = store
+        self.idle_out = idle_out  # --cache-idle-slots: a start moves idle minds out of the pool
         self.slots = slots
         self.runtime = runtime
         self.buffers = buffers
@@ -150,6 +155,8 @@ class Seating:
             mind = cmd.request.mind
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
+        if isinstance(cmd, Submit):
+            self._idle_minds_out(slot)
         if not mind:
             if isinstance(cmd, Submit) and cmd.request.cache_prompt:
                 prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
@@ -208,6 +215,42 @@ class Seating:
             idle = [s for s in self.slots.idle_residents() if s is not slot]
             if not idle or self._move_out(idle[0]) is not PagedOut.MOVED:
                 raise NoRoomYet()  # running requests hold the cells, or a buffer is mapped
+
+    def _idle_minds_out(self, started: Slot) -> None:
+        """`--cache-idle-slots` for minds (on by default): a request starting on `started`
+        moves every other idle mind of a unified pool to its RAM page, as the anonymous cache
+        moves idle prompts (and llama-server its cached ones), so the pool holds only work that
+        runs. libllama attends over the pool up to its highest used cell, so an idle mind left
+        there slows every step of the others; a move is one copy into a spare prepared ahead,
+        and the mind's return another. Without a spare ready the start waits for one (as a
+        switch does; `expect` has one mapped when a mind's request ends); a mind larger than the
+        whole store, or one the store has no room for now, stays."""
+        if not self._moves_idle() or self.spare is None:
+            return
+        ceiling = self._store().ceiling_bytes
+        for other in self.slots.idle_residents():
+            if other is started or other.mind is None:
+                continue
+            n_bytes = self.runtime.verbs.mover.measure(other).n_bytes
+            if n_bytes > ceiling:
+                continue
+            if not self.spare.ready_for(n_bytes):
+                if self.spare.error:  # the last mapping failed: not now
+                    self.spare.error = ""
+                    return
+                if not ask_quietly(self.spare, n_bytes):
+                    return  # no room in the store for it now: the mind stays
+                raise NoRoomYet()  # the start is retried when the buffer arrives
+            self.evict(other)
+
+    def expect(self, slot: Slot) -> None:
+        """A mind's request ended on `slot`: have a spare mapped that can hold its state, so
+        the start that moves it out of the pool finds one ready."""
+        if self._moves_idle() and self.spare is not None and len(slot.tokens) > 0:
+            ask_quietly(self.spare, self.runtime.verbs.mover.measure(slot).n_bytes)
+
+    def _moves_idle(self) -> bool:
+        return self.idle_out and self.runtime.n_shared_cells is not None
 
     def evict(self, slot: Slot) -> None:
         """Page the slot's mind out under its key (the slot is then empty); a mind too large
