@@ -380,3 +380,22 @@ def test_a_mind_the_store_has_no_room_for_stays_and_the_start_goes_on() -> None:
     side.seating.seat(side.slots[1], submit(None, tokens(8, start=500))[0])
     assert side.registry.residents() == {ann: 0}
     side.check()
+
+
+def test_a_switch_copies_into_the_buffer_a_paged_in_mind_left_behind() -> None:
+    """Defect caught: every switch faulting a fresh buffer in (the kernel zeroing each page,
+    on a core the decode threads need) while a page just freed could hold the next mind. With
+    the store's shelf, the mind paged in leaves its buffer there, the next spare is that
+    buffer, and the mind paged out next is copied into it at once (no wait for the buffer
+    worker): the only buffer it maps is the spare for the switch after."""
+    side = engine_side(n_slots=2)
+    side.store.shelf_max, side.store.shelf_min_bytes = 2, 0  # (stand-in states are tiny)
+    ann, bob, eve = _m("ann"), _m("bob"), _m("eve")
+    side.seated(0, ann, 40)
+    put_page(side.store, bob, 44, start=400)
+    side.seating.seat(side.slots[1], submit(bob, tokens(45, 400))[0])
+    side.seating.seat(side.slots[0], submit(eve, tokens(5))[0])  # no NoRoomYet: no wait
+    side.check()
+    assert side.worker.n_mapped == 1
+    assert page_tokens(side.store, ann) == tokens(40)
+    assert side.registry.residents() == {bob: 1, eve: 0}

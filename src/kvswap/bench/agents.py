@@ -8,14 +8,20 @@ mind per agent); llama-server gets the same bodies without the header and finds 
 prefix itself (its slot similarity and `--cache-ram`). Both run `-c CTX` with no other geometry
 flag: 4 slots sharing one unified KV pool, where 8 agents cannot all stay resident.
 
-Per server: the whole run's wall time, failed turns (with their first error), returning turns
-that prefilled more than their new tokens (their cache held less than the previous prompt),
-tokens prefilled, and p50/p95 turn time. The report goes to stdout and `--out`/bench-agents.md.
+Per server: the whole run's wall time; the first round (every prompt cold: a plain prefill of
+each agent's system prompt, so its time is prefill speed) apart from the returning turns (the
+cache a server kept for each agent), each as the sum of its turns' times and their p50; failed
+turns (with their first error), returning turns that prefilled more than their new tokens (their
+cache held less than the previous prompt), tokens prefilled, and the decodes libllama failed for
+want of KV cells (its `failed to find a memory slot` lines in the server's log). Then each
+figure of kvswap's over llama-server's (above 1: kvswap took less time). The report goes to
+stdout and `--out`/bench-agents.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -52,14 +58,27 @@ class Result:
     server: str
     turns: list[Turn] = field(default_factory=list)
     total_s: float = 0.0
+    n_slot_failures: int = 0  # libllama's "failed to find a memory slot" lines in the log
 
     @property
     def failed(self) -> list[Turn]:
         return [t for t in self.turns if t.status != 200]
 
-    def wall(self, q: float) -> float:
-        values = sorted(t.wall_ms for t in self.turns)
+    def first(self) -> list[Turn]:
+        """The first round: every prompt cold."""
+        return [t for t in self.turns if t.round == 0]
+
+    def returning(self) -> list[Turn]:
+        return [t for t in self.turns if t.round > 0]
+
+    def wall(self, q: float, turns: list[Turn] | None = None) -> float:
+        values = sorted(t.wall_ms for t in (self.turns if turns is None else turns))
         return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def sum_s(turns: list[Turn]) -> float:
+    """The turns' times added up (what every agent waited, in all)."""
+    return sum(t.wall_ms for t in turns) / 1e3
 
 
 def system_prompt(agent: int, n_tokens: int) -> str:
@@ -141,26 +160,54 @@ def _server_args(a: argparse.Namespace) -> list[str]:
     return ["-m", a.model, "-c", str(a.ctx), "-t", str(a.threads), "-tb", str(a.threads)]
 
 
+SLOT_FAILURE = "failed to find a memory slot"  # libllama: a decode found no free KV cells
+
+
 def run(a: argparse.Namespace, binary: str | None) -> Result:
     label = "llama-server" if binary else "kvswap"
     with BenchServer(_server_args(a), binary=binary) as server:
-        return Agents(server, a, label, header=binary is None).run()
+        result = Agents(server, a, label, header=binary is None).run()
+        log = Path(server.log.name).read_text(errors="replace")
+    result.n_slot_failures = log.count(SLOT_FAILURE)
+    return result
 
 
 def table(results: list[Result]) -> list[str]:
     lines = [
-        "| server | total s | failed turns | returning turns re-prefilled | tokens prefilled "
-        "| turn p50 ms | turn p95 ms |",
-        "|---|---|---|---|---|---|---|",
+        "| server | total s | first round s | first round p50 ms | returning turns s "
+        "| returning p50 ms | returning p95 ms | failed turns | returning turns re-prefilled "
+        f"| tokens prefilled | '{SLOT_FAILURE}' |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        n_turns, n_back = len(r.turns), sum(t.round > 0 for t in r.turns)
+        first, back = r.first(), r.returning()
         n_re = sum(t.reprefilled for t in r.turns)
         lines.append(
-            f"| {r.server} | {r.total_s:.1f} | {len(r.failed)} of {n_turns} | {n_re} of {n_back} "
-            f"| {sum(t.prompt_n for t in r.turns)} | {r.wall(0.5):.0f} | {r.wall(0.95):.0f} |"
+            f"| {r.server} | {r.total_s:.1f} | {sum_s(first):.1f} | {r.wall(0.5, first):.0f} "
+            f"| {sum_s(back):.1f} | {r.wall(0.5, back):.0f} | {r.wall(0.95, back):.0f} "
+            f"| {len(r.failed)} of {len(r.turns)} | {n_re} of {len(back)} "
+            f"| {sum(t.prompt_n for t in r.turns)} | {r.n_slot_failures} |"
         )
     return lines
+
+
+def ratio_lines(kvswap: Result, llama: Result) -> list[str]:
+    """llama-server's time over kvswap's (above 1: kvswap took less)."""
+
+    def ratio(theirs: float, ours: float) -> str:
+        return f"{theirs / ours:.3f}" if ours > 0 else "-"
+
+    first, back = (kvswap.first(), llama.first()), (kvswap.returning(), llama.returning())
+    return [
+        "| kvswap vs llama-server | first round | returning turns | total |",
+        "|---|---|---|---|",
+        f"| time (llama-server / kvswap) | {ratio(sum_s(first[1]), sum_s(first[0]))} "
+        f"| {ratio(sum_s(back[1]), sum_s(back[0]))} | {ratio(llama.total_s, kvswap.total_s)} |",
+    ]
+
+
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main(argv: list[str]) -> int:
@@ -180,6 +227,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--llama-server", default="", help="the pinned llama-server binary")
     p.add_argument("--out", default="docs", help="folder for bench-agents.md")
     a = p.parse_args(argv)
+    load_start = _load()
     results = [run(a, None)]
     if a.llama_server:
         results.append(run(a, a.llama_server))
@@ -192,8 +240,12 @@ def main(argv: list[str]) -> int:
         "",
         f"command: `kvswap bench agents {' '.join(argv)}`",
         "",
+        f"load average at the start: {load_start}; at the end: {_load()}",
+        "",
     ]
     lines += table(results)
+    if len(results) == 2:
+        lines += ["", *ratio_lines(results[0], results[1])]
     for r in results:
         if r.failed:
             lines.append(f"- {r.server}: first failure: {r.failed[0].error}")
@@ -202,4 +254,5 @@ def main(argv: list[str]) -> int:
     (out / "bench-agents.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     kvswap = results[0]
-    return 0 if not kvswap.failed and not any(t.reprefilled for t in kvswap.turns) else 1
+    ok = not kvswap.failed and not kvswap.n_slot_failures
+    return 0 if ok and not any(t.reprefilled for t in kvswap.turns) else 1

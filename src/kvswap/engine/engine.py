@@ -46,7 +46,7 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
 from kvswap.engine.kv.checkpoints import CheckpointBudget
-from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.pagestore import SHELF_MAX, PageStore
 from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds.anoncache import AnonCache
@@ -126,7 +126,7 @@ class Engine:
     def _new_store(self, config: EngineConfig) -> PageStore | None:
         if config.page_ram_bytes <= 0:
             return None
-        return PageStore(config.page_ram_bytes, self.buffers.dispose)
+        return PageStore(config.page_ram_bytes, self.buffers.dispose, shelf_max=SHELF_MAX)
 
     def _new_runtime(self) -> Runtime:
         """The context and everything its geometry builds, warmed up when asked."""

@@ -78,6 +78,9 @@ class MindCounters:
     too_large_total: int = 0  # a mind larger than the whole page store left its slot
     flushes_total: int = 0  # an idle mind's state written on schedule (--page-flush-seconds)
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
+    read_ms_total: float = 0.0  # reading minds back from disk (I/O worker: read and verify)
+    read_bytes_total: int = 0  # ... the bytes read
+    restore_ms_total: float = 0.0  # applying states read back to their slots (engine)
 
     def as_metrics(self) -> dict[str, float]:
         return {f"mind_{k}": float(v) for k, v in vars(self).items()}

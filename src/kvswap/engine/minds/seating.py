@@ -64,7 +64,7 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.spare import Spare, ask_quietly
+from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.minds.anoncache import AnonCache, Kept
 from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.minds.handoffs import Handoffs
@@ -193,11 +193,12 @@ class Seating:
             verbs.page_in(slot, mind)
             reg.count(hits_ram_total=1)
         elif cmd.restore is not None:
-            t0 = time.perf_counter()
             self._make_cells(slot, len(cmd.restore.tokens))
+            t0 = time.perf_counter()
             verbs.mover.apply(slot, cmd.restore)
-            reg.restored(mind, (time.perf_counter() - t0) * 1e3)
-            reg.count(hits_disk_total=1)
+            ms = (time.perf_counter() - t0) * 1e3
+            reg.restored(mind, ms)
+            reg.count(hits_disk_total=1, restore_ms_total=ms)
         else:
             verbs.clear(slot)
             reg.count(new_total=1)
@@ -238,9 +239,11 @@ class Seating:
                 if self.spare.error:  # the last mapping failed: not now
                     self.spare.error = ""
                     return
-                if not ask_quietly(self.spare, n_bytes):
+                ready = in_hand(self.spare, n_bytes)  # (one off the store's shelf: at once)
+                if ready is None:
                     return  # no room in the store for it now: the mind stays
-                raise NoRoomYet()  # the start is retried when the buffer arrives
+                if not ready:
+                    raise NoRoomYet()  # the start is retried when the buffer arrives
             self.evict(other)
 
     def expect(self, slot: Slot) -> None:
@@ -275,12 +278,14 @@ class Seating:
                 why, spare.error = spare.error, ""
                 raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for a mind switch: {why}")
             try:
-                spare.ask(layout.n_bytes)
+                ready = spare.ask(layout.n_bytes)  # one off the store's shelf: in hand now
             except KvswapError as err:
                 if err.kind is not ErrorKind.UNAVAILABLE:
                     raise
                 self._no_room(err)
-            raise NoRoomYet()  # the buffer worker maps one; the job is retried on its arrival
+            took = spare.take(mind, layout.n_bytes) if ready else None
+            if took is None:
+                raise NoRoomYet()  # the buffer worker maps one; retried on its arrival
         buffer, reservation = took
         moved = verbs.capture_to_page(slot, layout=layout, reservation=reservation, buffer=buffer)
         self._room_ticket, self._room_refused = None, ""
@@ -420,8 +425,11 @@ class Seating:
         raise NoRoomYet() from err
 
     def on_room_report(self, report: RoomReport) -> None:
-        """A demoter pass ended: a waiting switch learns whether room could be made."""
+        """A demoter pass ended: a waiting switch learns whether room could be made, and the
+        next switch's spare is asked for now that there may be room (off the store's shelf,
+        where the pages it spilled left their buffers)."""
         self._n_reported = report.pass_no
+        self.ask_spare()
         ticket = self._room_ticket
         if ticket is not None and report.pass_no >= ticket and report.refused:
             self._room_refused = report.refused
