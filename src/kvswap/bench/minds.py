@@ -213,7 +213,7 @@ def _median_run(runs: list[Result]) -> Result:
     return ordered[len(ordered) // 2]
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvswap bench minds",
         description=__doc__,
@@ -244,7 +244,11 @@ def main(argv: list[str]) -> int:
         help="another kvswap checkout, run beside this one (before/after in one sitting)",
     )
     p.add_argument("--out", default="docs", help="folder for bench-minds.png and bench-minds.md")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
     sides = ["kvswap"] + ([BASELINE] if a.baseline_src else [])
     sides += ["llama-server"] if a.llama_server else []
     results: list[tuple[Case, dict[str, Result], str]] = []
