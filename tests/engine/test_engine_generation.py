@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
 
+from kvswap.backend.liblog import route_libllama_logs
 from kvswap.core.errors import ErrorKind
 from kvswap.core.keys import PageKind
 from kvswap.core.sampling import SamplingParams
@@ -147,6 +149,33 @@ def test_a_full_pool_refuses_the_newcomer_and_keeps_the_residents(smollm2) -> No
         assert again.tokens == resident.tokens
     finally:
         eng.close()
+
+
+def test_two_prompts_too_large_together_for_the_pool_run_one_after_the_other(  # type: ignore[no-untyped-def]
+    smollm2, caplog
+) -> None:
+    """Defect caught: two requests whose prompts fit the unified pool alone but not together
+    both started; the pool filled mid-prefill (`decode: failed to find a memory slot`) and the
+    newcomer was refused with a 503. The engine foresees it: the second waits until the first
+    ends, both answer as each would alone, and libllama never fails a decode."""
+    route_libllama_logs(logging.WARNING)
+    caplog.set_level(logging.WARNING, "kvswap.libllama")
+    eng = make_engine(
+        smollm2, n_ctx=512, n_parallel=2, n_ubatch=64, page_ram_bytes=64 << 20, cache_ram_bytes=-1
+    )
+    try:
+        prompts = [
+            _tok(smollm2, " ".join(f"{word}{i}" for i in range(150)))[:300]
+            for word in ("word", "item")
+        ]
+        solo = [
+            complete(eng, request(p, n_predict=4, cache_prompt=False, id_slot=0)) for p in prompts
+        ]
+        together = complete_all(eng, [request(p, n_predict=4, cache_prompt=False) for p in prompts])
+        assert [c.tokens for c in together] == [c.tokens for c in solo]
+    finally:
+        eng.close()
+    assert not [r for r in caplog.records if "memory slot" in r.getMessage()]
 
 
 def test_a_full_pool_moves_the_idle_resident_into_the_anonymous_cache(smollm2) -> None:  # type: ignore[no-untyped-def]

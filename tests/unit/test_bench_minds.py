@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvswap.bench.minds_report import ratio_lines, table_lines
+from kvswap.bench.minds_report import parts_lines, ratio_lines, table_lines
 from kvswap.bench.minds_script import Case, Result, Turn, estimate
 
 
@@ -49,3 +49,17 @@ def test_ratios_read_llama_server_over_kvswap() -> None:
     kvswap.total_s, other.total_s = 1.0, 2.0
     [row] = ratio_lines([(CASE, {"kvswap": kvswap, "llama-server": other}, "")])[2:]
     assert row.startswith("| fit | 1.00x | 1.00x | 200.00x |") and row.endswith("| 2.00x |")
+
+
+def test_a_switch_from_disk_is_shown_in_parts_against_its_floor() -> None:
+    """The over-budget case's claim: kvswap's later turns split into the read, the restore
+    and the prefill, with the read's floor (page cache into a ready buffer) beside it; a
+    baseline tree without those counters shows its turn times and dashes, never zeros."""
+    this, base = Result("exceed", "kvswap"), Result("exceed", "kvswap baseline")
+    disk = _turn(0, 1, "a")
+    disk.read_ms, disk.restore_ms, disk.floor_read_ms, disk.prompt_ms = 12.0, 6.0, 4.0, 40.0
+    this.turns = [_turn(0, 0, "a"), disk, _turn(1, 1, "b")]
+    base.turns = [_turn(0, 0, "a"), _turn(0, 1, "a")]
+    rows = parts_lines([(CASE, {"kvswap": this, "kvswap baseline": base}, "load 1")])
+    assert rows[2] == "| fit | kvswap | 100.0 | 60.0 | 20.0 | 1 of 2 | 12.0 | 6.0 | 4.0 | 1.80x |"
+    assert rows[3] == "| fit | kvswap baseline | 100.0 | 60.0 | 0.0 | 0 of 1 | - | - | - | - |"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -11,7 +13,7 @@ from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, namespace_of, page_key
 from kvswap.core.page import PageGeometry, plan_layout
 from kvswap.engine.kv.buffers import new_buffer
-from kvswap.engine.kv.pagestore import Page, PageStore
+from kvswap.engine.kv.pagestore import SHELF_KEY, Page, PageStore, Reservation, close_now
 
 MiB = 1 << 20
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=1024)
@@ -163,4 +165,66 @@ def test_resident_memory_follows_the_charge() -> None:
         store.drop(_k(f"p{i}"))
     after = proc.memory_info().rss - base
     assert after < 32 * MiB, (grown, after)
+    assert store.charged_bytes == 0
+
+
+def _shelved(store: PageStore) -> int:
+    return dict(store.reservations()).get(SHELF_KEY, 0)
+
+
+def test_a_freed_buffer_is_shelved_charged_and_taken_again_without_a_mapping() -> None:
+    """Decision (the shelf): a page's buffer freed by its last owner stays mapped and charged,
+    shown among the spares, and the next buffer of about its size is that one, trimmed to what
+    it needs and reserved under its new key: no fresh memory faulted in for the next spare or
+    disk read. A buffer too small or more than twice as large is not taken."""
+    store = PageStore(16 * MiB, shelf_max=2)
+    page = _page(store, "a", 4 * MiB)
+    buffer = page.buffer
+    store.remove(_k("a"))
+    assert store.charged_bytes == 4 * MiB and _shelved(store) == 4 * MiB
+    assert store.in_use_bytes == 0 and not store.short_of_headroom
+    assert store.take_shelved(_k("b"), 5 * MiB) is None  # too small
+    assert store.take_shelved(_k("b"), 1 * MiB) is None  # more than twice as large
+    got = store.take_shelved(_k("b"), 3 * MiB)
+    assert got is not None and got[0] is buffer
+    assert got[1] == Reservation(_k("b"), 3 * MiB) and store.charged_bytes == 3 * MiB
+    store.commit(got[1], got[0], plan_layout(0, 3 * MiB, GEOMETRY))
+    store.check_integrity()
+
+
+def test_the_shelf_gives_its_bytes_to_a_reservation_that_needs_them() -> None:
+    """Defect caught: a cache of freed buffers that refuses a page (503) or makes the demoter
+    spill minds for room it only borrows. A reservation that fits only without the shelf
+    unmaps shelved buffers first, and the headroom never counts them."""
+    store = PageStore(10 * MiB, shelf_max=2)
+    for name in ("a", "b"):
+        _page(store, name, 4 * MiB)
+    store.remove(_k("a"))
+    store.remove(_k("b"))
+    assert _shelved(store) == 8 * MiB
+    store.reserve(_k("c"), 9 * MiB)
+    assert _shelved(store) == 0 and store.charged_bytes == 9 * MiB
+    store.check_integrity()
+
+
+def test_a_returned_buffer_is_shelved_when_there_is_room_and_a_place() -> None:
+    """A buffer its user is done with (a disk read's, a spare given back) is shelved: charged
+    now when it never was, and only while the store has room and the shelf a place; otherwise,
+    or when too small to be worth a place, it is unmapped and nothing stays charged."""
+    closed: list[bool] = []
+
+    def dispose(buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
+        closed.append(True)
+        close_now(buffer, done)
+
+    store = PageStore(10 * MiB, dispose, shelf_max=1)
+    store.shelve(new_buffer(4 * MiB), None)
+    assert store.charged_bytes == _shelved(store) == 4 * MiB and not closed
+    store.shelve(new_buffer(4 * MiB), None)  # no place left
+    store.shelve(new_buffer(4096), None)  # too small
+    res = store.reserve(_k("x"), 2 * MiB)
+    store.shelve(new_buffer(2 * MiB), res)  # no place left: unmapped, its charge ends
+    assert closed == [True, True, True] and store.charged_bytes == 4 * MiB
+    store.check_integrity()
+    store.close()
     assert store.charged_bytes == 0

@@ -20,7 +20,7 @@ from kvswap.core.vocab import MindMove
 from kvswap.engine.commands import RoomReport, SlotCapture, SlotErase, Submit
 from kvswap.engine.minds.anoncache import BLOCK_TOKENS, Kept
 from kvswap.engine.minds.registry import DiskCopy
-from kvswap.engine.minds.seating import NoRoomYet, NotYourMind
+from kvswap.engine.minds.seats import NoRoomYet, NotYourMind
 from kvswap.engine.slot import Slot
 from tests.unit.standins import (
     NS,
@@ -374,3 +374,72 @@ def test_a_forgotten_mind_leaves_its_slot_and_its_page() -> None:
     side.seated(1, ann, 5).running = object()  # type: ignore[assignment]
     assert not side.seating.forget(ann) and side.registry.residents() == {ann: 1}
     assert all(i.key.kind is not PageKind.MIND for i in side.store.infos())
+
+
+def _idle_out(side: EngineSide) -> EngineSide:
+    side.seating.idle_out = True  # --cache-idle-slots, as the engine builds it by default
+    return side
+
+
+def test_a_start_in_a_unified_pool_moves_every_other_idle_mind_to_its_page_first() -> None:
+    """Defect caught: idle minds left in a unified pool, which libllama attends over up to its
+    highest used cell, slowing every step of the request that starts (a named mind's cold
+    prefill beside them was the issue's 24% gap). The start waits once for the spare (as a
+    switch does); then every other idle mind is a RAM page holding exactly its tokens, a busy
+    slot and the starting slot's own mind stay, and each moved mind comes back whole."""
+    side = _idle_out(engine_side(n_slots=4, n_ctx=1000))
+    ann, bob, eve, new = _m("ann"), _m("bob"), _m("eve"), _m("new")
+    side.seated(0, ann, 40, start=100)
+    side.seated(1, bob, 30, start=200).t_last_used = 0.0  # the least recently used
+    side.seated(2, eve, 20, start=300).running = object()  # type: ignore[assignment]
+    _seat(side, side.slots[3], submit(new, tokens(50))[0])
+    assert side.registry.residents() == {eve: 2, new: 3}
+    assert page_tokens(side.store, ann) == tokens(40, 100)
+    assert page_tokens(side.store, bob) == tokens(30, 200)
+    side.slots[2].running = None
+    side.seating.seat(side.slots[0], submit(ann, tokens(41, 100))[0])
+    assert side.slots[0].tokens.view().tolist() == tokens(40, 100)
+    side.check()
+
+
+def test_an_idle_mind_stays_where_the_slots_have_cells_of_their_own() -> None:
+    """Decision: without a unified pool each slot has a stream of its own, which no other
+    request attends over: a start moves nothing (a move there would only cost copies), and
+    neither does a server run with --no-cache-idle-slots."""
+    for side in (_idle_out(engine_side(kv_unified=False)), engine_side()):
+        ann = _m("ann")
+        side.seated(0, ann, 40)
+        side.seating.seat(side.slots[1], submit(None, tokens(8, start=500))[0])
+        assert side.registry.residents() == {ann: 0} and side.store.n_pages == 0
+        assert side.worker.n_mapped == 0
+
+
+def test_a_mind_the_store_has_no_room_for_stays_and_the_start_goes_on() -> None:
+    """Decision: moving an idle mind out is worth a copy, never a refused or stuck request:
+    when the store cannot take its page now, the mind stays and the start goes ahead."""
+    side = _idle_out(engine_side(ceiling_bytes=16384))
+    put_page(side.store, page_key(NS, "client"), 1340)  # 16080 of 16384 bytes
+    ann = _m("ann")
+    side.seated(0, ann, 40)
+    side.seating.seat(side.slots[1], submit(None, tokens(8, start=500))[0])
+    assert side.registry.residents() == {ann: 0}
+    side.check()
+
+
+def test_a_switch_copies_into_the_buffer_a_paged_in_mind_left_behind() -> None:
+    """Defect caught: every switch faulting a fresh buffer in (the kernel zeroing each page,
+    on a core the decode threads need) while a page just freed could hold the next mind. With
+    the store's shelf, the mind paged in leaves its buffer there, the next spare is that
+    buffer, and the mind paged out next is copied into it at once (no wait for the buffer
+    worker): the only buffer it maps is the spare for the switch after."""
+    side = engine_side(n_slots=2)
+    side.store.shelf_max, side.store.shelf_min_bytes = 2, 0  # (stand-in states are tiny)
+    ann, bob, eve = _m("ann"), _m("bob"), _m("eve")
+    side.seated(0, ann, 40)
+    put_page(side.store, bob, 44, start=400)
+    side.seating.seat(side.slots[1], submit(bob, tokens(45, 400))[0])
+    side.seating.seat(side.slots[0], submit(eve, tokens(5))[0])  # no NoRoomYet: no wait
+    side.check()
+    assert side.worker.n_mapped == 1
+    assert page_tokens(side.store, ann) == tokens(40)
+    assert side.registry.residents() == {bob: 1, eve: 0}

@@ -15,9 +15,11 @@ resident. The cases (`--cases`):
 
 Per case: the whole run's wall time, failed turns (with their first error), returning turns
 that prefilled more than their new tokens (their cache held less than the previous prompt),
-tokens prefilled, p50/p95 turn time, and the p50 of returning turns, with how many times
-faster kvswap's key case returns than llama-server. The report goes to stdout and
-`--out`/bench-agents.md.
+tokens prefilled, p50/p95 turn time, the first round's time (every prompt cold: prefill speed),
+the p50 of returning turns, and the decodes libllama failed for want of KV cells (its `failed to
+find a memory slot` lines in the server's log); then how many times faster kvswap's key case
+returns than llama-server, and each case's cold first round against llama-server's. The report
+goes to stdout and `--out`/bench-agents.md.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Result:
     turns: list[Turn] = field(default_factory=list)
     total_s: float = 0.0
     found: str = "-"  # kvswap: turns that found their mind in a slot/RAM/disk
+    n_slot_failures: int = 0  # libllama's "failed to find a memory slot" lines in the log
 
     @property
     def failed(self) -> list[Turn]:
@@ -68,6 +71,10 @@ class Result:
 
     def wall(self, q: float) -> float:
         return _quantile([t.wall_ms for t in self.turns], q)
+
+    def first_round_s(self) -> float:
+        """The first round's turn times added up: every prompt cold, so prefill speed."""
+        return sum(t.wall_ms for t in self.turns if t.round == 0) / 1e3
 
     def returning_p50(self) -> float:
         """The median time of a returning turn (an agent's second turn on)."""
@@ -195,7 +202,12 @@ def run(a: argparse.Namespace, case: Case) -> Result:
             result = Agents(server, a, case).run()
             if case.binary is None:
                 result.found = _found(server.client.get("/metrics").text)
-            return result
+            log = Path(server.log.name).read_text(errors="replace")
+        result.n_slot_failures = log.count(SLOT_FAILURE)
+        return result
+
+
+SLOT_FAILURE = "failed to find a memory slot"  # libllama: a decode found no free KV cells
 
 
 def _found(metrics: str) -> str:
@@ -211,8 +223,9 @@ def _found(metrics: str) -> str:
 def table(results: list[Result]) -> list[str]:
     lines = [
         "| case | total s | failed turns | returning turns re-prefilled | tokens prefilled "
-        "| turn p50 ms | turn p95 ms | returning turn p50 ms | mind found in slot/RAM/disk |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| turn p50 ms | turn p95 ms | first round s | returning turn p50 ms "
+        f"| mind found in slot/RAM/disk | '{SLOT_FAILURE}' |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         n_turns, n_back = len(r.turns), sum(t.round > 0 for t in r.turns)
@@ -220,7 +233,8 @@ def table(results: list[Result]) -> list[str]:
         lines.append(
             f"| {r.server} | {r.total_s:.1f} | {len(r.failed)} of {n_turns} | {n_re} of {n_back} "
             f"| {sum(t.prompt_n for t in r.turns)} | {r.wall(0.5):.0f} | {r.wall(0.95):.0f} "
-            f"| {r.returning_p50():.0f} | {r.found} |"
+            f"| {r.first_round_s():.1f} | {r.returning_p50():.0f} | {r.found} "
+            f"| {r.n_slot_failures} |"
         )
     return lines
 
@@ -233,11 +247,19 @@ def speedup(results: list[Result], cases_run: list[Case]) -> list[str]:
     if key is None or other is None or key.returning_p50() <= 0:
         return []
     ratio = other.returning_p50() / key.returning_p50()
-    return [
+    lines = [
         "",
         f"Returning turns (p50): {key.server} {key.returning_p50():.0f} ms, {other.server} "
         f"{other.returning_p50():.0f} ms: {ratio:.1f}x faster.",
     ]
+    for r in results:  # the cold first round: prefill speed, llama-server's over each case's
+        if by_label[r.server].binary is None and r.first_round_s() > 0:
+            cold = other.first_round_s() / r.first_round_s()
+            lines.append(
+                f"First round (cold prompts): {r.server} {r.first_round_s():.1f} s, "
+                f"{other.server} {other.first_round_s():.1f} s: x{cold:.3f} (above 1: kvswap faster)."
+            )
+    return lines
 
 
 def main(argv: list[str]) -> int:

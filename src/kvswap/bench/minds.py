@@ -22,6 +22,12 @@ the first: state moves plus re-prefill of tokens a mind already had), the re-pre
 tokens prefilled, TTFT p50/p95, and whether the text matches kvswap's turn for turn. Every
 figure is printed with the `uptime` load of its moment; `--runs N` repeats each case and keeps
 the median run (by total time).
+
+`--baseline-src DIR` also runs another checkout of kvswap (its `src/` on PYTHONPATH, this
+virtual environment), taking turns with this one, so a before/after of the same case shares the
+machine's load. For kvswap's later turns a second table splits a switch from disk into its
+parts (the read, the restore, the prefill) beside the floor of the first two: the mind's file
+read from the page cache into a buffer already in memory, plus the restore.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvswap.bench.minds_report import plot, ratio_lines, table_lines
+from kvswap.bench.minds_report import parts_lines, plot, ratio_lines, table_lines
 from kvswap.bench.minds_script import (
     Case,
     Result,
@@ -49,6 +55,7 @@ from kvswap.bench.server import BenchServer
 from kvswap.models import default_model_path
 
 _GROWTH = 30  # tokens a turn adds to a mind, about (estimates only)
+BASELINE = "kvswap baseline"  # the side of --baseline-src
 _WRITE_BEHIND_WAIT_S = 120.0
 
 
@@ -96,9 +103,30 @@ def _wait_written_behind(server: BenchServer, n_minds: int) -> float:
     return time.perf_counter() - t0
 
 
+def read_floor_ms(save: Path, mind: str) -> float:
+    """The floor of reading mind `mind` back (ms): its newest file read from the page cache
+    into a buffer already in memory (no checksum, no page faults); 0 when none is found."""
+    suffix = "~" + mind.encode("utf-8").hex()
+    # The minds' folder (this tree), or the save path itself (older trees); never a stage.
+    homes = (save, save / ".kvswap-minds")
+    files = [p for p in save.rglob(f"*{suffix}") if p.is_file() and p.parent in homes]
+    if not files:
+        return 0.0
+    path = max(files, key=lambda p: p.stat().st_mtime_ns)
+    size = path.stat().st_size
+    view = memoryview(bytearray(size))  # zeroed, so every page is in memory before the read
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        got = 0
+        while got < size and (n := f.readinto(view[got:])):
+            got += n
+    return (time.perf_counter() - t0) * 1e3
+
+
 def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
-    """One case on one server: "kvswap" or "llama-server"."""
-    kvswap = side == "kvswap"
+    """One case on one server: "kvswap", "kvswap baseline" (`--baseline-src`) or
+    "llama-server"."""
+    kvswap = side != "llama-server"
     label = f"{case.name} {side}"
     script = Script(case.n_minds, case.n_tokens, a.n_predict, label)
     result = Result(case.name, side)
@@ -110,11 +138,15 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
         else:
             args += ["--cache-ram", str(max(1, case.budget_bytes >> 20)), "-lv", "4"]
         binary = None if kvswap else a.llama_server
+        env = dict(os.environ)
+        if side == BASELINE:
+            env["PYTHONPATH"] = str(Path(a.baseline_src) / "src")
         extra: Callable[[int], dict[str, Any]] = (
             (lambda m: {"mind": f"mind-{m}"}) if kvswap else (lambda m: {})
         )
         probe_of = kvswap_probe if kvswap else llama_probe
-        server = BenchServer(args, binary=binary)
+        floor = (lambda m: read_floor_ms(Path(save), f"mind-{m}")) if kvswap else None
+        server = BenchServer(args, binary=binary, env=env)
         try:
             script.fit_to(server)
             t0 = time.perf_counter()
@@ -124,7 +156,7 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
                     waited = _wait_written_behind(server, case.n_minds) if kvswap else 1.0
                     result.notes.append(f"killed after {waited:.1f} s idle")
                 server.stop(case.restart)
-                server = BenchServer(args, binary=binary)
+                server = BenchServer(args, binary=binary, env=env)
                 result.restart_s = server.ready_s
             later = range(1, case.rounds)
             if not kvswap and _would_take_s(result, case) > case.real_limit_s:
@@ -132,7 +164,7 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
                 result.notes.append("later rounds estimated from its measured prefill rate")
                 result.total_s = sum(t.wall_ms for t in result.turns) / 1e3
             else:
-                result.turns += script.play(server, probe_of(server), later, extra)
+                result.turns += script.play(server, probe_of(server), later, extra, floor)
                 result.total_s = time.perf_counter() - t0
         finally:
             server.stop()
@@ -181,7 +213,7 @@ def _median_run(runs: list[Result]) -> Result:
     return ordered[len(ordered) // 2]
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvswap bench minds",
         description=__doc__,
@@ -205,9 +237,20 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cases", default="fit,exceed,restart-term,restart-kill,long")
     p.add_argument("--runs", type=int, default=1, help="runs of each case (median by total time)")
     p.add_argument("--llama-server", default="", metavar="BIN", help="the pinned llama-server")
+    p.add_argument(
+        "--baseline-src",
+        default="",
+        metavar="DIR",
+        help="another kvswap checkout, run beside this one (before/after in one sitting)",
+    )
     p.add_argument("--out", default="docs", help="folder for bench-minds.png and bench-minds.md")
-    a = p.parse_args(argv)
-    sides = ["kvswap"] + (["llama-server"] if a.llama_server else [])
+    return p
+
+
+def main(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    sides = ["kvswap"] + ([BASELINE] if a.baseline_src else [])
+    sides += ["llama-server"] if a.llama_server else []
     results: list[tuple[Case, dict[str, Result], str]] = []
     for i, case in enumerate(cases(a)):
         print(f"# {case.title} ({uptime()})", flush=True)
@@ -227,6 +270,8 @@ def main(argv: list[str]) -> int:
         *table_lines(results),
         "",
         *ratio_lines(results),
+        "",
+        *parts_lines(results),
         "",
     ]
     out = Path(a.out)

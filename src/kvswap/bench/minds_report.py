@@ -1,12 +1,14 @@
 """The tables and the plot of `kvswap bench minds`: one row per case and server, then the
-ratios llama-server / kvswap per case (what the bench is for). Pure formatting."""
+ratios llama-server / kvswap per case (what the bench is for), then the parts of kvswap's later
+turns against their floor. Pure formatting."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvswap.bench.minds_script import Case, Result
+from kvswap.bench.minds_script import Case, Result, Turn
 
 Rows = Sequence[tuple[Case, Mapping[str, Result], str]]
 
@@ -59,6 +61,42 @@ def ratio_lines(results: Rows) -> list[str]:
             f"| {_ratio(ls.lost_s, k.lost_s)} | {_ratio(ls.ttft(0.5), k.ttft(0.5))} "
             f"| {_ratio(ls.total_s, k.total_s)} |"
         )
+    return lines
+
+
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "-"
+
+
+def parts_lines(results: Rows) -> list[str]:
+    """kvswap's later turns (every kvswap side: this tree, and a baseline's): p50 of the turn,
+    its TTFT and prefill; for the turns that read their mind back from disk, p50 of the read,
+    the restore and the read's floor (the file from the page cache into a buffer already in
+    memory), and (read + restore) over (floor + restore)."""
+    lines = [
+        "| case | server | later turn p50 ms | TTFT p50 ms | prefill p50 ms | turns from disk "
+        "| read p50 ms | restore p50 ms | floor read p50 ms | read + restore vs floor |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for case, by_server, _ in results:
+        for side, r in by_server.items():
+            if side == "llama-server":
+                continue
+            later = r.rounds(1)
+            disk: list[Turn] = [t for t in later if t.read_ms > 0]
+            floored = [t for t in disk if t.floor_read_ms > 0]
+            vs_floor = "-"
+            if floored:
+                spent = statistics.median(t.read_ms + t.restore_ms for t in floored)
+                floor = statistics.median(t.floor_read_ms + t.restore_ms for t in floored)
+                vs_floor = f"{spent / floor:.2f}x"
+            lines.append(
+                f"| {case.name} | {side} | {_p50([t.wall_ms for t in later])} "
+                f"| {_p50([t.ttft_ms for t in later])} | {_p50([t.prompt_ms for t in later])} "
+                f"| {len(disk)} of {len(later)} | {_p50([t.read_ms for t in disk])} "
+                f"| {_p50([t.restore_ms for t in disk])} "
+                f"| {_p50([t.floor_read_ms for t in floored])} | {vs_floor} |"
+            )
     return lines
 
 

@@ -8,7 +8,11 @@ goes on against a new server after a restart. Per turn it records what the user 
 - `moved_ms`: state moves the server measured itself (kvswap's `mind_switch_ms_total`,
   llama-server's "prompt cache update took" lines at `-lv 4`);
 - `lost_ms`: the prefill of tokens a mind keeping its own slot would have found cached (a
-  re-prefill), at the turn's own measured prefill rate.
+  re-prefill), at the turn's own measured prefill rate;
+- on kvswap, the parts of a mind's switch from disk (`read_ms` reading it back, `restore_ms`
+  applying it to its slot, from /metrics) and, when the bench can find the mind's file, the
+  floor of its read (`floor_read_ms`: the same file read from the page cache into a buffer
+  already in memory, by the bench itself, right after the turn).
 
 A turn of `Turn.estimated` was not run: its times are computed from a measured prefill rate.
 """
@@ -59,6 +63,10 @@ class Turn:
     lost_ms: float  # re-prefill of tokens the mind had before
     n_lost: int
     estimated: bool = False
+    prompt_ms: float = 0.0  # the turn's prefill (its timings)
+    read_ms: float = 0.0  # kvswap: the mind read back from disk (0: it was not on disk only)
+    restore_ms: float = 0.0  # kvswap: that state applied to its slot
+    floor_read_ms: float = 0.0  # the mind's file read from the page cache (0: not measured)
 
     @property
     def switch_ms(self) -> float:
@@ -148,20 +156,28 @@ def _follow(prompt: str, content: str, turn: int) -> str:
     )
 
 
-# After a turn: the state-move time the server measured since the last call (ms).
-Probe = Callable[[], float]
+# After a turn: the times the server measured since the last call, ms ("switch": its state
+# moves; kvswap also "read" and "restore", a switch from disk's parts).
+Probe = Callable[[], dict[str, float]]
+_KVSWAP_COUNTERS = {
+    "switch": "mind_switch_ms_total",
+    "read": "mind_read_ms_total",
+    "restore": "mind_restore_ms_total",
+}
 
 
 def kvswap_probe(server: BenchServer) -> Probe:
-    """kvswap's own switching time (`--metrics`: `mind_switch_ms_total`), as deltas."""
-    seen = [0.0]
+    """kvswap's own figures (`--metrics`), as deltas; a counter an older kvswap lacks is 0."""
+    seen = dict.fromkeys(_KVSWAP_COUNTERS, 0.0)
 
-    def probe() -> float:
+    def probe() -> dict[str, float]:
         text = server.client.get("/metrics").text
-        found = re.search(r"^llamacpp:mind_switch_ms_total (\S+)$", text, re.M)
-        now = float(found.group(1)) if found else 0.0
-        delta, seen[0] = now - seen[0], now
-        return delta
+        deltas = {}
+        for part, name in _KVSWAP_COUNTERS.items():
+            found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.M)
+            now = float(found.group(1)) if found else 0.0
+            deltas[part], seen[part] = now - seen[part], now
+        return deltas
 
     return probe
 
@@ -170,13 +186,14 @@ def llama_probe(server: BenchServer) -> Probe:
     """llama-server's prompt cache moves (its "prompt cache update took" lines at `-lv 4`)."""
     offset = [0]
 
-    def probe() -> float:
+    def probe() -> dict[str, float]:
         with open(server.log.name, "rb") as f:
             f.seek(offset[0])
             data = f.read()
         offset[0] += len(data)
         text = data.decode("utf-8", "replace")
-        return sum(float(x) for x in re.findall(r"prompt cache update took ([0-9.]+) ms", text))
+        found = re.findall(r"prompt cache update took ([0-9.]+) ms", text)
+        return {"switch": sum(float(x) for x in found)}
 
     return probe
 
@@ -210,8 +227,10 @@ class Script:
         probe: Probe,
         rounds: range,
         extra: Callable[[int], dict[str, Any]],
+        floor: Callable[[int], float] | None = None,
     ) -> list[Turn]:
-        """Play `rounds` (every mind once a round); `extra(m)` adds the request's own fields."""
+        """Play `rounds` (every mind once a round); `extra(m)` adds the request's own fields;
+        `floor(m)`, when given, measures mind `m`'s read floor after a turn that read it back."""
         turns = []
         n_turns = len(rounds) * len(self.prompts)
         for i, (r, m) in enumerate((r, m) for r in rounds for m in self.prompts):
@@ -221,12 +240,17 @@ class Script:
             t = time.perf_counter()
             out = server.completion({**body, **extra(m)})
             wall_ms = (time.perf_counter() - t) * 1e3
-            turns.append(self._turn(m, r, out, wall_ms, probe()))
+            turn = self._turn(m, r, out, wall_ms, probe())
+            if floor is not None and turn.read_ms > 0:
+                turn.floor_read_ms = floor(m)
+            turns.append(turn)
             self.prompts[m] = _follow(self.prompts[m], out["content"], r)
         progress(self.label, n_turns, n_turns)
         return turns
 
-    def _turn(self, m: int, r: int, out: dict[str, Any], wall_ms: float, moved_ms: float) -> Turn:
+    def _turn(
+        self, m: int, r: int, out: dict[str, Any], wall_ms: float, moved: dict[str, float]
+    ) -> Turn:
         tm = out["timings"]
         prompt_ms, predicted_ms = float(tm["prompt_ms"]), float(tm["predicted_ms"])
         prompt_n, cache_n = int(tm["prompt_n"]), int(tm.get("cache_n", 0))
@@ -241,9 +265,12 @@ class Script:
             ttft_ms=wall_ms - predicted_ms,
             prompt_n=prompt_n,
             cache_n=cache_n,
-            moved_ms=moved_ms,
+            moved_ms=moved["switch"],
             lost_ms=n_lost * per_token_ms,
             n_lost=n_lost,
+            prompt_ms=prompt_ms,
+            read_ms=moved.get("read", 0.0),
+            restore_ms=moved.get("restore", 0.0),
         )
 
 

@@ -1,9 +1,10 @@
 """`kvswap bench throughput`: the server against a bare batched `llama_decode` loop.
 
-Part 1, side by side and alternated (median of `--runs`): prefill and decode tokens/s of
-1 and 4 streams through the HTTP server, and of a plain loop over `llama_decode` in this process
-with the same model, threads, `n_batch`, `n_ubatch`, KV layout and sampler chain. Printed as
-ratios server/loop (target >= 0.95).
+Part 1, side by side and alternated (median of `--runs`): prefill tokens/s of prompts of each
+of `--prompt-tokens` (512; long prompts: 512,2048,4096) and decode tokens/s, on each
+of `--streams` concurrent streams (1 and 4; also 2), through the HTTP server, and of a plain
+loop over `llama_decode` in this process with the same model, threads, `n_batch`, `n_ubatch`, KV
+layout and sampler chain. Printed as ratios server/loop (target >= 0.95).
 
 Part 2: decode speed of a short request beside 0, 1 and 2 resident long minds, with unified KV
 and with one stream per slot (libllama attends up to the pool's highest used cell in unified
@@ -41,8 +42,9 @@ class Load:
     threads: int
     n_batch: int
     n_ubatch: int
-    prompt_tokens: int
+    prompt_tokens: tuple[int, ...]  # one prefill job per size and stream count
     gen_tokens: int
+    streams: tuple[int, ...] = (1, 4)  # concurrent streams of each job (at most 4 slots)
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,13 @@ def _text_tokens(tokenize: Callable[[str], list[int]], tag: str, n: int) -> list
 def jobs(load: Load, tokenize: Callable[[str], list[int]]) -> list[Job]:
     """Prefill-bound (long prompts, one token) and decode-bound (short prompts, many tokens)."""
     out = []
-    for n_streams in (1, 4):
-        long = [_text_tokens(tokenize, f"stream{i}", load.prompt_tokens) for i in range(n_streams)]
+    sized = len(load.prompt_tokens) > 1  # name the size when there are several
+    for n_streams in load.streams:
+        for n_prompt in load.prompt_tokens:
+            long = [_text_tokens(tokenize, f"stream{i}", n_prompt) for i in range(n_streams)]
+            name = f"prefill {n_prompt} x{n_streams}" if sized else f"prefill x{n_streams}"
+            out.append(Job(name, long, 1))
         short = [_text_tokens(tokenize, f"stream{i}", 16) for i in range(n_streams)]
-        out.append(Job(f"prefill x{n_streams}", long, 1))
         out.append(Job(f"decode x{n_streams}", short, load.gen_tokens))
     return out
 
@@ -212,7 +217,7 @@ def server_run(server: BenchServer, job: Job, cpu: list[float]) -> float:
 
 
 def part1(load: Load, runs: int, llama_server: str | None) -> list[str]:
-    n_ctx = 4 * (load.prompt_tokens + load.gen_tokens + 64)
+    n_ctx = 4 * (max(load.prompt_tokens) + load.gen_tokens + 64)
     loop = BareLoop(load, n_ctx)
     servers = {"kvswap": BenchServer(_server_args(load, 4, True, n_ctx))}
     if llama_server:
@@ -318,6 +323,19 @@ def part2(load: Load, mind_tokens: int, runs: int) -> list[str]:
     return lines
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """'512,2048' -> (512, 2048): positive integers, comma-separated."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return values
+
+
 def _load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -334,7 +352,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument(
+        "--prompt-tokens",
+        type=_sizes,
+        default=(512,),
+        help="prompt sizes of the prefill jobs, comma-separated (long prompts: 512,2048,4096)",
+    )
+    p.add_argument(
+        "--streams",
+        type=_sizes,
+        default=(1, 4),
+        help="concurrent streams of each job, comma-separated, at most 4 (1,2,4)",
+    )
     p.add_argument("--gen-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--mind-tokens", type=int, default=4000)
@@ -351,9 +380,12 @@ def main(argv: list[str]) -> int:
         args.ubatch_size,
         args.prompt_tokens,
         args.gen_tokens,
+        args.streams,
     )
+    if max(load.streams) > 4:
+        p.error("--streams: at most 4 (the servers run 4 slots)")
     print(
-        f"# kvswap bench throughput: model {load.model}, {load.threads} threads, n_batch {load.n_batch}, n_ubatch {load.n_ubatch}, prompts {load.prompt_tokens} tokens, {load.gen_tokens} generated, median of {args.runs}"
+        f"# kvswap bench throughput: model {load.model}, {load.threads} threads, n_batch {load.n_batch}, n_ubatch {load.n_ubatch}, prompts of {', '.join(map(str, load.prompt_tokens))} tokens, {', '.join(map(str, load.streams))} streams, {load.gen_tokens} generated, median of {args.runs}"
     )
     print(f"load average at the start: {_load()}", flush=True)
     for line in part1(load, args.runs, args.llama_server):

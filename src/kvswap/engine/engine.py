@@ -2,14 +2,13 @@
 
 One loop, one step at a time:
 
-    drain commands -> start waiting work on idle slots -> plan (pure) -> step -> apply the
-    step's outcome -> reconfigure tick -> start waiting work -> publish a snapshot
+    drain commands -> start waiting work on idle slots -> plan (pure) -> make room -> step ->
+    apply the step's outcome -> reconfigure tick -> start waiting work -> publish a snapshot
 
 HTTP handlers reach it only through `EngineClient`, which posts commands to `inbox`. The engine
 owns the managers and hands each the narrow owners it uses (the runtime, the slot table, the page
 store, the mind registry and its neighbours); none of them imports or calls back into the
-engine. Does no file I/O: slot files are read and written by workers around `SlotCapture` and
-`SlotApply`.
+engine. No file I/O: workers read and write slot files around `SlotCapture` and `SlotApply`.
 """
 
 from __future__ import annotations
@@ -47,16 +46,18 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
 from kvswap.engine.kv.checkpoints import CheckpointBudget
-from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.pagestore import SHELF_MAX, PageStore
 from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.metrics import EngineMetrics
 from kvswap.engine.minds.anoncache import AnonCache
 from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.minds.seating import NoRoomYet, PagedOut, Seat, Seating
+from kvswap.engine.minds.seating import Seating
+from kvswap.engine.minds.seats import NoRoomYet, PagedOut, Seat
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
+from kvswap.engine.room import Room
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import EngineConfig, Runtime
 from kvswap.engine.slot import Slot, SlotTable
@@ -115,6 +116,8 @@ class Engine:
         self.stepper = Stepper(
             runtime=rt, slots=self.slots, vocab=self.vocab, metrics=self.metrics, spec=self.spec
         )
+        # A unified pool's cells, planned before a start or a step needs them.
+        self.room = Room(rt, self.slots, self.seating.page_out_idle_resident, self.stepper.replan)
         self.crashed: str | None = None  # set when the loop died: every command then fails
         self._thread: threading.Thread | None = None
         # The view read by /slots, /props, /metrics and /health (see `snapshot`).
@@ -125,7 +128,7 @@ class Engine:
     def _new_store(self, config: EngineConfig) -> PageStore | None:
         if config.page_ram_bytes <= 0:
             return None
-        return PageStore(config.page_ram_bytes, self.buffers.dispose)
+        return PageStore(config.page_ram_bytes, self.buffers.dispose, shelf_max=SHELF_MAX)
 
     def _new_runtime(self) -> Runtime:
         """The context and everything its geometry builds, warmed up when asked."""
@@ -153,6 +156,7 @@ class Engine:
             flushes=self.flushes,
             handoffs=self.handoffs,
             anon=self.anon,
+            idle_out=self.config.cache_idle_slots,
         )
 
     def _new_reconfigurer(self) -> Reconfigurer:
@@ -199,8 +203,11 @@ class Engine:
                 self._stalled = False
                 self._start_waiting()
                 plan, lora = self.stepper.plan()
-                if plan.spans:
-                    self._apply(self.stepper.run(plan, lora, self._frozen()))
+                fitted = self.room.fit(plan) if plan.spans else plan
+                if fitted is None:
+                    self._stalled = True  # nothing fits until a move's buffer arrives
+                elif fitted.spans:
+                    self._apply(self.stepper.run(fitted, lora, self._frozen()))
                 finished = self.reconfigurer.tick(captures_pending=bool(self.captures))
                 if finished is not None:
                     self._reconfigured(finished)
@@ -322,6 +329,9 @@ class Engine:
         for job, slot in self.waiting.startable(self.slots):
             self._changed = True
             cmd = job.payload
+            if isinstance(cmd, Submit) and not self.room.may_start(cmd.request):
+                self.waiting.jobs.insert(0, job)  # started when a running request ends
+                break
             try:
                 seat = self.seating.seat(slot, cmd)
             except NoRoomYet:
@@ -415,8 +425,8 @@ class Engine:
                 completion.timings.predicted_n, completion.timings.predicted_ms / 1e3
             )
         run.close()
-        if slot.mind is None:
-            self.anon.expect(slot)  # a buffer for when a later request displaces its state
+        # A buffer for when a later request moves its state out of the slot.
+        (self.anon if slot.mind is None else self.seating).expect(slot)
         return lambda: run.sink(completion)
 
     def _reconfigured(self, finished: Finished) -> None:

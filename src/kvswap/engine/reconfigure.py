@@ -226,9 +226,8 @@ class Reconfigurer:
                 raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the move: {spare.error}")
             if spare.ready_for(n_bytes):
                 continue
-            ready = False
             try:
-                spare.ask(n_bytes)
+                ready = spare.ask(n_bytes) and ready  # (one off the store's shelf: at once)
             except KvswapError as err:
                 raise KvswapError(
                     ErrorKind.UNAVAILABLE,

@@ -3,10 +3,11 @@ and sample.
 
 `Stepper.plan()` picks the step's LoRA set (libllama applies adapters per context, so a step runs
 the slots of one set; sets take turns), has the speculator draft for its decoding slots, and asks
-the pure planner for the batch. `Stepper.run(plan, lora, frozen)` returns a `StepOutcome` that the
-engine applies: the slots whose request finished (with an error when it failed), and whether the
-KV pool was full. Step code never calls back into the engine and never ends a request itself; it
-streams token events to the requests' sinks as it samples.
+the pure planner for the batch; `replan(n_cells)` holds that batch to the KV cells still free.
+`Stepper.run(plan, lora, frozen)` returns a `StepOutcome` that the engine applies: the slots
+whose request finished (with an error when it failed), and whether the KV pool was full. Step
+code never calls back into the engine and never ends a request itself; it streams token events
+to the requests' sinks as it samples.
 
 A decode that fails is undone on every slot of the batch (tokens, prompt progress and the
 pending token put back; memory that cannot be cut is rolled back to its snapshot, or the request
@@ -86,6 +87,7 @@ class Stepper:
         self.spec = spec
         self._turns = SetTurns()  # which LoRA set each step runs
         self._lora: LoraSet = ()  # the set of the last step planned
+        self._work: list[SlotWork] = []  # what the last step planned had to compute
 
     def plan(self) -> tuple[StepPlan, LoraSet]:
         """The next step's batch plan and the LoRA set it runs under."""
@@ -96,7 +98,7 @@ class Stepper:
         if self.spec is not None:
             # Only this step's slots draft (the draft context runs no adapters).
             self.spec.prepare([s for s, _ in stepping], self.runtime.n_ctx_slot)
-        work = [
+        self._work = [
             SlotWork(
                 slot_id=s.id,
                 n_decode=1 + len(run.draft) if run.pending is not None else 0,
@@ -106,7 +108,11 @@ class Stepper:
             )
             for s, run in stepping
         ]
-        return plan_step(work, self.runtime.step_budget), self._lora
+        return plan_step(self._work, self.runtime.step_budget), self._lora
+
+    def replan(self, n_cells: int) -> StepPlan:
+        """The step `plan` planned, held to `n_cells` free KV cells (no drafting again)."""
+        return plan_step(self._work, self.runtime.step_budget, n_cells)
 
     def run(self, plan: StepPlan, lora: LoraSet, frozen: set[int]) -> StepOutcome:
         """Decode `plan` under LoRA set `lora`; `frozen` slots (mid-capture) keep their

@@ -99,6 +99,15 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
         "counter",
         "Engine milliseconds spent moving minds in and out of slots",
     ),
+    "mind_read_ms_total": (
+        "counter",
+        "Milliseconds spent reading minds back from disk (read and verify, off the engine)",
+    ),
+    "mind_read_bytes_total": ("counter", "Bytes of minds read back from disk"),
+    "mind_restore_ms_total": (
+        "counter",
+        "Engine milliseconds spent applying minds read back to their slots",
+    ),
     "anon_cache_bytes": ("gauge", "Bytes of anonymous prompt states cached in RAM"),
     "anon_cache_entries": ("gauge", "Anonymous prompt states cached in RAM"),
     "anon_cache_saved_total": ("counter", "Anonymous prompt states saved to the cache"),

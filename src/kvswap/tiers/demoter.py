@@ -385,8 +385,8 @@ class Demoter:
         reg = self.registry
         target = store.ceiling_bytes - store.headroom_bytes
         shed = True
-        while store.charged_bytes > target and not self._stop.is_set():
-            if shed and self._shed(store.charged_bytes - target) > 0:
+        while store.in_use_bytes > target and not self._stop.is_set():
+            if shed and self._shed(store.in_use_bytes - target) > 0:
                 continue  # the anonymous prompt cache gives way first: dropped, never spilled
             shed = False
             candidates = reg.idle(_minds_in_ram(store))

@@ -10,19 +10,23 @@ computed under. No `.lora` (a file saved without adapters, or by llama-server) m
 
 Never called on the engine thread or the event loop: callers run these in the I/O executor.
 Buffers given to `publish_state` are not referenced once it returns, even when it raises, so the
-caller can close them.
+caller can close them. Given the page store, `read_state` reads into buffers off its shelf of
+freed ones (no page faults: a mind read back from the page cache costs its copy and its
+checksum) and hands every buffer it read into back to the shelf when the state is closed.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.keys import spare_key
 from kvswap.core.page import (
     CheckpointView,
     LoraRef,
@@ -31,6 +35,7 @@ from kvswap.core.page import (
     SlotState,
     read_tokens,
 )
+from kvswap.engine.kv.pagestore import PageStore
 from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
 from kvswap.files.seqfile import file_parts
 
@@ -108,17 +113,55 @@ def publish_state(
         view.release()
 
 
+READ_KEY = spare_key("disk-read")  # a read's buffers taken off the store's shelf
+
+
+@dataclass
+class ReadBuffers:
+    """The buffers one read took: off the page store's shelf when one fits (faulted in
+    already), else mapped fresh; offered back to the shelf once the state is applied. While a
+    read holds them they are not charged to the store, as a read's buffers never were (they
+    are the I/O's, for the moment of a restore): a tight store keeps its room for the switch's
+    own page."""
+
+    store: PageStore | None
+    taken: list[mmap.mmap] = field(default_factory=list)
+
+    def get(self, n_bytes: int) -> memoryview:
+        store = self.store
+        got = store.take_shelved(READ_KEY, n_bytes) if store is not None else None
+        if store is not None and got is not None:
+            buffer, res = got
+            store.cancel(res)
+        else:
+            buffer = mmap.mmap(-1, max(1, n_bytes))
+        self.taken.append(buffer)
+        return memoryview(buffer)
+
+    def give_back(self) -> None:
+        """Every view of the buffers is released: shelve them (or close them)."""
+        taken, self.taken = self.taken, []
+        for buffer in taken:
+            if self.store is not None:
+                self.store.shelve(buffer, None)
+            else:
+                buffer.close()
+
+
 @dataclass
 class ReadState:
-    """A generation read back: the state to apply, and the buffers to close afterwards."""
+    """A generation read back: the state to apply, and the buffers to let go afterwards."""
 
     state: SlotState
     generation: Generation
     n_bytes_read: int
+    buffers: ReadBuffers | None = None
 
     def close(self) -> None:
         self.state.release()
         self.generation.close()
+        if self.buffers is not None:
+            self.buffers.give_back()
 
 
 def readable_bytes() -> int:
@@ -128,18 +171,33 @@ def readable_bytes() -> int:
     return int(psutil.virtual_memory().available) // 2
 
 
-def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> ReadState:
-    """Read and verify one generation of `filename` (a foreign file has no fingerprint).
+def read_state(
+    publisher: Publisher, filename: str, geometry: PageGeometry, store: PageStore | None = None
+) -> ReadState:
+    """Read and verify one generation of `filename` (a foreign file has no fingerprint), into
+    buffers off `store`'s shelf when given (`ReadBuffers`).
 
     A missing, torn or malformed sidecar restores that part cold, with a warning.
     """
-    gen = publisher.read_generation(
-        filename, geometry.file_fingerprint(), max_bytes=readable_bytes()
-    )
+    buffers = ReadBuffers(store) if store is not None else None
+    try:
+        gen = publisher.read_generation(
+            filename,
+            geometry.file_fingerprint(),
+            alloc=buffers.get if buffers is not None else None,
+            max_bytes=readable_bytes(),
+        )
+    except BaseException as err:
+        drop_frames(err)  # (a traceback's frames would keep views of the buffers alive)
+        if buffers is not None:
+            buffers.give_back()
+        raise
     try:
         lora = _lora(filename, gen.sidecars.get(".lora"))
     except KvswapError:
         gen.close()
+        if buffers is not None:
+            buffers.give_back()
         raise
 
     checkpoints = _checkpoints(filename, gen.sidecars.get(".ckpt"))
@@ -153,7 +211,7 @@ def read_state(publisher: Publisher, filename: str, geometry: PageGeometry) -> R
         lora=lora,
     )
 
-    return ReadState(state, gen, gen.n_bytes_read)
+    return ReadState(state, gen, gen.n_bytes_read, buffers)
 
 
 def _lora(filename: str, read: SidecarRead | None) -> tuple[LoraRef, ...]:

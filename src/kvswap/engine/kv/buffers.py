@@ -3,8 +3,9 @@
 Fresh anonymous memory costs the kernel a fault and a zeroed page per 4 KiB: measured here at
 about 1 GB/s, eight times slower than copying a state into memory already mapped. So a page_out
 (or a save) asks this worker for a buffer, pre-faulted, and the engine only copies into it once
-it arrives: the engine's stall is the copy, nothing more. Closing a buffer (munmap) is also done
-here, so freeing a large page never stalls decoding either.
+it arrives: the engine's stall is the copy, nothing more (better still, a buffer freed earlier
+is taken off the page store's shelf, and nothing is mapped at all). Closing a buffer (munmap) is
+also done here, so freeing a large page never stalls decoding either.
 
 The fault-in must not hold the GIL: CPython's `mmap.mmap` keeps it through the `mmap` call, so
 `MAP_POPULATE` would stall the engine thread and the event loop for the whole fault-in (measured:
@@ -74,7 +75,6 @@ class BufferWorker:
     def __init__(self, post: Callable[[BufferReady], None]) -> None:
         self._post = post
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._free: list[mmap.mmap] = []  # freed buffers to reuse (worker thread only)
         self._thread = threading.Thread(target=self._run, name="kvswap-buffers", daemon=True)
         self._thread.start()
 
@@ -83,7 +83,7 @@ class BufferWorker:
 
         def job() -> None:
             try:
-                buffer = self._reuse(n_bytes) or new_buffer(n_bytes)
+                buffer = new_buffer(n_bytes)
             except (OSError, ValueError) as err:
                 self._post(BufferReady(None, then, f"could not map {n_bytes} bytes: {err}"))
                 return
@@ -95,26 +95,6 @@ class BufferWorker:
         """Close `buffer` on the worker, then call `done(closed)` there (the page store counts
         a failed close as leaked bytes)."""
         self._jobs.put(lambda: close_now(buffer, done))
-
-    def _reuse(self, n_bytes: int) -> mmap.mmap | None:
-        """The kept buffer if it holds `n_bytes` (and at most twice that), zeroed up to
-        `n_bytes` and its tail given back: to its user, as fresh as a new mapping. Any other
-        kept buffer is closed."""
-        kept_buffers, self._free = self._free, []
-        buffer = None
-        for b in kept_buffers:
-            if buffer is None and n_bytes <= len(b) <= 2 * n_bytes:
-                buffer = b
-            else:
-                b.close()
-        if buffer is None:
-            return None
-        kept = -(-n_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
-        if kept < len(buffer):
-            buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
-        base = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-        ctypes.memset(base, 0, min(kept, len(buffer)))
-        return buffer
 
     def _run(self) -> None:
         while True:
@@ -129,6 +109,3 @@ class BufferWorker:
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join()
-        for buffer in self._free:
-            buffer.close()
-        self._free.clear()

@@ -26,6 +26,16 @@ The store also keeps the headroom the demoter frees under the ceiling for the ne
 so that a switch stays a memcpy: a quarter of the store, or the largest mind page seen
 (`saw_mind_page`, told by the engine as a mind leaves its slot), whichever is larger.
 
+A buffer freed by its last owner is not unmapped at once: up to `shelf_max` of them (the engine
+keeps `SHELF_MAX`) stay on a shelf, faulted in and still charged (a reservation under
+`SHELF_KEY`, shown among the spares), for the next buffer of about their size (`take_shelved`:
+the engine's next spare, the next read of a mind from disk), which then costs no page faults:
+fresh memory costs the kernel a zeroed page per 4 KiB, several times the copy that fills it. A
+buffer whose user is done with it comes back the same way (`shelve`). The shelf is a cache: its
+bytes never count against the headroom and are unmapped when a reservation needs them. A
+recycled buffer is not zeroed: every user writes all the bytes it exposes (a capture fills its
+layout end to end, a read fills its view).
+
 Closing a buffer (munmap) costs milliseconds per hundred MB, so it goes through `dispose`, which
 the engine points at a worker thread; the charge is released when the close is done. A close
 that fails (a view of the buffer still exists: a bug) keeps its bytes charged, since they are
@@ -33,7 +43,7 @@ still mapped, and counts them in `leaked_bytes`, a gauge that stays 0 (checked b
 `check_integrity`, so every engine and server test would fail on a leak).
 
 Thread-safe: the engine thread reserves, commits and takes; HTTP handlers drop and list; spill
-workers release their holds; the disposer releases charges.
+workers release their holds; the disposer releases charges; the disk reader takes and shelves.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvswap.core.errors import PageNotFound, PageTooLarge, StoreFull
-from kvswap.core.keys import PageKey
+from kvswap.core.keys import PageKey, spare_key
 from kvswap.core.page import LoraRef, PageLayout
 
 log = logging.getLogger("kvswap.engine")
@@ -56,6 +66,10 @@ log = logging.getLogger("kvswap.engine")
 # Closes a buffer, then calls `done(closed)` (possibly on another thread); `closed` is False
 # when the close failed and the bytes are still mapped.
 Disposer = Callable[[mmap.mmap, Callable[[bool], None]], None]
+
+SHELF_MAX = 2  # freed buffers kept for reuse: a disk switch's read and the next spare
+SHELF_KEY = spare_key("recycled")  # the shelf's charge, shown among the spares
+_SHELF_MIN_BYTES = 1 << 20  # smaller buffers are cheap to map again: not worth a shelf place
 
 
 def close_now(buffer: mmap.mmap, done: Callable[[bool], None]) -> None:
@@ -140,9 +154,13 @@ def _infos(listed: list[Page], held: list[Page]) -> list[PageInfo]:
 class PageStore:
     """Named pages under a byte ceiling; see the module docstring."""
 
-    def __init__(self, ceiling_bytes: int, dispose: Disposer = close_now) -> None:
+    def __init__(
+        self, ceiling_bytes: int, dispose: Disposer = close_now, shelf_max: int = 0
+    ) -> None:
         self.ceiling_bytes = ceiling_bytes
         self._dispose = dispose
+        self.shelf_max = shelf_max  # freed buffers kept for reuse (0: each is closed at once)
+        self.shelf_min_bytes = _SHELF_MIN_BYTES  # smaller ones are closed
         # Re-entrant: a synchronous disposer gives the charge back from inside a release.
         self._lock = threading.RLock()
         self._pages: dict[PageKey, Page] = {}
@@ -153,6 +171,7 @@ class PageStore:
         self._closing = 0  # bytes of buffers given to the disposer and not yet unmapped
         self._leaked = 0  # bytes of buffers whose close failed (still mapped, still charged)
         self._largest_mind_page = 0  # bytes of the largest mind page seen (the headroom)
+        self._shelf: list[tuple[mmap.mmap, int]] = []  # freed buffers and their charged bytes
         self._ids = itertools.count(1)
 
     # -- reading ----------------------------------------------------------------------------
@@ -161,6 +180,12 @@ class PageStore:
     def charged_bytes(self) -> int:
         with self._lock:
             return self._charged
+
+    @property
+    def in_use_bytes(self) -> int:
+        """The charge less the shelf's (a cache, given back when a reservation needs it)."""
+        with self._lock:
+            return self._charged - self._reserved[SHELF_KEY]
 
     @property
     def n_pages(self) -> int:
@@ -193,9 +218,9 @@ class PageStore:
 
     @property
     def short_of_headroom(self) -> bool:
-        """More than the ceiling less the headroom is charged: the demoter has work."""
-        with self._lock:
-            return self._charged > self.ceiling_bytes - self.headroom_bytes
+        """More than the ceiling less the headroom is charged (the shelf aside: it is given
+        back on demand): the demoter has work."""
+        return self.in_use_bytes > self.ceiling_bytes - self.headroom_bytes
 
     def reservations(self) -> list[tuple[PageKey, int]]:
         """Open reservations (bytes admitted for copies in flight, prepared spare buffers)."""
@@ -253,6 +278,7 @@ class PageStore:
         with self._lock:
             old = self._pages.get(key)
             replaceable = old.n_bytes if old is not None and old.owners == 1 else 0
+            self._unshelve_for(self._charged - replaceable + n_bytes - self.ceiling_bytes)
             if self._charged - replaceable + n_bytes > self.ceiling_bytes:
                 raise StoreFull(self._charged, self.ceiling_bytes, n_bytes)
             if old is not None and self._charged + n_bytes > self.ceiling_bytes:
@@ -354,9 +380,69 @@ class PageStore:
                 self._held[page.generation] = page
             return
         self._held.pop(page.generation, None)
+        if len(self._shelf) < self.shelf_max and page.n_bytes >= self.shelf_min_bytes:
+            self._shelf.append((page.buffer, page.n_bytes))  # the charge stays: now the shelf's
+            self._reserved[SHELF_KEY] += page.n_bytes
+            return
         n_bytes = page.n_bytes
         self._closing += n_bytes
         self._dispose(page.buffer, lambda closed: self._closed(n_bytes, closed))
+
+    # -- the shelf (see the module docstring) -------------------------------------------------
+
+    def take_shelved(self, key: PageKey, n_bytes: int) -> tuple[mmap.mmap, Reservation] | None:
+        """A shelved buffer holding `n_bytes` (and at most twice that), trimmed to them (the
+        rest given back to the OS) and reserved under `key`; None when none fits."""
+        with self._lock:
+            fits = [
+                i for i, (_, charged) in enumerate(self._shelf) if n_bytes <= charged <= 2 * n_bytes
+            ]
+            if not fits:
+                return None
+            buffer, charged = self._shelf.pop(fits[0])
+            self._unreserve(Reservation(SHELF_KEY, charged))
+            self._reserved[key] += charged
+        kept = -(-max(1, n_bytes) // mmap.PAGESIZE) * mmap.PAGESIZE
+        if kept < charged:
+            buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
+        return buffer, self.trim(Reservation(key, charged), key, min(kept, charged))
+
+    def shelve(self, buffer: mmap.mmap, res: Reservation | None) -> None:
+        """Its user is done with `buffer` (reserved as `res`; None: never charged, charged now
+        when the store has room): shelved for reuse, or closed when the shelf is full."""
+        with self._lock:
+            n_bytes = res.n_bytes if res is not None else len(buffer)
+            fits = self._charged + n_bytes <= self.ceiling_bytes
+            keep = len(self._shelf) < self.shelf_max and n_bytes >= self.shelf_min_bytes
+            if keep and (res is not None or fits):
+                if res is None:
+                    self._charged += n_bytes
+                else:
+                    self._unreserve(res)
+                self._shelf.append((buffer, n_bytes))
+                self._reserved[SHELF_KEY] += n_bytes
+                return
+            if res is not None:  # its charge ends once the disposer has unmapped it
+                self._unreserve(res)
+                self._closing += n_bytes
+        if res is None:
+            self._dispose(buffer, lambda closed: None)  # (never charged)
+        else:
+            self._dispose(buffer, lambda closed: self._closed(n_bytes, closed))
+
+    def _unshelve_for(self, n_bytes: int) -> None:
+        """Unmap shelved buffers (oldest first, here and now) until `n_bytes` more are free."""
+        while n_bytes > 0 and self._shelf:
+            buffer, charged = self._shelf.pop(0)
+            self._unreserve(Reservation(SHELF_KEY, charged))
+            try:
+                buffer.close()
+            except BufferError:  # a view is alive: a bug, shown by the gauge
+                log.error("a shelved buffer could not be unmapped: a view of it is still alive")
+                self._leaked += charged
+                continue
+            self._charged -= charged
+            n_bytes -= charged
 
     def _closed(self, n_bytes: int, closed: bool) -> None:
         with self._lock:
@@ -380,6 +466,9 @@ class PageStore:
             assert all(n > 0 for n in self._reserved.values()), self._reserved
             assert self._closing >= 0, parts
             assert self._leaked == 0, f"{self._leaked} bytes of page buffers could not be unmapped"
+            shelved = sum(n for _, n in self._shelf)
+            assert self._reserved[SHELF_KEY] == shelved <= self._charged, shelved
+            assert len(self._shelf) <= self.shelf_max, len(self._shelf)
             for key, page in self._pages.items():
                 assert page.key == key and page.owners >= 1, (key, page.owners)
                 assert len(page.buffer) >= page.n_bytes, key
@@ -393,3 +482,5 @@ class PageStore:
             self._pages.clear()
         for page in pages:
             self.release(page)
+        with self._lock:
+            self._unshelve_for(self._reserved[SHELF_KEY])

@@ -1,7 +1,8 @@
 """A buffer prepared ahead for one of the engine's own moves: reserved in the page store,
 mapped and faulted in by the buffer worker, then taken by a move that only copies into it.
 
-Faulting fresh memory in costs several times the copy (`buffers`), so the engine's internal
+Faulting fresh memory in costs several times the copy (`buffers`), so a spare is taken off the
+store's shelf of freed buffers when one fits (`PageStore.take_shelved`), and the engine's internal
 moves (a mind leaving its slot, the anonymous cache keeping a state, a full pool paging an idle
 slot out, a reconfigure moving its slots) never map a buffer on the engine thread: each takes a
 spare prepared for it, trimmed to the bytes it needs (the rest goes back to the OS and to the
@@ -61,13 +62,17 @@ class Spare:
         self.give_back()
         self._held = (page.buffer, reservation)
 
-    def ask(self, n_bytes: int) -> None:
+    def ask(self, n_bytes: int) -> bool:
         """Have a buffer of at least `n_bytes` prepared: a no-op when one is in hand, or being
-        mapped (its size is checked when it is taken). Raises StoreFull or PageTooLarge when the
-        store cannot reserve even `n_bytes` now."""
+        mapped (its size is checked when it is taken); one off the store's shelf is in hand at
+        once. True when a buffer is in hand now, without the buffer worker. Raises StoreFull or
+        PageTooLarge when the store cannot reserve even `n_bytes` now."""
         if self._closed or self._pending is not None or self.ready_for(n_bytes):
-            return
+            return self.ready_for(n_bytes)
         self.give_back()
+        self._held = self.store.take_shelved(self.key, n_bytes)
+        if self._held is not None:
+            return True
         size = spare_size(n_bytes)
         try:
             reservation = self.store.reserve(self.key, size)
@@ -76,6 +81,7 @@ class Spare:
         self._pending = reservation
         self.error = ""
         self.buffers.allocate(reservation.n_bytes, self.arrived)
+        return False
 
     def arrived(self, ready: BufferReady) -> None:
         """The buffer worker's answer (engine thread)."""
@@ -102,13 +108,12 @@ class Spare:
         return buffer, self.store.trim(reservation, key, min(kept, reservation.n_bytes))
 
     def give_back(self) -> None:
-        """Return the buffer in hand (closed on the buffer worker, then uncharged)."""
+        """Return the buffer in hand to the store's shelf (or closed, when it is full)."""
         if self._held is None:
             return
         buffer, reservation = self._held
         self._held = None
-        store = self.store
-        self.buffers.dispose(buffer, lambda closed: store.cancel(reservation, closed=closed))
+        self.store.shelve(buffer, reservation)
 
     def discard(self) -> None:
         """No more moves: give the buffer back (closed on the buffer worker), and one still
@@ -125,6 +130,15 @@ class Spare:
             self._held = None
             buffer.close()
             self.store.cancel(reservation)
+
+
+def in_hand(spare: Spare, n_bytes: int) -> bool | None:
+    """`spare.ask`: True when a buffer is in hand now, False when one is being mapped, None
+    when the store has no room for it now."""
+    try:
+        return spare.ask(n_bytes)
+    except KvswapError:
+        return None
 
 
 def ask_quietly(spare: Spare, n_bytes: int) -> bool:

@@ -44,7 +44,7 @@ from kvswap.core.keys import PageKey, PageKind, anon_key
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.spare import Spare, ask_quietly
+from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import CacheRuntime
 from kvswap.engine.slot import Slot, SlotTable
 
@@ -238,12 +238,16 @@ class AnonCache:
             return Kept.REFUSED
         if not spare.ready_for(layout.n_bytes):
             # Never map on the engine thread: skip this save, and have a buffer mapped for the
-            # next one (a full store means it is simply not kept: not a failed verb).
-            self.n_skipped += 1
+            # next one (a full store means it is simply not kept: not a failed verb); one off
+            # the store's shelf is in hand at once.
             if spare.error:  # the last mapping failed: do not wait for another now
                 spare.error = ""
+                self.n_skipped += 1
                 return Kept.REFUSED
-            return Kept.WAITING if ask_quietly(spare, layout.n_bytes) else Kept.REFUSED
+            ready = in_hand(spare, layout.n_bytes)
+            if not ready:
+                self.n_skipped += 1
+                return Kept.REFUSED if ready is None else Kept.WAITING
         if not self._make_room(layout.n_bytes):
             return Kept.REFUSED
         key = anon_key(next(self._ids))

@@ -19,12 +19,15 @@ registry's lock. It calls nothing while it holds its lock. No libllama, no files
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 
 from kvswap.core.keys import PageKey
 from kvswap.engine.commands import Captured
+
+log = logging.getLogger("kvswap.minds")
 
 
 def _no_demoter() -> None:
@@ -122,6 +125,15 @@ class Handoffs:
                 return False
             self._too_large.add(key)
             return True
+
+    def log_too_large(self, key: PageKey, n_bytes: int, ceiling: int, how: str) -> None:
+        """Say once per mind that it left its slot larger than the whole page store, and how."""
+        if self.first_too_large(key):
+            log.warning(
+                "%s holds %d bytes, more than the whole page store (--page-ram-bytes %d): it "
+                "leaves its slot %s; raise --page-ram-bytes to keep it in RAM",
+                key, n_bytes, ceiling, how,
+            )  # fmt: skip
 
     def forget(self, key: PageKey) -> None:
         """Mind `key` is forgotten: the next time it is too large is logged again."""

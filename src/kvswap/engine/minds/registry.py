@@ -81,6 +81,9 @@ class MindCounters:
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
     diverged_total: int = 0  # a request that did not extend its mind's history
     dropped_tokens_total: int = 0  # ... the tokens of the history it dropped
+    read_ms_total: float = 0.0  # reading minds back from disk (I/O worker: read and verify)
+    read_bytes_total: int = 0  # ... the bytes read
+    restore_ms_total: float = 0.0  # applying states read back to their slots (engine)
 
     def as_metrics(self) -> dict[str, float]:
         return {f"mind_{k}": float(v) for k, v in vars(self).items()}

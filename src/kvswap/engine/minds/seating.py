@@ -13,6 +13,9 @@ Before any job starts on a slot, `seat` makes the slot right for it:
   save copies it (the mind stays), erase and page_out end it (the caller then forgets its
   spilled copy). A verb of another tenant is refused, naming no mind, as is one on a slot
   whose anonymous prompt another tenant sent;
+- with `--cache-idle-slots` (on by default) in a unified pool, a request starting moves every
+  other idle mind to its RAM page (`_idle_minds_out`), as the anonymous cache moves idle
+  prompts: the pool then holds only work that runs, which libllama attends over;
 - a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
   state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
   starts from the longest prefix of its prompt its tenant's anonymous cache or the slot
@@ -50,8 +53,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
@@ -61,59 +62,19 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import read_tokens
 from kvswap.core.types import MindServed
 from kvswap.core.vocab import MindMove, MindSource
-from kvswap.engine.commands import (
-    MindVerb,
-    PageOut,
-    RoomReport,
-    SlotCapture,
-    SlotErase,
-    Submit,
-)
+from kvswap.engine.commands import MindVerb, PageOut, RoomReport, SlotCapture, SlotErase, Submit
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.kv.spare import Spare, ask_quietly
+from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.minds.anoncache import AnonCache, Kept
 from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.minds.handoffs import Handoffs
 from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.minds.seats import NoRoomYet, NotYourMind, PagedOut, Seat
 from kvswap.engine.ports import SeatRuntime
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
-
-
-class NoRoomYet(Exception):
-    """The job cannot be seated now: an evicted mind cannot be copied out (the page store has
-    no room, or its spare buffer is still being mapped, or its file is being written), or
-    running requests hold the KV cells a returning mind needs. The job waits for the demoter,
-    the buffer worker or a step."""
-
-
-class NotYourMind(KvswapError):
-    """A slot verb of one tenant on a slot holding another tenant's mind (named nowhere) or
-    another tenant's prompt."""
-
-    def __init__(self, slot_id: int) -> None:
-        super().__init__(
-            ErrorKind.PERMISSION,
-            f"slot {slot_id} holds a conversation of another API key: this key cannot act on it",
-        )
-
-
-@dataclass(frozen=True)
-class Seat:
-    """How `Seating.seat` brought a request's mind into its slot."""
-
-    source: MindSource  # where its state was
-    switch_ms: float  # the whole seating: the slot's previous mind out, this one in
-
-
-class PagedOut(Enum):
-    """What `page_out_idle_resident` did."""
-
-    MOVED = "moved"  # an idle resident left its slot: retry the step
-    WAITING = "waiting"  # a buffer is being mapped (or room made): retry once it arrives
-    NOTHING = "nothing"  # nothing can move
 
 
 class Seating:
@@ -130,8 +91,10 @@ class Seating:
         flushes: FlushSchedule,
         handoffs: Handoffs,
         anon: AnonCache,
+        idle_out: bool = False,
     ) -> None:
         self.store = store
+        self.idle_out = idle_out  # --cache-idle-slots: a start moves idle minds out of the pool
         self.slots = slots
         self.runtime = runtime
         self.buffers = buffers
@@ -174,6 +137,8 @@ class Seating:
         t_start = time.perf_counter()
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
+        if isinstance(cmd, Submit):
+            self._idle_minds_out(slot)
         if not mind:
             if isinstance(cmd, Submit) and cmd.request.cache_prompt:
                 prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
@@ -234,11 +199,12 @@ class Seating:
             reg.count(hits_ram_total=1)
             source = MindSource.RAM
         elif cmd.restore is not None:
-            t0 = time.perf_counter()
             self._make_cells(slot, len(cmd.restore.tokens))
+            t0 = time.perf_counter()
             verbs.mover.apply(slot, cmd.restore)
-            reg.restored(mind, (time.perf_counter() - t0) * 1e3)
-            reg.count(hits_disk_total=1)
+            ms = (time.perf_counter() - t0) * 1e3
+            reg.restored(mind, ms)
+            reg.count(hits_disk_total=1, restore_ms_total=ms)
             source = MindSource.DISK  # or the shared tier: the HTTP side knows which
         else:  # a new mind: from its tenant's longest cached prefix, if any
             self.anon.seed(slot, cmd.request if isinstance(cmd, Submit) else None, mind)
@@ -259,6 +225,44 @@ class Seating:
             idle = [s for s in self.slots.idle_residents() if s is not slot]
             if not idle or self._move_out(idle[0]) is not PagedOut.MOVED:
                 raise NoRoomYet()  # running requests hold the cells, or a buffer is mapped
+
+    def _idle_minds_out(self, started: Slot) -> None:
+        """`--cache-idle-slots` for minds (on by default): a request starting on `started`
+        moves every other idle mind of a unified pool to its RAM page, as the anonymous cache
+        moves idle prompts (and llama-server its cached ones), so the pool holds only work that
+        runs. libllama attends over the pool up to its highest used cell, so an idle mind left
+        there slows every step of the others; a move is one copy into a spare prepared ahead,
+        and the mind's return another. Without a spare ready the start waits for one (as a
+        switch does; `expect` has one mapped when a mind's request ends); a mind larger than the
+        whole store, or one the store has no room for now, stays."""
+        if not self._moves_idle() or self.spare is None:
+            return
+        ceiling = self._store().ceiling_bytes
+        for other in self.slots.idle_residents():
+            if other is started or other.mind is None:
+                continue
+            n_bytes = self.runtime.verbs.mover.measure(other).n_bytes
+            if n_bytes > ceiling:
+                continue
+            if not self.spare.ready_for(n_bytes):
+                if self.spare.error:  # the last mapping failed: not now
+                    self.spare.error = ""
+                    return
+                ready = in_hand(self.spare, n_bytes)  # (one off the store's shelf: at once)
+                if ready is None:
+                    return  # no room in the store for it now: the mind stays
+                if not ready:
+                    raise NoRoomYet()  # the start is retried when the buffer arrives
+            self.evict(other)
+
+    def expect(self, slot: Slot) -> None:
+        """A mind's request ended on `slot`: have a spare mapped that can hold its state, so
+        the start that moves it out of the pool finds one ready."""
+        if self._moves_idle() and self.spare is not None and len(slot.tokens) > 0:
+            ask_quietly(self.spare, self.runtime.verbs.mover.measure(slot).n_bytes)
+
+    def _moves_idle(self) -> bool:
+        return self.idle_out and self.runtime.n_shared_cells is not None
 
     def evict(self, slot: Slot) -> None:
         """Page the slot's mind out under its key (the slot is then empty); a mind too large
@@ -283,12 +287,14 @@ class Seating:
                 why, spare.error = spare.error, ""
                 raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for a mind switch: {why}")
             try:
-                spare.ask(layout.n_bytes)
+                ready = spare.ask(layout.n_bytes)  # one off the store's shelf: in hand now
             except KvswapError as err:
                 if err.kind is not ErrorKind.UNAVAILABLE:
                     raise
                 self._no_room(err)
-            raise NoRoomYet()  # the buffer worker maps one; the job is retried on its arrival
+            took = spare.take(mind, layout.n_bytes) if ready else None
+            if took is None:
+                raise NoRoomYet()  # the buffer worker maps one; retried on its arrival
         buffer, reservation = took
         moved = verbs.capture_to_page(slot, layout=layout, reservation=reservation, buffer=buffer)
         self._room_ticket, self._room_refused = None, ""
@@ -309,7 +315,7 @@ class Seating:
         if handoffs.has_disk_tier:
             if not handoffs.handing(mind):
                 handoffs.hand_to_disk(mind, verbs.copy_out(slot))
-                self._log_too_large(mind, n_bytes, ceiling, "written to disk")
+                self.handoffs.log_too_large(mind, n_bytes, ceiling, "written to disk")
                 raise NoRoomYet()  # the slot keeps the mind until its file holds it
             written = handoffs.state(mind)
             if written is None:
@@ -327,7 +333,7 @@ class Seating:
                 self._too_large(slot, mind, n_bytes)  # it changed meanwhile: hand it over again
                 return
         else:
-            self._log_too_large(
+            self.handoffs.log_too_large(
                 mind,
                 n_bytes,
                 ceiling,
@@ -336,17 +342,6 @@ class Seating:
         verbs.clear(slot)
         self._left(slot, mind)
         self.registry.count(too_large_total=1)
-
-    def _log_too_large(self, mind: PageKey, n_bytes: int, ceiling: int, how: str) -> None:
-        if self.handoffs.first_too_large(mind):
-            log.warning(
-                "%s holds %d bytes, more than the whole page store (--page-ram-bytes %d): it "
-                "leaves its slot %s; raise --page-ram-bytes to keep it in RAM",
-                mind,
-                n_bytes,
-                ceiling,
-                how,
-            )
 
     def _left(self, slot: Slot, mind: PageKey) -> None:
         slot.mind = None
@@ -428,8 +423,11 @@ class Seating:
         raise NoRoomYet() from err
 
     def on_room_report(self, report: RoomReport) -> None:
-        """A demoter pass ended: a waiting switch learns whether room could be made."""
+        """A demoter pass ended: a waiting switch learns whether room could be made, and the
+        next switch's spare is asked for now that there may be room (off the store's shelf,
+        where the pages it spilled left their buffers)."""
         self._n_reported = report.pass_no
+        self.ask_spare()
         ticket = self._room_ticket
         if ticket is not None and report.pass_no >= ticket and report.refused:
             self._room_refused = report.refused
