@@ -204,7 +204,6 @@ class Forwarder:
                     send, self.replica_id, "this replica is forwarding too many turns"
                 )
                 return
-            gate.forwarded(owner, ok=outcome is not _Outcome.NOT_REACHED)
             if outcome is _Outcome.ANSWERED and scope["method"] != "GET":
                 self._ask_handoff(scope, owner, gate)  # a read leaves the mind where it is
             if outcome is not _Outcome.NOT_REACHED:
@@ -267,6 +266,7 @@ class Forwarder:
             sending.cancel()
             leaving.cancel()
             await asyncio.gather(sending, return_exceptions=True)
+            gate.forwarded(owner, ok=gone)  # a client that left is not the owner's failure
             return _Outcome.CUT if gone else _Outcome.NOT_REACHED
         try:
             upstream = sending.result()
@@ -277,7 +277,11 @@ class Forwarder:
         except httpx.HTTPError as err:
             leaving.cancel()
             log.debug("forward to %s failed before an answer: %s", owner.url, err)
+            gate.forwarded(owner, ok=False)
             return _Outcome.NOT_REACHED
+        # Counted once the owner answers, before its answer is relayed: a client that has read
+        # the whole answer finds the forward in /pages and /metrics.
+        gate.forwarded(owner, ok=True)
         try:
             return await _relay(upstream, send, leaving)
         finally:
