@@ -94,8 +94,7 @@ def main(argv: Sequence[str]) -> int:
         )
     if config.http.server_tools or config.http.mcp_servers:
         log.warning("kvswap runs no built-in tools or MCP servers (--tools, --mcp-servers-*)")
-    from kvswap.server.gcp import GcpCompat
-    from kvswap.server.startup import StartupError, bind_listeners, check_paths
+    from kvswap.server.startup import GcpCompat, StartupError, bind_listeners, check_paths
 
     gcp = GcpCompat.from_environ(os.environ)
     if gcp is not None and gcp.port != config.http.port:  # Vertex AI names the port
@@ -115,7 +114,11 @@ def run(config: ServerConfig, sockets: list[socket.socket]) -> int:
     """Serve on the bound `sockets` until stopped; 1 when the model failed to load."""
     from kvswap.server.prefetch import ModelPrefetch
 
-    prefetch = ModelPrefetch(config)  # the weights load while the HTTP stack imports
+    prefetch: ModelPrefetch[Built] = ModelPrefetch(config)  # the weights load meanwhile
+    from kvswap.server.enginebuild import Built, build_engine
+
+    # Then the same thread builds the engine (contexts, warm-up) while the HTTP stack imports.
+    prefetch.then(lambda model: build_engine(config, model))
     import uvicorn
 
     from kvswap.server.app import create_app

@@ -92,14 +92,13 @@ def main(argv: list[str]) -> int:
     print("| server | median s | min s | max s | vs llama-server (median of paired runs) | CPU s |")
     print("|---|---|---|---|---|---|")
     for side, values in seconds.items():
-        paired = (
-            statistics.median(k / ls for k, ls in zip(values, seconds["llama-server"], strict=True))
-            if "llama-server" in seconds
-            else 0.0
-        )
+        paired = "-"  # no llama-server to compare with
+        if "llama-server" in seconds:
+            ratios = [k / ls for k, ls in zip(values, seconds["llama-server"], strict=True)]
+            paired = f"{statistics.median(ratios):.2f}x"
         print(
             f"| {side} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} "
-            f"| {paired:.2f}x | {statistics.median(cpu[side]):.2f} |"
+            f"| {paired} | {statistics.median(cpu[side]):.2f} |"
         )
     print(f"load average during the runs: {min(loads):.2f} - {max(loads):.2f}")
     return 0

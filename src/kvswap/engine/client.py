@@ -62,6 +62,21 @@ class _Outbox:
             queue.put_nowait(event)
 
 
+class StartedEngine:
+    """An engine built and running, not yet tied to an event loop (`kvswap serve` builds it
+    while its HTTP stack imports, before any loop runs); `connect(loop)` makes its client."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def connect(self, loop: asyncio.AbstractEventLoop) -> EngineClient:
+        return EngineClient(self._engine, loop)
+
+    def close(self) -> None:
+        """Stop it unconnected (a start that failed after building it)."""
+        self._engine.close()
+
+
 class EngineClient:
     """Posts typed commands to the engine thread and receives its events."""
 
@@ -83,9 +98,21 @@ class EngineClient:
         draft_model: Model | None = None,
     ) -> EngineClient:
         """Build the engine on the loaded model(s) and start its thread."""
+        return cls.build(model, config, adapters=adapters, draft_model=draft_model).connect(loop)
+
+    @staticmethod
+    def build(
+        model: Model,
+        config: EngineConfig,
+        *,
+        adapters: Adapters | None = None,
+        draft_model: Model | None = None,
+    ) -> StartedEngine:
+        """Build the engine (its contexts made and warmed up) and start its thread, with no
+        event loop yet: `StartedEngine.connect` makes the client."""
         engine = Engine(model, config, adapters=adapters, draft_model=draft_model)
         engine.start()
-        return cls(engine, loop)
+        return StartedEngine(engine)
 
     def close(self) -> None:
         """Stop the engine thread and free its contexts (the model stays the caller's)."""

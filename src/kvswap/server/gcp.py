@@ -1,6 +1,7 @@
 """Google Cloud (Vertex AI) custom-container compatibility, as llama-server's `AIP_MODE`.
 
-Owns `GcpCompat`: with `AIP_MODE=PREDICTION` in the environment, the server listens on
+With `AIP_MODE=PREDICTION` in the environment (`GcpCompat`, read at start by
+`server.startup`), the server listens on
 `AIP_HTTP_PORT` (default 8080, over `--port`), serves /health also at `AIP_HEALTH_ROUTE`, and
 answers `POST AIP_PREDICT_ROUTE` (default /predict): `{"instances": [...]}`, each instance a
 request body plus `"@requestFormat"`, the route it goes to, by path ("/v1/chat/completions")
@@ -8,7 +9,7 @@ or camelCase alias ("chatCompletions"). Each instance runs through the app itsel
 request, concurrently with the others; streaming is turned off) and its JSON answer, an error
 included, becomes one of `"predictions"`. At most 128 instances, as llama-server.
 
-Read once at start (`GcpCompat.from_environ`); no I/O of its own.
+Owns the predict route and its dispatch; no I/O of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -29,6 +29,7 @@ from kvswap.core.errors import ErrorKind
 from kvswap.server.asgi import ASGIApp, Scope
 from kvswap.server.errors import error_json
 from kvswap.server.internal import call_app
+from kvswap.server.startup import GcpCompat
 
 log = logging.getLogger("kvswap.server")
 
@@ -37,32 +38,11 @@ MAX_INSTANCES = 128
 _REFRAMED = (b"content-length", b"content-type")  # set anew for each instance
 
 
-def _leading_slash(value: str) -> str:
-    return value if not value or value.startswith("/") else "/" + value
-
-
 def gcp_alias(path: str) -> str:
     """llama-server's `path_to_gcp_format`: "/v1/chat/completions" -> "chatCompletions"."""
     s = path[3:] if path.startswith("/v1") and len(path) > 3 else path
     s = re.split(r"[:{]", s.removeprefix("/"), maxsplit=1)[0]  # stop before path parameters
     return re.sub(r"[/_-]+(.)", lambda m: m.group(1).upper(), s).rstrip("/_-")
-
-
-@dataclass(frozen=True)
-class GcpCompat:
-    port: int
-    path_health: str  # "" = only /health
-    path_predict: str
-
-    @staticmethod
-    def from_environ(environ: Mapping[str, str]) -> GcpCompat | None:
-        if environ.get("AIP_MODE", "") != "PREDICTION":
-            return None
-        return GcpCompat(
-            port=int(environ.get("AIP_HTTP_PORT") or "8080"),
-            path_health=_leading_slash(environ.get("AIP_HEALTH_ROUTE", "")),
-            path_predict=_leading_slash(environ.get("AIP_PREDICT_ROUTE") or "/predict"),
-        )
 
 
 def _invalid(message: str) -> dict[str, Any]:

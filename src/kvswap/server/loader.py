@@ -27,20 +27,19 @@ from pathlib import Path
 
 from kvswap.backend.chat_builtin import apply_builtin, builtin_template_names
 from kvswap.backend.lora import AdapterInfo, Adapters
-from kvswap.backend.model import Model, ModelLoadError, ModelParams
+from kvswap.backend.model import Model, ModelLoadError
 from kvswap.config.settings import ServerConfig
 from kvswap.core.keys import PageKey
 from kvswap.engine.client import EngineClient
-from kvswap.engine.plan.geometry import Geometry, resolve_geometry
-from kvswap.engine.runtime import EngineConfig
-from kvswap.engine.spec.speculate import SpecConfig, check_compatible
+from kvswap.engine.plan.geometry import Geometry
 from kvswap.files import Publisher
-from kvswap.files.faults import KILL_AT_STEP_ENV, clock_from_env, kill_seam_from_env
+from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
 from kvswap.minds.chains import Chains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
 from kvswap.minds.state.replicated import ReplicatedStore
 from kvswap.minds.state.store import StateStore
+from kvswap.server.enginebuild import Built, build_engine
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.requests.lora import LoraScales
 from kvswap.server.state import ServerState
@@ -65,71 +64,12 @@ class Resume:
     lora_scales: tuple[float, ...]  # the adapters' global scales (POST /lora-adapters)
 
 
-def engine_config(
-    config: ServerConfig, n_ctx_train: int, geometry: Geometry | None = None
-) -> EngineConfig:
-    """The engine's configuration: the start-up flags, with `geometry` (a waking server's live
-    one) in place of the geometry they resolve to."""
-    ctx = config.context
-    geometry = geometry or resolve_geometry(
-        n_ctx=ctx.n_ctx,
-        n_parallel=ctx.n_parallel,
-        kv_unified=ctx.kv_unified_resolved,
-        kv_unified_per_slot=ctx.kv_unified_per_slot,
-        n_batch=ctx.n_batch,
-        n_ubatch=ctx.n_ubatch,
-        cache_type_k=ctx.cache_type_k,
-        cache_type_v=ctx.cache_type_v,
-        n_ctx_train=n_ctx_train,
-    )
-    return EngineConfig(
-        geometry=geometry,
-        n_threads=ctx.n_threads,
-        n_threads_batch=ctx.n_threads_batch,
-        flash_attn=ctx.flash_attn,
-        swa_full=ctx.swa_full,
-        slot_prompt_similarity=config.paging.slot_prompt_similarity,
-        ctx_checkpoints=ctx.ctx_checkpoints,
-        checkpoint_min_step=ctx.checkpoint_min_step,
-        ctx_checkpoints_bytes=ctx.ctx_checkpoints_bytes,
-        cache_ram_bytes=config.paging.cache_ram_mib * (1 << 20)
-        if config.paging.cache_ram_mib > 0
-        else config.paging.cache_ram_mib,
-        cache_idle_slots=config.paging.cache_idle_slots,
-        spec=spec_config(config),
-        page_ram_bytes=config.paging.page_ram_bytes,
-        fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
-        check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
-        warmup=config.model.warmup,
-        clock=clock_from_env(os.environ),  # the retention tests' seam
-    )
-
-
-def spec_config(config: ServerConfig) -> SpecConfig | None:
-    """The engine's speculative slice; None when `--spec-type` is none."""
-    s = config.spec
-    if s.spec_type == "none":
-        return None
-    return SpecConfig(
-        spec_type=s.spec_type,
-        n_max=s.n_max,
-        n_min=s.n_min,
-        p_min=s.p_min,
-        ngram_size_n=s.ngram_size_n,
-        ngram_size_m=s.ngram_size_m,
-        cache_type_k_draft=s.cache_type_k_draft,
-        cache_type_v_draft=s.cache_type_v_draft,
-        n_threads_draft=s.n_threads_draft,
-        n_threads_batch_draft=s.n_threads_batch_draft,
-    )
-
-
 class Loader:
     """Loads in the background; see the module docstring."""
 
-    def __init__(self, config: ServerConfig, prefetch: ModelPrefetch | None = None) -> None:
+    def __init__(self, config: ServerConfig, prefetch: ModelPrefetch[Built] | None = None) -> None:
         self.config = config
-        self.prefetch = prefetch  # the weights already loading (serve.run), taken once
+        self.prefetch = prefetch  # the weights and engine already loading (serve.run), taken once
         self.state: ServerState | None = None
         self.error: BaseException | None = None
         self.on_failure: Callable[[], None] = lambda: None
@@ -160,23 +100,16 @@ class Loader:
     def _load(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             t0 = time.perf_counter()
-            model = self._load_models()
+            model, built = self._take_prefetched()
             resume = self.resume
-            client = EngineClient.start(
-                model,
-                engine_config(
-                    self.config,
-                    model.info.n_ctx_train,
-                    resume.geometry if resume is not None else None,
-                ),
-                loop,
-                adapters=self.adapters,
-                draft_model=self.draft_model,
-            )
-            assert self.adapters is not None
+            if built is None:  # (a wake: nothing was prefetched)
+                geometry = resume.geometry if resume is not None else None
+                built = build_engine(self.config, model, geometry)
+            self.adapters, self.draft_model = built.adapters, built.draft_model
+            client = built.engine.connect(loop)
             if self.state_store is None and self.config.cluster.shared_tier is None:
                 self.state_store = open_state_store(self.config)
-            state = build_state(self.config, model, client, self.adapters.infos, self.state_store)
+            state = build_state(self.config, model, client, built.adapters.infos, self.state_store)
             assert state.chains is not None
             self._sweeper = asyncio.run_coroutine_threadsafe(
                 state.chains.sweep_forever(SWEEP_S), loop
@@ -208,32 +141,13 @@ class Loader:
             # Read when the loop runs: a load that fails fast may beat `serve` setting it.
             loop.call_soon_threadsafe(lambda: self.on_failure())
 
-    def _load_models(self) -> Model:
-        """The target model (the prefetched one on the first load), its LoRA adapters and the
-        draft model (`--model-draft`)."""
+    def _take_prefetched(self) -> tuple[Model, Built | None]:
+        """The target model, and on the first load the engine built on it (`serve` began both
+        while the HTTP stack imported); on a wake the model is loaded here."""
         prefetch, self.prefetch = self.prefetch, None  # the first load only
         if prefetch is not None:
-            model = prefetch.take()
-        else:
-            model = Model.load(target_path(self.config), target_params(self.config))
-        self.adapters = Adapters.load(
-            model,
-            [(spec.path, spec.scale) for spec in self.config.model.lora],
-            apply=not self.config.model.lora_init_without_apply,
-        )
-        spec = self.config.spec
-        if spec.spec_type == "draft-simple" and spec.model_draft is not None:
-            self.draft_model = Model.load(
-                spec.model_draft,
-                ModelParams(
-                    n_gpu_layers=spec.n_gpu_layers_draft,
-                    use_mmap=self.config.model.use_mmap,
-                    use_mlock=self.config.model.use_mlock,
-                ),
-            )
-            check_compatible(model, self.draft_model)
-            log.info("draft model loaded: %s (%s)", spec.model_draft, self.draft_model.info.desc)
-        return model
+            return prefetch.take()
+        return Model.load(target_path(self.config), target_params(self.config)), None
 
     def before_exit(self) -> None:
         """Spill every mind to disk (SIGTERM, normal exit): called while the engine runs."""

@@ -8,6 +8,10 @@ typo in a path costs no model load, prints no traceback, and nothing claims to l
 its socket is bound. Binding first also serves several `--host` addresses at once (uvicorn
 itself binds one), as llama-server: IPv6 listeners are v6-only when there are several TCP
 addresses, so `::` does not also claim `0.0.0.0`; a `.sock` host is a UNIX socket.
+
+Also owns `GcpCompat`, what Google Cloud's Vertex AI says in the environment (`AIP_MODE`, its
+port and routes; `server.gcp` serves them), read here so that `kvswap serve` learns its port
+without importing the HTTP stack before the model starts loading.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import errno
 import os
 import socket
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kvswap.config.settings import HttpSettings, ServerConfig
 
@@ -146,3 +152,26 @@ def remove_unix_sockets(http: HttpSettings) -> None:
         if host.endswith(".sock"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(host)
+
+
+def _leading_slash(value: str) -> str:
+    return value if not value or value.startswith("/") else "/" + value
+
+
+@dataclass(frozen=True)
+class GcpCompat:
+    """Vertex AI's custom-container settings (`AIP_*`), None-able: read once at start."""
+
+    port: int
+    path_health: str  # "" = only /health
+    path_predict: str
+
+    @staticmethod
+    def from_environ(environ: Mapping[str, str]) -> GcpCompat | None:
+        if environ.get("AIP_MODE", "") != "PREDICTION":
+            return None
+        return GcpCompat(
+            port=int(environ.get("AIP_HTTP_PORT") or "8080"),
+            path_health=_leading_slash(environ.get("AIP_HEALTH_ROUTE", "")),
+            path_predict=_leading_slash(environ.get("AIP_PREDICT_ROUTE") or "/predict"),
+        )
