@@ -87,19 +87,6 @@ class EngineClient:
         self._ids = itertools.count(1)
         self.pages = PagesHandle(engine.store, engine.registry, engine.flushes, engine.handoffs)
 
-    @classmethod
-    def start(
-        cls,
-        model: Model,
-        config: EngineConfig,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        adapters: Adapters | None = None,
-        draft_model: Model | None = None,
-    ) -> EngineClient:
-        """Build the engine on the loaded model(s) and start its thread."""
-        return cls.build(model, config, adapters=adapters, draft_model=draft_model).connect(loop)
-
     @staticmethod
     def build(
         model: Model,
