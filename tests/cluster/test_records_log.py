@@ -9,14 +9,14 @@ import pytest
 import redis
 
 from kvswap.core.keys import PageKey, mind_key
-from kvswap.minds.chain import Position
-from kvswap.minds.records import ResponseRecord, TurnWrite
-from kvswap.minds.state.replicated import ReplicatedStore
-from kvswap.minds.state.responses import segment_after
+from kvswap.minds.continuation import Position
+from kvswap.minds.stored.records import ResponseRecord, TurnWrite
+from kvswap.minds.stored.replicated import ReplicatedRecords
+from kvswap.minds.stored.responses import segment_after
 from kvswap.tiers.shared.errors import StaleOwner
 from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.lease import Lease, Leases
-from kvswap.tiers.shared.records import RecordLog
+from kvswap.tiers.shared.recordlog import RecordLog
 from tests.cluster.util import incarnation
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,9 +49,9 @@ def _turn(rid: str, tokens: list[int], *, parent: object = None, mind: str = "m"
     return TurnWrite(NS, mind, True, rec, segment_after(parent, arr))  # type: ignore[arg-type]
 
 
-def _store(client: redis.Redis) -> tuple[ReplicatedStore, Replica]:
+def _store(client: redis.Redis) -> tuple[ReplicatedRecords, Replica]:
     replica = Replica(client)
-    return ReplicatedStore(replica, ttl_s=3600, budget_bytes=None), replica
+    return ReplicatedRecords(replica, ttl_s=3600, budget_bytes=None), replica
 
 
 def test_replicas_share_chains_and_a_late_replica_replays_them(rclient: redis.Redis) -> None:

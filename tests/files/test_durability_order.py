@@ -12,7 +12,7 @@ opened as) and asserts the order a power cut needs:
 - the save path is synced after the last rename into it and the retired sidecar's unlink, and
   before the stage folder is removed.
 
-Dropping any one fsync of `stage.py` or `records.py` fails it (checked by deleting each in turn).
+Dropping any one fsync of `stage.py` or `commits.py` fails it (checked by deleting each in turn).
 """
 
 from __future__ import annotations

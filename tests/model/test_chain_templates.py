@@ -21,7 +21,7 @@ import pytest
 from kvswap.backend.model import Model
 from kvswap.config.flags import parse_serve_args
 from kvswap.config.settings import ServerConfig
-from kvswap.minds.chain import ContinueMode, Position, continue_chain, text_digest
+from kvswap.minds.continuation import ContinueMode, Position, continue_chain, text_digest
 from kvswap.server.loader import load_chat_template
 from kvswap.server.openai.items import stored_items
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 
-from kvswap.minds.records import OPENAI_CODES
+from kvswap.minds.stored.records import OPENAI_CODES
 from tests.server.harness import ServerProcess
 
 SAMPLE_S = 0.25

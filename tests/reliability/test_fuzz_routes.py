@@ -41,7 +41,7 @@ from hypothesis import HealthCheck, given, settings
 
 from kvswap.core.errors import ErrorKind
 from kvswap.core.keys import mind_key, namespace_of
-from kvswap.minds.records import OPENAI_CODES
+from kvswap.minds.stored.records import OPENAI_CODES
 from kvswap.server.anthropic.errors import ERROR_TYPES as ANTHROPIC_ERROR_TYPES
 from kvswap.server.anthropic.errors import ROUTES as ANTHROPIC_ROUTES
 from kvswap.tiers.mindfiles import MINDS_DIR, file_name

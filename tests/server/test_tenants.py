@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from kvswap.core.keys import mind_key, namespace_of
-from kvswap.engine.minds.registry import ENTRY_BYTES
+from kvswap.engine.seats.registry import ENTRY_BYTES
 from kvswap.tiers.mindfiles import MINDS_DIR, file_name
 from kvswap.tiny import tiny_model_path
 from tests.server.harness import ServerProcess

@@ -45,12 +45,12 @@ from kvswap.engine.commands import (
 from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.buffers import BufferReady, new_buffer
 from kvswap.engine.kv.pagestore import Page, PageStore, Reservation, close_now
-from kvswap.engine.minds.anoncache import AnonCache
-from kvswap.engine.minds.flushes import FlushSchedule
-from kvswap.engine.minds.handoffs import Handoffs
-from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.minds.seating import Seating
 from kvswap.engine.plan.geometry import Geometry
+from kvswap.engine.seats.anoncache import AnonCache
+from kvswap.engine.seats.flushes import FlushSchedule
+from kvswap.engine.seats.handoffs import Handoffs
+from kvswap.engine.seats.registry import MindRegistry
+from kvswap.engine.seats.seating import Seating
 from kvswap.engine.slot import Slot, SlotTable
 from kvswap.files.seqfile import STATE_MAGIC
 

@@ -17,7 +17,7 @@ from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey, PageKind
 from kvswap.core.page import PageGeometry, PageLayout, plan_layout, read_tokens, write_tokens
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagestore import PageStore, Reservation
-from kvswap.engine.minds.anoncache import BLOCK_TOKENS, AnonCache, Kept
+from kvswap.engine.seats.anoncache import BLOCK_TOKENS, AnonCache, Kept
 from kvswap.engine.slot import Slot, SlotTable
 from tests.unit.standins import Worker
 

@@ -22,7 +22,7 @@ from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Captured, Command, FlushMinds
 from kvswap.engine.kv.buffers import new_buffer
-from kvswap.engine.minds.registry import DiskCopy
+from kvswap.engine.seats.registry import DiskCopy
 from kvswap.files import Publisher
 from kvswap.tiers.demoter import Demoter, MindPolicy
 from kvswap.tiers.mindfiles import file_name, open_minds

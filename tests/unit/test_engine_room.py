@@ -12,9 +12,9 @@ import numpy.typing as npt
 
 from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.types import GenerationRequest
-from kvswap.engine.minds.seats import PagedOut
 from kvswap.engine.plan.planner import SlotWork, StepPlan, plan_step
 from kvswap.engine.room import Room
+from kvswap.engine.seats.outcomes import PagedOut
 from tests.unit.standins import NS, EngineSide, engine_side, tokens
 
 

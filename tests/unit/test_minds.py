@@ -9,9 +9,9 @@ import pytest
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, namespace_of, page_key, spare_key
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.anoncache import BLOCK_TOKENS, block_hashes
-from kvswap.engine.minds.flushes import FlushSchedule
 from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
+from kvswap.engine.seats.anoncache import BLOCK_TOKENS, block_hashes
+from kvswap.engine.seats.flushes import FlushSchedule
 from kvswap.engine.slot import Slot
 from kvswap.tiers.mindfiles import file_name, key_of
 

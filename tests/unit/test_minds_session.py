@@ -24,7 +24,7 @@ from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.core.vocab import MindTier, ResumeSource
 from kvswap.engine.commands import Nudge
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.registry import DiskCopy, MindRegistry
+from kvswap.engine.seats.registry import DiskCopy, MindRegistry
 from kvswap.files import WrongModelError
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.session import HeldMind, MindSession

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 from kvswap.core.keys import mind_key
-from kvswap.engine.minds.registry import DiskCopy, MindRegistry
+from kvswap.engine.seats.registry import DiskCopy, MindRegistry
 from kvswap.files.owners import OwnerLocks
 from kvswap.files.types import META_DIR_NAME
 

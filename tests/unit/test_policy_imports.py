@@ -18,8 +18,8 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 POLICY_MODULES = (
-    "kvswap.engine.minds.seating",
-    "kvswap.engine.minds.anoncache",
+    "kvswap.engine.seats.seating",
+    "kvswap.engine.seats.anoncache",
     "kvswap.engine.reconfigure",
     "kvswap.tiers.demoter",
     "kvswap.tiers.shared.local",

@@ -15,9 +15,9 @@ from kvswap.backend.info import ModelInfo
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key
 from kvswap.engine.commands import Reconfigure, ReconfigureReceipt
-from kvswap.engine.minds.anoncache import BLOCK_TOKENS
 from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 from kvswap.engine.reconfigure import Finished, Reconfigurer
+from kvswap.engine.seats.anoncache import BLOCK_TOKENS
 from tests.unit.standins import NS, EngineSide, engine_side, page_tokens, put_page, tokens
 
 INFO = ModelInfo(

@@ -1,4 +1,4 @@
-"""Seating minds in slots (`engine.minds.seating.Seating`) on the CPU: the decisions a model test
+"""Seating minds in slots (`engine.seats.seating.Seating`) on the CPU: the decisions a model test
 reaches only by chance, or not at all.
 
 A real page store, slot table, mind registry, flush schedule, hand-offs and anonymous cache
@@ -18,9 +18,9 @@ from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
 from kvswap.engine.commands import RoomReport, SlotCapture, SlotErase, Submit
-from kvswap.engine.minds.anoncache import BLOCK_TOKENS, Kept
-from kvswap.engine.minds.registry import DiskCopy
-from kvswap.engine.minds.seats import NoRoomYet, NotYourMind
+from kvswap.engine.seats.anoncache import BLOCK_TOKENS, Kept
+from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind
+from kvswap.engine.seats.registry import DiskCopy
 from kvswap.engine.slot import Slot
 from tests.unit.standins import (
     NS,

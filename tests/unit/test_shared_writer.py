@@ -19,7 +19,7 @@ import pytest
 
 from kvswap.core.keys import PageKey, mind_key, namespace_of
 from kvswap.core.vocab import MindTier
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.tiers.shared.errors import StaleOwner, TierUnavailable, TokenLogGap
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held

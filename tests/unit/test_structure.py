@@ -63,7 +63,7 @@ RANKS = {
 SERVER_RANKS = {
     "__init__": 0,
     "asgi": 0,  # ASGI aliases, the scope entries, the disconnect wait
-    "convstreams": 0,  # llama-server's resumable streams (X-Conversation-Id)
+    "resumable": 0,  # llama-server's resumable streams (X-Conversation-Id)
     "enginebuild": 0,  # the engine from the flags (the prefetch thread builds it): no HTTP
     "errors": 0,
     "formats": 0,

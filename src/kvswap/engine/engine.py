@@ -49,17 +49,17 @@ from kvswap.engine.kv.checkpoints import CheckpointBudget
 from kvswap.engine.kv.pagestore import SHELF_MAX, PageStore
 from kvswap.engine.kv.verbs import PageCounters
 from kvswap.engine.metrics import EngineMetrics
-from kvswap.engine.minds.anoncache import AnonCache
-from kvswap.engine.minds.flushes import FlushSchedule
-from kvswap.engine.minds.handoffs import Handoffs
-from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.minds.seating import Seating
-from kvswap.engine.minds.seats import NoRoomYet, PagedOut, Seat
 from kvswap.engine.plan.scheduler import Job, WaitQueue
 from kvswap.engine.reconfigure import Finished, Reconfigurer
 from kvswap.engine.room import Room
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import EngineConfig, Runtime
+from kvswap.engine.seats.anoncache import AnonCache
+from kvswap.engine.seats.flushes import FlushSchedule
+from kvswap.engine.seats.handoffs import Handoffs
+from kvswap.engine.seats.outcomes import NoRoomYet, PagedOut, Seat
+from kvswap.engine.seats.registry import MindRegistry
+from kvswap.engine.seats.seating import Seating
 from kvswap.engine.slot import Slot, SlotTable
 from kvswap.engine.snapshot import EngineSnapshot, own_metrics, take_snapshot
 from kvswap.engine.spec.speculate import Speculator

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.flushes import FlushSchedule
-from kvswap.engine.minds.handoffs import Handoffs
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.seats.flushes import FlushSchedule
+from kvswap.engine.seats.handoffs import Handoffs
+from kvswap.engine.seats.registry import MindRegistry
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,6 @@ from kvswap.engine.commands import Reconfigure, ReconfigureReceipt, SlotFate
 from kvswap.engine.kv.buffers import BufferWorker, new_buffer
 from kvswap.engine.kv.pagestore import Page, PageStore
 from kvswap.engine.kv.spare import Spare
-from kvswap.engine.minds.anoncache import AnonCache
-from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.plan.geometry import Geometry
 from kvswap.engine.plan.reconfigure import (
     Occupant,
@@ -54,6 +52,8 @@ from kvswap.engine.plan.reconfigure import (
 )
 from kvswap.engine.ports import RebuildRuntime
 from kvswap.engine.running import RunningRequest
+from kvswap.engine.seats.anoncache import AnonCache
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.engine.slot import SlotTable
 
 log = logging.getLogger("kvswap.reconfigure")
@@ -316,7 +316,7 @@ class Reconfigurer:
             return SeatPlan({o.slot_id: o.slot_id for o in occupants}, {})
 
     def _reseat_minds(self, minds: Mapping[int, PageKey], fates: list[SlotFate]) -> None:
-        """A seated mind stays that mind's (engine.minds): the registry follows it to its new
+        """A seated mind stays that mind's (engine.seats): the registry follows it to its new
         slot; one left without a seat stays its own RAM page."""
         for mind in minds.values():
             self.registry.unseated(mind)

@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from kvswap.core.types import GenerationRequest
-from kvswap.engine.minds.seats import PagedOut
 from kvswap.engine.plan.planner import StepPlan, cells_at_end
+from kvswap.engine.seats.outcomes import PagedOut
 from kvswap.engine.slot import Slot
 
 

@@ -17,12 +17,12 @@ from kvswap.core.page import PageGeometry
 from kvswap.core.types import GenerationRequest
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.metrics import EngineMetrics, MetricsSnapshot
-from kvswap.engine.minds.anoncache import AnonCache
-from kvswap.engine.minds.registry import MindRegistry
 from kvswap.engine.plan.geometry import Geometry
 from kvswap.engine.reconfigure import Reconfigurer
 from kvswap.engine.running import RunningRequest
 from kvswap.engine.runtime import Runtime
+from kvswap.engine.seats.anoncache import AnonCache
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.engine.slot import SlotTable
 
 

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvswap.files import seqfile, sidecar
+from kvswap.files.commits import CommitRecord, FileEntry, is_pending, new_record, read_record
 from kvswap.files.errors import FilesError, FilesIOError
 from kvswap.files.locks import LockTable
 from kvswap.files.names import validate_filename
 from kvswap.files.osio import OsAdapter
 from kvswap.files.paths import SaveRoot, name_key, record_name
 from kvswap.files.reader import Alloc, Generation, read_head, read_locked
-from kvswap.files.records import CommitRecord, FileEntry, is_pending, new_record, read_record
 from kvswap.files.sidecar import EncodedFile
 from kvswap.files.stage import FileContent, Stage, roll_forward, sweep
 from kvswap.files.types import ALL_SUFFIXES, SIDECAR_SUFFIXES, Suffix

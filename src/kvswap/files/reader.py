@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvswap.files import checksum, seqfile, sidecar
+from kvswap.files.commits import CommitRecord, FileEntry
 from kvswap.files.errors import (
     CorruptFileError,
     NotFoundError,
@@ -41,7 +42,6 @@ from kvswap.files.errors import (
 )
 from kvswap.files.osio import OsAdapter, is_symlink_refusal
 from kvswap.files.paths import SaveRoot
-from kvswap.files.records import CommitRecord, FileEntry
 from kvswap.files.types import SIDECAR_SUFFIXES, Suffix
 
 # Returns a writable buffer of at least n bytes that the caller owns (e.g. a page-store buffer).

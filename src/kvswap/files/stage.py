@@ -25,11 +25,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 
 from kvswap.files import checksum
+from kvswap.files.commits import CommitRecord, FileEntry, read_record, write_file
 from kvswap.files.errors import CorruptFileError, FilesIOError
 from kvswap.files.locks import LockTable
 from kvswap.files.osio import OsAdapter
 from kvswap.files.paths import RECORD_STAGED, ROLE, SWEEP_LOCK, SaveRoot, stage_lock_name
-from kvswap.files.records import CommitRecord, FileEntry, read_record, write_file
 from kvswap.files.sidecar import EncodedFile
 from kvswap.files.types import SIDECAR_SUFFIXES, Buffer, Suffix
 

@@ -7,7 +7,7 @@
 - `placement`: in a cluster, whose turn it is (serve here, forward to the owner, wait a dead
   owner's lease out and take over, or refuse), a pure rule and its lease wait;
 - `shared`: the turn's side of the shared tier (its worker threads, hand-offs, the forwarder's
-  questions), and `turn`: what a turn's end writes and counts.
+  questions), and `figures`: what a turn's end writes and counts.
 
 The HTTP server maps requests onto these (`server.streaming`, `server.forward`); nothing here
 imports FastAPI, Starlette or `kvswap.server`, so the whole turn runs in a unit test.

@@ -33,17 +33,17 @@ from kvswap.core.page import state_of_page
 from kvswap.core.vocab import MindMove, MindTier
 from kvswap.engine.client import EngineClient
 from kvswap.engine.commands import MindVerb
-from kvswap.minds.chain import ContinueMode
-from kvswap.minds.records import (
+from kvswap.minds.continuation import ContinueMode
+from kvswap.minds.session import MindSession, Seed
+from kvswap.minds.stored.records import (
     Chain,
     ConversationNotFound,
     Item,
     PreviousResponseNotFound,
     TurnWrite,
 )
-from kvswap.minds.session import MindSession, Seed
-from kvswap.minds.state.retention import Released
-from kvswap.minds.state.store import StateStore
+from kvswap.minds.stored.retention import Released
+from kvswap.minds.stored.store import StoredRecords
 
 log = logging.getLogger("kvswap.minds")
 T = TypeVar("T")
@@ -79,13 +79,13 @@ def new_mind_name(prefix: str = "chain") -> str:
     return f"{prefix}-{secrets.token_hex(8)}"
 
 
-class Chains:
+class StoredChains:
     """See the module docstring."""
 
     def __init__(
-        self, store: StateStore, *, session: MindSession, client: EngineClient, io: Executor
+        self, records: StoredRecords, *, session: MindSession, client: EngineClient, io: Executor
     ) -> None:
-        self.store = store
+        self.records = records
         self.session = session
         self.client = client
         self.io = io
@@ -119,7 +119,7 @@ class Chains:
             mind = named or (mind_key(namespace, new_mind_name()) if store else None)
             return ChainStart(mind, named is None and store, None, [], 0, 0, None, None, None,
                               store)  # fmt: skip
-        base = await self.run(self.store.chain, namespace, previous)
+        base = await self.run(self.records.chain, namespace, previous)
         if base is None:
             raise PreviousResponseNotFound(previous)
         own = mind_key(namespace, base.response.mind)
@@ -139,7 +139,7 @@ class Chains:
                           own if store else None, store)  # fmt: skip
 
     async def _in_conversation(self, namespace: str, conv_id: str, store: bool) -> ChainStart:
-        turn = await self.run(self.store.conversation_turn, namespace, conv_id)
+        turn = await self.run(self.records.conversation_turn, namespace, conv_id)
         if turn is None:
             raise ConversationNotFound(conv_id, param="conversation")
         conv = turn.conversation
@@ -188,20 +188,20 @@ class Chains:
     async def record(self, write: TurnWrite, mode: ContinueMode) -> None:
         """Write a stored turn (before its answer goes out); drop what the retention let go."""
         self.counters.turns[mode] += 1
-        released = await self.run(self.store.record, write)
-        await self.release(released + self.store.take_released())
+        released = await self.run(self.records.record, write)
+        await self.release(released + self.records.take_released())
 
     async def delete_response(self, namespace: str, rid: str) -> bool:
         """Delete (hide) a stored response of the caller's; False when there is none. Its
         descendants keep working; a mind it was the last reference to is dropped."""
-        found, released = await self.run(self.store.delete_response, namespace, rid)
+        found, released = await self.run(self.records.delete_response, namespace, rid)
         await self.release(released)
         return found
 
     async def delete_conversation(self, namespace: str, conv_id: str) -> bool:
         """Delete a conversation of the caller's and its items; its mind is dropped once no
         stored response references it either."""
-        found, released = await self.run(self.store.delete_conversation, namespace, conv_id)
+        found, released = await self.run(self.records.delete_conversation, namespace, conv_id)
         await self.release(released)
         return found
 
@@ -228,7 +228,7 @@ class Chains:
 
     async def sweep(self) -> None:
         """Apply the retention now (time to live, byte budget)."""
-        await self.release(await self.run(self.store.sweep))
+        await self.release(await self.run(self.records.sweep))
 
     async def sweep_forever(self, every_s: float) -> None:
         while True:

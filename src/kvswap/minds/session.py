@@ -45,7 +45,7 @@ from kvswap.core.types import Completion, EngineError, GenerationRequest, MindSe
 from kvswap.core.vocab import MindSource, MindTier
 from kvswap.engine.commands import Command, Nudge
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.registry import MindRegistry, MindView
+from kvswap.engine.seats.registry import MindRegistry, MindView
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import FilesError, WrongModelError
 from kvswap.minds.placement import TurnFacts

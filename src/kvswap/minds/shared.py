@@ -11,7 +11,7 @@ pool of worker threads and adds what a turn needs around them:
 - the owner's side: a hand-off (`hand_off`), a mind ended by a slot verb (`ended`);
 - after a turn (`turn_done`, before its answer goes out): the token log written through and
   the page published past the RPO bound; a mind lost meanwhile fails the turn (503) and its
-  copies here are dropped; a takeover's costs are counted (`turn.takeover_figures`).
+  copies here are dropped; a takeover's costs are counted (`figures.takeover_figures`).
 
 Owns the worker threads and the pending hand-offs. Redis away: `MindUnavailable` (503 with
 Retry-After) for a mind not held here.
@@ -30,7 +30,7 @@ import numpy as np
 from kvswap.core.errors import ErrorKind, MindUnavailable
 from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError, GenerationRequest
-from kvswap.minds import placement, turn
+from kvswap.minds import figures, placement
 from kvswap.minds.placement import Owner, TurnFacts
 from kvswap.tiers.shared.errors import TierUnavailable
 from kvswap.tiers.shared.replica import Holder, Placement, Resumed, SharedTier, TierView
@@ -173,11 +173,11 @@ class SharedMinds:
         key = request.mind
         assert key is not None
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
-        tokens = turn.kv_tokens(prompt, completion)
-        this_turn = turn.turn_id(facts, tokens)
+        tokens = figures.kv_tokens(prompt, completion)
+        this_turn = figures.turn_id(facts, tokens)
         error = await self._run(self.tier.end_turn, key, this_turn, tokens)
         if resumed is not None and resumed.taken_over:
-            figures = turn.takeover_figures(
+            taken = figures.takeover_figures(
                 resumed,
                 prompt,
                 completion,
@@ -185,8 +185,8 @@ class SharedMinds:
                 lease_wait_s=lease_wait_s,
                 restore_ms=restore_ms,
             )
-            self.tier.count(**figures.counts())
-            log.info("mind %s %s", key.name, figures.describe())
+            self.tier.count(**taken.counts())
+            log.info("mind %s %s", key.name, taken.describe())
         if error is None:
             return completion
         await self._run(self.tier.forget, key)

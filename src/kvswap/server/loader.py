@@ -34,11 +34,11 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.plan.geometry import Geometry
 from kvswap.files import Publisher
 from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
-from kvswap.minds.chains import Chains
+from kvswap.minds.chains import StoredChains
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
-from kvswap.minds.state.replicated import ReplicatedStore
-from kvswap.minds.state.store import StateStore
+from kvswap.minds.stored.replicated import ReplicatedRecords
+from kvswap.minds.stored.store import StoredRecords
 from kvswap.server.enginebuild import Built, build_engine
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.requests.lora import LoraScales
@@ -81,7 +81,7 @@ class Loader:
         self.resume: Resume | None = None  # set while asleep: what the wake restores
         self.resting: ServerState | None = None  # the closed state of a sleeping server
         # The stored conversations: opened once, kept over a sleep (an in-memory one too).
-        self.state_store: StateStore | None = None
+        self.state_store: StoredRecords | None = None
         self._sweeper: concurrent.futures.Future[None] | None = None
 
     def ready(self) -> bool:
@@ -218,12 +218,12 @@ def _drain(state: ServerState) -> None:
         state.shared.drain()
 
 
-def open_state_store(config: ServerConfig) -> StateStore:
+def open_state_store(config: ServerConfig) -> StoredRecords:
     """The stored conversations' database: under `--state-dir`, else the save path's
     `.kvswap-state/`, else in memory (said in one line)."""
     state, save = config.state, config.http.slot_save_path
     folder = state.state_dir or (str(Path(save) / STATE_DIR) if save else None)
-    store = StateStore(
+    store = StoredRecords(
         Path(folder) if folder else None, ttl_s=state.ttl_s, budget_bytes=state.budget_bytes
     )
     log.info("%s", store.describe())
@@ -235,7 +235,7 @@ def build_state(
     model: Model,
     client: EngineClient,
     adapters: Sequence[AdapterInfo],
-    state_store: StateStore | None = None,
+    state_store: StoredRecords | None = None,
 ) -> ServerState:
     """What handlers share, around a started engine; the demoter is built, not started."""
     save_dir = Path(config.http.slot_save_path) if config.http.slot_save_path else None
@@ -271,7 +271,7 @@ def build_state(
     )
     # A cluster's stored conversations live in the shared tier's log.
     store = _replicated(config, shared) if shared is not None else state_store
-    chains = Chains(store, session=minds, client=client, io=io) if store is not None else None
+    chains = StoredChains(store, session=minds, client=client, io=io) if store is not None else None
     return ServerState(
         config=config,
         model=model,
@@ -291,8 +291,8 @@ def build_state(
     )
 
 
-def _replicated(config: ServerConfig, shared: SharedTier) -> ReplicatedStore:
-    store = ReplicatedStore(
+def _replicated(config: ServerConfig, shared: SharedTier) -> ReplicatedRecords:
+    store = ReplicatedRecords(
         shared, ttl_s=config.state.ttl_s, budget_bytes=config.state.budget_bytes
     )
     log.info("%s", store.describe())

@@ -25,13 +25,13 @@ from kvswap.engine.client import EngineClient
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import Publisher
-from kvswap.minds.background import Backgrounds
-from kvswap.minds.chains import Chains
+from kvswap.minds.chains import StoredChains
+from kvswap.minds.runs import Backgrounds
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
-from kvswap.server.convstreams import ConvStreams
 from kvswap.server.prometheus import MetricsRenderer
 from kvswap.server.requests.lora import LoraScales
+from kvswap.server.resumable import ResumableStreams
 from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import ChatTemplate
 from kvswap.tiers.demoter import Demoter
@@ -58,12 +58,14 @@ class ServerState:
     minds: MindSession  # a mind's turn: its lock, claim, read-back (and placement)
     shared: SharedTier | None = None  # the cluster's shared Redis tier (--shared-tier)
     shared_minds: SharedMinds | None = None  # ... as a mind's turn uses it (event loop)
-    chains: Chains | None = None  # the Responses API's stored conversations, on minds
+    chains: StoredChains | None = None  # the Responses API's stored conversations, on minds
     backgrounds: Backgrounds = field(default_factory=Backgrounds)  # `background: true` runs
     # each API key's slot files (a keyed server; the key-less one uses `publisher`)
     tenant_files: dict[str, Publisher] = field(default_factory=dict)
     metrics: MetricsRenderer = field(default_factory=MetricsRenderer)
-    streams: ConvStreams = field(default_factory=ConvStreams)  # X-Conversation-Id's streams
+    streams: ResumableStreams = field(
+        default_factory=ResumableStreams
+    )  # X-Conversation-Id's streams
     t_start: float = field(default_factory=time.time)
     sleeping: bool = False  # closed by a sleep: only the read-only routes read it
 

@@ -8,7 +8,7 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
   claimed; in a cluster placed, so a turn bound for another replica is forwarded from here,
   never rendered or tokenized here). A body whose `"mind"` cannot be read holds nothing: its
   preparation answers the typed 400. A request with `X-Conversation-Id` cancels that
-  conversation's previous resumable stream (`convstreams`).
+  conversation's previous resumable stream (`resumable`).
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
   turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
   `MindSeated`, its first event) is kept for the answer's headers (`Turn.headers`) and its
@@ -59,11 +59,11 @@ from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or
 from kvswap.minds.names import request_mind, session_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
-from kvswap.server.convstreams import ConvStream, ConvStreams, StreamKey
 from kvswap.server.errors import error_json
 from kvswap.server.formats import served_headers
 from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import MindField, parse_body
+from kvswap.server.resumable import ResumableStream, ResumableStreams, StreamKey
 from kvswap.server.sse import DONE, sse
 from kvswap.server.state import ServerState
 from kvswap.server.turnfacts import turn_facts
@@ -81,10 +81,10 @@ BeforeAnswer = Callable[[GenerationRequest, Completion], Awaitable[Completion | 
 class Resumable:
     """A request's resumable stream (llama-server's `X-Conversation-Id`): where it goes."""
 
-    streams: ConvStreams
+    streams: ResumableStreams
     key: StreamKey  # (tenant namespace, conversation id)
 
-    def start(self, produce: AsyncIterator[bytes]) -> ConvStream:
+    def start(self, produce: AsyncIterator[bytes]) -> ResumableStream:
         return self.streams.start(self.key, produce)
 
 

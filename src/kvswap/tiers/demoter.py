@@ -25,7 +25,7 @@ restart finds, and the spill before exit.
   RAM page not already current on disk.
 
 Each pass of the thread is `run_pass`. Owns the demoter thread, its bell (attached to the
-engine's hand-offs, `engine.minds.handoffs`: the engine rings it when a hand-off waits or the
+engine's hand-offs, `engine.seats.handoffs`: the engine rings it when a hand-off waits or the
 store is short of room) and the ownership claims. It reads and writes the mind registry, the
 flush schedule and the hand-offs through the engine's `PagesHandle`. File I/O happens here, on the demoter thread, the closing thread or the
 I/O executor, never on the engine thread or the event loop.
@@ -46,7 +46,7 @@ from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
 from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.minds.registry import DiskCopy
+from kvswap.engine.seats.registry import DiskCopy
 from kvswap.files import FilesError, Publisher
 from kvswap.files.owners import OwnerLocks
 from kvswap.tiers.diskbudget import DiskBudget

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable
 
 from kvswap.core.keys import PageKey
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.files import Publisher
 from kvswap.tiers.mindfiles import file_name
 

@@ -7,7 +7,7 @@ Pure (slots are read, never changed). Rules, as llama-server plus ordering it la
   prompt (as a fraction of the prompt, above `--slot-prompt-similarity`), else the least recently
   used idle slot. Unpinned requests start in arrival order: when one finds no slot, the later
   ones wait behind it (it is never dropped or overtaken).
-- Minds (engine.minds): a request naming a mind resident in a slot waits for that slot; one
+- Minds (engine.seats): a request naming a mind resident in a slot waits for that slot; one
   naming a mind not resident takes an idle slot, preferring an empty one, then one holding an
   anonymous cache, then the least recently used idle mind's (the engine pages that mind out
   first). An anonymous request never matches a prefix in a mind's slot and takes a mind's slot

@@ -1,5 +1,5 @@
 """llama-server's resumable stream routes, for answers streamed with `X-Conversation-Id`
-(`server.convstreams`), in the caller's tenant namespace:
+(`server.resumable`), in the caller's tenant namespace:
 
 - `GET /v1/stream?conv_id=ID&from=N`: the conversation's stream from byte N (default 0) as
   `text/event-stream`, what is buffered first, then live bytes until it ends; 404 when there
@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.server.asgi import tenant_namespace
-from kvswap.server.convstreams import ConvStream, OffsetLost
+from kvswap.server.resumable import OffsetLost, ResumableStream
 from kvswap.server.state import get_state
 
 router = APIRouter()
@@ -56,7 +56,7 @@ async def get_stream(request: Request) -> Response:
     )
 
 
-async def _replay(stream: ConvStream, offset: int) -> Any:
+async def _replay(stream: ResumableStream, offset: int) -> Any:
     try:
         async for chunk in stream.read_from(offset):
             yield chunk

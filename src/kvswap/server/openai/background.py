@@ -19,8 +19,8 @@ from typing import Any
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError
-from kvswap.minds.background import Run
-from kvswap.minds.chains import Chains, ChainStart
+from kvswap.minds.chains import ChainStart, StoredChains
+from kvswap.minds.runs import Run
 from kvswap.minds.session import Seed
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.response_stream import ResponseStream
@@ -38,7 +38,7 @@ class BackgroundTurn:
     def __init__(
         self,
         state: ServerState,
-        chains: Chains,
+        chains: StoredChains,
         ns: str,
         req: ResponsesRequest,
         data: dict[str, Any],
@@ -52,7 +52,7 @@ class BackgroundTurn:
     async def begin(self, seed: Seed | None, params: Any) -> Run:
         """Record it as queued and start its task."""
         queued = fr.response_json(self.meta, status="queued", output=[])
-        await self.chains.run(self.chains.store.put_pending, self.ns, self.meta.id, queued, [])
+        await self.chains.run(self.chains.records.put_pending, self.ns, self.meta.id, queued, [])
         return self.state.backgrounds.start(
             self.ns, self.meta.id, queued, lambda run: self._work(run, seed, params)
         )
@@ -107,5 +107,5 @@ class BackgroundTurn:
         body = {**run.body, "status": status, "error": error}
         run.set_body(body)
         await self.chains.run(
-            self.chains.store.put_pending, self.ns, self.meta.id, body, run.events
+            self.chains.records.put_pending, self.ns, self.meta.id, body, run.events
         )

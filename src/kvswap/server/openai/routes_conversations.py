@@ -16,8 +16,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.minds.chains import Chains
-from kvswap.minds.records import ConversationNotFound, ConversationRecord, ItemNotFound, page_of
+from kvswap.minds.chains import StoredChains
+from kvswap.minds.stored.records import (
+    ConversationNotFound,
+    ConversationRecord,
+    ItemNotFound,
+    page_of,
+)
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai.items import metadata, new_id, new_items
 from kvswap.server.openai.listing import list_query
@@ -61,7 +66,7 @@ async def create(request: Request) -> Response:
     items, meta = new_items(body.items), metadata(body.metadata)
     chains = chains_of(state)
     ns = tenant_namespace(request.scope)
-    conv = await chains.run(chains.store.create_conversation, ns, new_id("conv_"), items, meta)
+    conv = await chains.run(chains.records.create_conversation, ns, new_id("conv_"), items, meta)
     return JSONResponse(conversation_json(conv))
 
 
@@ -69,7 +74,7 @@ async def retrieve(request: Request, conversation_id: str) -> Response:
     state = get_state(request)
     chains = chains_of(state)
     ns = tenant_namespace(request.scope)
-    conv = await chains.run(chains.store.conversation, ns, conversation_id)
+    conv = await chains.run(chains.records.conversation, ns, conversation_id)
     if conv is None:
         raise ConversationNotFound(conversation_id)
     return JSONResponse(conversation_json(conv))
@@ -85,7 +90,7 @@ async def update(request: Request, conversation_id: str) -> Response:
     chains = chains_of(state)
     ns = tenant_namespace(request.scope)
     meta = metadata(body.metadata)
-    conv = await chains.run(chains.store.update_conversation, ns, conversation_id, meta)
+    conv = await chains.run(chains.records.update_conversation, ns, conversation_id, meta)
     if conv is None:
         raise ConversationNotFound(conversation_id)
     return JSONResponse(conversation_json(conv))
@@ -106,7 +111,7 @@ async def add_items(request: Request, conversation_id: str) -> Response:
     items = new_items(body.items)
     chains = chains_of(state)
     ns = tenant_namespace(request.scope)
-    if not await chains.run(chains.store.add_items, ns, conversation_id, items):
+    if not await chains.run(chains.records.add_items, ns, conversation_id, items):
         raise ConversationNotFound(conversation_id)
     ids = [item["id"] for item in items]
     return JSONResponse(
@@ -125,7 +130,7 @@ async def list_items(request: Request, conversation_id: str) -> Response:
     query = list_query(request.query_params)
     chains = chains_of(state)
     ns = tenant_namespace(request.scope)
-    items = await chains.run(chains.store.conversation_items, ns, conversation_id)
+    items = await chains.run(chains.records.conversation_items, ns, conversation_id)
     if items is None:
         raise ConversationNotFound(conversation_id)
     return JSONResponse(
@@ -133,18 +138,18 @@ async def list_items(request: Request, conversation_id: str) -> Response:
     )
 
 
-async def _conversation_of(request: Request, conversation_id: str) -> tuple[Chains, str]:
+async def _conversation_of(request: Request, conversation_id: str) -> tuple[StoredChains, str]:
     """The store and the caller's namespace, once the conversation is the caller's (404)."""
     chains = chains_of(get_state(request))
     ns = tenant_namespace(request.scope)
-    if await chains.run(chains.store.conversation, ns, conversation_id) is None:
+    if await chains.run(chains.records.conversation, ns, conversation_id) is None:
         raise ConversationNotFound(conversation_id)
     return chains, ns
 
 
 async def retrieve_item(request: Request, conversation_id: str, item_id: str) -> Response:
     chains, ns = await _conversation_of(request, conversation_id)
-    item = await chains.run(chains.store.conversation_item, ns, conversation_id, item_id)
+    item = await chains.run(chains.records.conversation_item, ns, conversation_id, item_id)
     if item is None:
         raise ItemNotFound(item_id)
     return JSONResponse(item)
@@ -152,7 +157,7 @@ async def retrieve_item(request: Request, conversation_id: str, item_id: str) ->
 
 async def delete_item(request: Request, conversation_id: str, item_id: str) -> Response:
     chains, ns = await _conversation_of(request, conversation_id)
-    conv = await chains.run(chains.store.delete_conversation_item, ns, conversation_id, item_id)
+    conv = await chains.run(chains.records.delete_conversation_item, ns, conversation_id, item_id)
     if conv is None:
         raise ItemNotFound(item_id)
     return JSONResponse(conversation_json(conv))

@@ -8,7 +8,7 @@ output items (`formats_responses`).
 Stored state, as OpenAI: a response is stored unless `store` is false; `previous_response_id`
 or `conversation` continues a stored chain, sending only the new input. Where such a turn runs
 (the chain's mind, a fork, a new chain) is `minds.chains`' decision, its prompt
-`stateful.prepare_stored`'s; the turn is written (`Chains.record`) before the answer goes out,
+`stateful.prepare_stored`'s; the turn is written (`StoredChains.record`) before the answer goes out,
 streamed or not. A new chain's first turn runs without a mind (its mind adopts that KV on its
 second turn), so a client that never continues a response makes no mind. `background: true`
 runs in `background` and answers at once.
@@ -30,7 +30,7 @@ from kvswap.core.types import (
     EngineError,
     GenerationRequest,
 )
-from kvswap.minds.chains import Chains, ChainStart
+from kvswap.minds.chains import ChainStart, StoredChains
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.background import BackgroundTurn
@@ -134,7 +134,7 @@ async def _open(
     )
 
 
-def _chains(state: ServerState) -> Chains:
+def _chains(state: ServerState) -> StoredChains:
     if state.chains is None:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "stored responses are off on this server")
     return state.chains

@@ -4,8 +4,8 @@ POST /v1/responses/{id}/cancel (a background response), GET /v1/responses/{id}/i
 
 Everything is the caller's own: an id of another API key is a 404 exactly as an unknown one,
 and no answer holds anything of it. A deleted response is gone for the API; the responses
-that continue it keep working (`minds.state.retention`). Deleting the last reference to a
-mind drops its state (`Chains.release`).
+that continue it keep working (`minds.stored.retention`). Deleting the last reference to a
+mind drops its state (`StoredChains.release`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.minds.chains import Chains
-from kvswap.minds.records import ResponseNotFound, page_of
+from kvswap.minds.chains import StoredChains
+from kvswap.minds.stored.records import ResponseNotFound, page_of
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.listing import flag, list_query, starting_after
@@ -28,7 +28,7 @@ router = APIRouter()
 PREFIXES = ("/v1/responses", "/responses")
 
 
-def chains_of(state: ServerState) -> Chains:
+def chains_of(state: ServerState) -> StoredChains:
     if state.chains is None:
         raise KvswapError(ErrorKind.NOT_SUPPORTED, "stored responses are off on this server")
     return state.chains
@@ -37,7 +37,7 @@ def chains_of(state: ServerState) -> Chains:
 async def _body(state: ServerState, ns: str, rid: str) -> dict[str, Any]:
     chains = chains_of(state)
     live = state.backgrounds.body(ns, rid)
-    body = live if live is not None else await chains.run(chains.store.response, ns, rid)
+    body = live if live is not None else await chains.run(chains.records.response, ns, rid)
     if body is None:
         raise ResponseNotFound(rid)
     return body
@@ -60,7 +60,7 @@ async def retrieve(request: Request, response_id: str) -> Response:
     events = state.backgrounds.follow(ns, response_id, after)
     if events is None:
         chains = chains_of(state)
-        stored = await chains.run(chains.store.events, ns, response_id)
+        stored = await chains.run(chains.records.events, ns, response_id)
         events = _replayed([e for e in stored if e.get("sequence_number", -1) > after])
 
     async def sse() -> AsyncIterator[bytes]:
@@ -106,7 +106,7 @@ async def input_items(request: Request, response_id: str) -> Response:
     ns = tenant_namespace(request.scope)
     query = list_query(request.query_params)
     chains = chains_of(state)
-    items = await chains.run(chains.store.input_items, ns, response_id)
+    items = await chains.run(chains.records.input_items, ns, response_id)
     if items is None:
         raise ResponseNotFound(response_id)
     return JSONResponse(

@@ -25,7 +25,8 @@ import numpy as np
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError, GenerationRequest
-from kvswap.minds.chain import (
+from kvswap.minds.chains import ChainStart, StoredChains
+from kvswap.minds.continuation import (
     Continuation,
     ContinueMode,
     Position,
@@ -33,10 +34,9 @@ from kvswap.minds.chain import (
     rendered,
     text_digest,
 )
-from kvswap.minds.chains import Chains, ChainStart
-from kvswap.minds.records import Item, ResponseRecord, TurnWrite
-from kvswap.minds.state.db import StateDbError
-from kvswap.minds.state.responses import segment_after
+from kvswap.minds.stored.db import RecordsDbError
+from kvswap.minds.stored.records import Item, ResponseRecord, TurnWrite
+from kvswap.minds.stored.responses import segment_after
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.items import stored_items
 from kvswap.server.openai.response_stream import ResponseStream
@@ -221,7 +221,7 @@ class TurnWriter:
     """A stored turn's write, before its answer goes out (`write`; `before_answer`: the hook a
     streamed turn runs on its Completion, `streaming.Turn.before_answer`)."""
 
-    def __init__(self, chains: Chains, ns: str, sj: StoredJob, meta: fr.ResponseMeta) -> None:
+    def __init__(self, chains: StoredChains, ns: str, sj: StoredJob, meta: fr.ResponseMeta) -> None:
         self.chains, self.ns, self.sj, self.meta = chains, ns, sj, meta
 
     async def write(
@@ -243,7 +243,7 @@ class TurnWriter:
         )
         try:
             await self.chains.record(write, self.sj.cont.mode)
-        except (sqlite3.Error, StateDbError) as err:
+        except (sqlite3.Error, RecordsDbError) as err:
             raise KvswapError(
                 ErrorKind.SERVER, f"the response could not be stored: {err} (nothing was kept)"
             ) from err

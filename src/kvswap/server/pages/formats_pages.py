@@ -10,7 +10,7 @@ from typing import Any
 
 from kvswap.engine.commands import PageMoved
 from kvswap.engine.kv.pagestore import PageInfo
-from kvswap.engine.minds.registry import MindView
+from kvswap.engine.seats.registry import MindView
 
 
 def page_moved_json(m: PageMoved, *, page_in: bool) -> dict[str, Any]:

@@ -274,7 +274,7 @@ async def pages(request: Request) -> JSONResponse:
     body["disk_ceiling_bytes"] = state.demoter.policy.page_disk_bytes  # None: no bound
     if state.chains is not None:  # the caller's stored conversations, beside their minds
         chains = state.chains
-        body["stored"] = await chains.run(chains.store.listing, namespace)
+        body["stored"] = await chains.run(chains.records.listing, namespace)
     if state.shared_minds is not None:
         body["shared_tier"] = formats_cluster.pages_json(await state.shared_minds.view(), namespace)
     return JSONResponse(body)

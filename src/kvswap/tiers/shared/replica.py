@@ -36,7 +36,7 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Command
 from kvswap.engine.handle import PagesHandle
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.files import Publisher
 from kvswap.tiers.shared.connection import SMALL_COMMAND_TIMEOUT_S, connect, redacted
 from kvswap.tiers.shared.errors import TierUnavailable, translating
@@ -45,7 +45,7 @@ from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.lease import Incarnation, LeaseHolder, Leases
 from kvswap.tiers.shared.local import LocalMinds
 from kvswap.tiers.shared.loops import LoopView
-from kvswap.tiers.shared.records import RecordLog
+from kvswap.tiers.shared.recordlog import RecordLog
 from kvswap.tiers.shared.resume import Resumed, Resumer
 from kvswap.tiers.shared.stats import ResumeStats
 from kvswap.tiers.shared.store import SharedStore, StoreCounters

@@ -44,13 +44,7 @@ from kvswap.tiers.shared.connection import as_bytes
 from kvswap.tiers.shared.errors import Miss, MissReason, StaleOwner, TierUnavailable, translating
 from kvswap.tiers.shared.keys import MindKeys, TierKeys
 from kvswap.tiers.shared.lease import Lease
-from kvswap.tiers.shared.segments import (
-    BlobScatter,
-    plan_generation,
-    split_page,
-    write_literals,
-)
-from kvswap.tiers.shared.store_records import (
+from kvswap.tiers.shared.receipts import (
     Fetched,
     PublishReceipt,
     Replan,
@@ -61,6 +55,12 @@ from kvswap.tiers.shared.store_records import (
     decode_or_none,
     gen_of,
     manifest_of,
+)
+from kvswap.tiers.shared.segments import (
+    BlobScatter,
+    plan_generation,
+    split_page,
+    write_literals,
 )
 
 DEFAULT_PENDING_TTL_MS: Final = 3_600_000  # uncommitted chunks expire after an hour

@@ -47,7 +47,7 @@ import numpy.typing as npt
 
 from kvswap.core.errors import KvswapError
 from kvswap.core.keys import PageKey
-from kvswap.engine.minds.registry import MindRegistry
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.tiers.shared.errors import StaleOwner, TierUnavailable, TokenLogGap
 from kvswap.tiers.shared.health import TierHealth
 from kvswap.tiers.shared.holdings import Held, Holdings

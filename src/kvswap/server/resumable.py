@@ -1,12 +1,12 @@
 """llama-server's resumable streams: a streamed answer whose request carried `X-Conversation-Id`
 keeps running when its client leaves, its bytes kept so a client can read them again.
 
-- `ConvStreams` holds one `ConvStream` per conversation id, in the caller's tenant namespace
+- `ResumableStreams` holds one `ResumableStream` per conversation id, in the caller's tenant namespace
   (another API key's id names another stream). A request with the header replaces (cancels)
   the conversation's previous stream as it arrives (`replace`), and its answer, once streaming,
-  is produced by a task of its own into a new `ConvStream` (`start`): the client reads it from
+  is produced by a task of its own into a new `ResumableStream` (`start`): the client reads it from
   offset 0 and may leave; only `DELETE /v1/stream` (`stop`) cancels the generation.
-- A `ConvStream` is a byte buffer of at most `MAX_BYTES` (the oldest bytes drop first; a read
+- A `ResumableStream` is a byte buffer of at most `MAX_BYTES` (the oldest bytes drop first; a read
   from below what was dropped is refused), read from any offset by any number of readers, each
   woken as bytes arrive, until the producer ends it.
 - A finished stream is kept `TTL_S` seconds after it ended, then forgotten (swept whenever the
@@ -35,7 +35,7 @@ class OffsetLost(Exception):
 
 
 @dataclass
-class ConvStream:
+class ResumableStream:
     """One streamed answer's bytes; see the module docstring."""
 
     conversation_id: str
@@ -99,11 +99,11 @@ class ConvStream:
             await self._changed.wait()
 
 
-class ConvStreams:
+class ResumableStreams:
     """Every tenant's conversation streams; see the module docstring."""
 
     def __init__(self) -> None:
-        self._streams: dict[StreamKey, ConvStream] = {}
+        self._streams: dict[StreamKey, ResumableStream] = {}
 
     def replace(self, key: StreamKey) -> None:
         """A request for conversation `key` arrived: its previous stream is cancelled and
@@ -113,16 +113,16 @@ class ConvStreams:
         if old is not None:
             old.cancel()
 
-    def start(self, key: StreamKey, produce: AsyncIterator[bytes]) -> ConvStream:
+    def start(self, key: StreamKey, produce: AsyncIterator[bytes]) -> ResumableStream:
         """A new stream for `key`, filled by a task running `produce` to its end (or to a
         `stop`), whoever reads it."""
         self.replace(key)
-        stream = ConvStream(key[1])
+        stream = ResumableStream(key[1])
         self._streams[key] = stream
         stream.producer = asyncio.ensure_future(_pump(produce, stream))
         return stream
 
-    def get(self, key: StreamKey) -> ConvStream | None:
+    def get(self, key: StreamKey) -> ResumableStream | None:
         self._sweep()
         return self._streams.get(key)
 
@@ -133,7 +133,7 @@ class ConvStreams:
         if stream is not None:
             stream.cancel()
 
-    def lookup(self, namespace: str, ids: Iterable[str]) -> list[ConvStream]:
+    def lookup(self, namespace: str, ids: Iterable[str]) -> list[ResumableStream]:
         """The streams of `namespace` whose id is one of `ids` or `<id>::<model>`."""
         self._sweep()
         wanted = [i for i in ids if i]
@@ -155,7 +155,7 @@ class ConvStreams:
             del self._streams[key]
 
 
-async def _pump(produce: AsyncIterator[bytes], stream: ConvStream) -> None:
+async def _pump(produce: AsyncIterator[bytes], stream: ResumableStream) -> None:
     """Move the answer's bytes into the stream; its end (or cancellation) ends the stream and
     closes the answer (which cancels its engine requests and lets the mind go)."""
     try:

@@ -1,14 +1,14 @@
 """The stored conversations of a cluster: every replica's writes go through one log in the
 shared tier, and each replica keeps an in-memory mirror of the database that replays it.
 
-`ReplicatedStore` answers exactly as `StateStore` (it is one, over its mirror): a write is
+`ReplicatedRecords` answers exactly as `StoredRecords` (it is one, over its mirror): a write is
 serialized, appended to the log (fenced by its mind's lease when this replica holds the mind:
 `SharedTier.append_record`), then every entry not yet applied, this one included, is applied
 to the mirror in the log's order at the time it was made, so every replica computes the same
 records (segment ids, retention, the budget's victims). A read first catches up. So any
 replica continues any chain, and a replica that starts replays the whole log.
 
-The minds another replica's write let go are kept (`take_released`) for `Chains` to drop here
+The minds another replica's write let go are kept (`take_released`) for `StoredChains` to drop here
 too, where this replica holds their state. Blocks on Redis: called on I/O threads, as the
 store. Pure JSON on the wire (tokens as base64 little-endian int32).
 """
@@ -27,10 +27,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from kvswap.core.keys import PageKey, mind_key
-from kvswap.minds.chain import Position
-from kvswap.minds.records import ResponseRecord, Segment, TurnWrite
-from kvswap.minds.state.retention import Released
-from kvswap.minds.state.store import StateStore
+from kvswap.minds.continuation import Position
+from kvswap.minds.stored.records import ResponseRecord, Segment, TurnWrite
+from kvswap.minds.stored.retention import Released
+from kvswap.minds.stored.store import StoredRecords
 from kvswap.tiers.shared.errors import TierUnavailable
 
 log = logging.getLogger("kvswap.minds")
@@ -75,10 +75,10 @@ def turn_of(data: dict[str, Any]) -> TurnWrite:
 
 
 def _caught_up(name: str) -> Any:
-    """`StateStore`'s read `name`, once the mirror has caught up with the log."""
-    read = getattr(StateStore, name)
+    """`StoredRecords`'s read `name`, once the mirror has caught up with the log."""
+    read = getattr(StoredRecords, name)
 
-    def method(self: ReplicatedStore, *args: Any) -> Any:
+    def method(self: ReplicatedRecords, *args: Any) -> Any:
         self.catch_up()
         return read(self, *args)
 
@@ -87,7 +87,7 @@ def _caught_up(name: str) -> Any:
     return method
 
 
-class ReplicatedStore(StateStore):
+class ReplicatedRecords(StoredRecords):
     """See the module docstring."""
 
     def __init__(
@@ -104,20 +104,20 @@ class ReplicatedStore(StateStore):
         self._lock = threading.RLock()
         self._elsewhere: list[Released] = []
         self._appliers: dict[str, Callable[[dict[str, Any], float], Any]] = {
-            "record": lambda a, now: StateStore.record(self, turn_of(a["turn"]), now),
-            "put_pending": lambda a, now: StateStore.put_pending(self, **a, now=now),
-            "delete_response": lambda a, now: StateStore.delete_response(self, **a, now=now),
-            "create_conversation": lambda a, now: StateStore.create_conversation(
+            "record": lambda a, now: StoredRecords.record(self, turn_of(a["turn"]), now),
+            "put_pending": lambda a, now: StoredRecords.put_pending(self, **a, now=now),
+            "delete_response": lambda a, now: StoredRecords.delete_response(self, **a, now=now),
+            "create_conversation": lambda a, now: StoredRecords.create_conversation(
                 self, **a, now=now
             ),
-            "update_conversation": lambda a, now: StateStore.update_conversation(
+            "update_conversation": lambda a, now: StoredRecords.update_conversation(
                 self, **a, now=now
             ),
-            "delete_conversation": lambda a, now: StateStore.delete_conversation(
+            "delete_conversation": lambda a, now: StoredRecords.delete_conversation(
                 self, **a, now=now
             ),
-            "add_items": lambda a, now: StateStore.add_items(self, **a, now=now),
-            "delete_conversation_item": lambda a, now: StateStore.delete_conversation_item(
+            "add_items": lambda a, now: StoredRecords.add_items(self, **a, now=now),
+            "delete_conversation_item": lambda a, now: StoredRecords.delete_conversation_item(
                 self, **a, now=now
             ),
         }
@@ -209,7 +209,7 @@ class ReplicatedStore(StateStore):
         except TierUnavailable as e:
             log.debug("stored conversations: listed from the mirror, the log out of reach: %s", e)
             reachable = False
-        return {**StateStore.listing(self, ns), "log_reachable": reachable}
+        return {**StoredRecords.listing(self, ns), "log_reachable": reachable}
 
     conversation = _caught_up("conversation")
     conversation_items = _caught_up("conversation_items")

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from kvswap.minds.chain import Position
-from kvswap.minds.records import Chain, Item, ResponseRecord, Segment, Tokens, TurnWrite
+from kvswap.minds.continuation import Position
+from kvswap.minds.stored.records import Chain, Item, ResponseRecord, Segment, Tokens, TurnWrite
 
 _COLUMNS = (
     "id, ns, mind, parent, conversation, conv_seq, segment, n_tokens, n_prompt, prompt_chars, "

@@ -15,7 +15,7 @@ import json
 import sqlite3
 from typing import Any
 
-from kvswap.minds.records import ConversationRecord, Item
+from kvswap.minds.stored.records import ConversationRecord, Item
 
 _COLUMNS = "id, ns, mind, metadata, created_at, head, covered_seq, intact"
 

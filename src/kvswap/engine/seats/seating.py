@@ -66,12 +66,12 @@ from kvswap.engine.commands import MindVerb, PageOut, RoomReport, SlotCapture, S
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
-from kvswap.engine.minds.anoncache import AnonCache, Kept
-from kvswap.engine.minds.flushes import FlushSchedule
-from kvswap.engine.minds.handoffs import Handoffs
-from kvswap.engine.minds.registry import MindRegistry
-from kvswap.engine.minds.seats import NoRoomYet, NotYourMind, PagedOut, Seat
 from kvswap.engine.ports import SeatRuntime
+from kvswap.engine.seats.anoncache import AnonCache, Kept
+from kvswap.engine.seats.flushes import FlushSchedule
+from kvswap.engine.seats.handoffs import Handoffs
+from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind, PagedOut, Seat
+from kvswap.engine.seats.registry import MindRegistry
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")

@@ -97,11 +97,11 @@ CREATE TABLE IF NOT EXISTS pending (
 """
 
 
-class StateDbError(RuntimeError):
+class RecordsDbError(RuntimeError):
     """The database cannot be opened (another schema, a damaged file)."""
 
 
-class StateDb:
+class RecordsDb:
     """See the module docstring."""
 
     def __init__(self, path: Path | None) -> None:
@@ -120,7 +120,7 @@ class StateDb:
             self._conn.executescript(_SCHEMA)
             self._check_version()
         except sqlite3.DatabaseError as err:
-            raise StateDbError(f"{path}: {err}") from err
+            raise RecordsDbError(f"{path}: {err}") from err
         self._lock = threading.Lock()
 
     def _check_version(self) -> None:
@@ -130,7 +130,7 @@ class StateDb:
                 "INSERT INTO meta (key, value) VALUES ('version', ?)", (str(SCHEMA_VERSION),)
             )
         elif int(row[0]) != SCHEMA_VERSION:
-            raise StateDbError(f"schema version {row[0]}, this server reads {SCHEMA_VERSION}")
+            raise RecordsDbError(f"schema version {row[0]}, this server reads {SCHEMA_VERSION}")
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

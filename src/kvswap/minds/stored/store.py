@@ -1,6 +1,6 @@
-"""`StateStore`: the stored conversations of one server, as the minds layer calls them.
+"""`StoredRecords`: the stored conversations of one server, as the minds layer calls them.
 
-Every method is one transaction on the database (`db.StateDb`) and blocks (the caller runs it
+Every method is one transaction on the database (`db.RecordsDb`) and blocks (the caller runs it
 on an I/O thread): reads see the caller's namespace only, a turn's write goes in whole, and
 every write first applies the retention (`retention`: time to live, then the byte budget),
 answering the minds no record references any more (`Released`), whose state the caller drops.
@@ -16,12 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvswap.minds.records import Chain, ConversationRecord, Item, TurnWrite
-from kvswap.minds.state import conversations as convs
-from kvswap.minds.state import responses as resps
-from kvswap.minds.state import retention
-from kvswap.minds.state.db import DB_NAME, StateDb
-from kvswap.minds.state.retention import Released
+from kvswap.minds.stored import conversations as convs
+from kvswap.minds.stored import responses as resps
+from kvswap.minds.stored import retention
+from kvswap.minds.stored.db import DB_NAME, RecordsDb
+from kvswap.minds.stored.records import Chain, ConversationRecord, Item, TurnWrite
+from kvswap.minds.stored.retention import Released
 
 Clock = Callable[[], float]
 
@@ -37,7 +37,7 @@ class ConversationTurn:
     n_covered: int
 
 
-class StateStore:
+class StoredRecords:
     """See the module docstring."""
 
     def __init__(
@@ -49,7 +49,7 @@ class StateStore:
         clock: Clock = time.time,
     ) -> None:
         self.path = folder / DB_NAME if folder is not None else None
-        self.db = StateDb(self.path)
+        self.db = RecordsDb(self.path)
         self.ttl_s = ttl_s
         self.budget_bytes = budget_bytes
         self.clock = clock

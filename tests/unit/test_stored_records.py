@@ -1,4 +1,4 @@
-"""The stored conversations' database (`kvswap.minds.state`) on a real SQLite file: chains
+"""The stored conversations' database (`kvswap.minds.stored`) on a real SQLite file: chains
 read back, forks sharing tokens, deletes in the middle, tenants, retention by a controllable
 clock and by bytes, conversations and their items."""
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from kvswap.minds.chain import Position
-from kvswap.minds.records import Chain, ResponseRecord, TurnWrite
-from kvswap.minds.state.responses import segment_after
-from kvswap.minds.state.store import StateStore
+from kvswap.minds.continuation import Position
+from kvswap.minds.stored.records import Chain, ResponseRecord, TurnWrite
+from kvswap.minds.stored.responses import segment_after
+from kvswap.minds.stored.store import StoredRecords
 
 A, B = "ns-a", "ns-b"
 DAY_S = 86400.0
@@ -26,7 +26,7 @@ class Clock:
 
 
 def _turn(
-    store: StateStore,
+    store: StoredRecords,
     rid: str,
     tokens: list[int],
     *,
@@ -56,8 +56,8 @@ def _turn(
     assert not released
 
 
-def _store(tmp_path: Path, clock: Clock, budget: int | None = None) -> StateStore:
-    return StateStore(tmp_path, ttl_s=30 * DAY_S, budget_bytes=budget, clock=clock)
+def _store(tmp_path: Path, clock: Clock, budget: int | None = None) -> StoredRecords:
+    return StoredRecords(tmp_path, ttl_s=30 * DAY_S, budget_bytes=budget, clock=clock)
 
 
 def test_chain_reads_back_tokens_items_and_head(tmp_path: Path) -> None:

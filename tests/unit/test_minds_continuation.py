@@ -1,4 +1,4 @@
-"""The next turn of a stored conversation (`kvswap.minds.chain`), on a toy tokenizer: one
+"""The next turn of a stored conversation (`kvswap.minds.continuation`), on a toy tokenizer: one
 token per character, `<E>` one special token. The template's own behaviour (SmolLM2's, the
 tiny models') is proven on real vocabularies in tests/model/test_chain_templates.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvswap.minds.chain import ContinueMode, Position, continue_chain, text_digest
+from kvswap.minds.continuation import ContinueMode, Position, continue_chain, text_digest
 
 END = 1000  # "<E>"
 

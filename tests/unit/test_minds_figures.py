@@ -19,7 +19,7 @@ from kvswap.core.keys import PageKey, mind_key, namespace_of
 from kvswap.core.sampling import SamplingParams
 from kvswap.core.types import Completion, EngineError, GenerationRequest, StopType, Timings
 from kvswap.core.vocab import ResumeSource
-from kvswap.minds import turn
+from kvswap.minds import figures as fig
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.shared import SharedMinds
 from kvswap.tiers.shared.replica import Resumed
@@ -47,7 +47,7 @@ def test_the_log_gets_what_the_kv_holds_not_the_last_sampled_token() -> None:
     """Defect caught: the turn's last sampled token (never decoded into the KV) appended to the
     token log: the next owner would believe the KV holds it."""
     done = completion(cache_n=100)
-    got = turn.kv_tokens(PROMPT, done)
+    got = fig.kv_tokens(PROMPT, done)
     assert list(got) == [*range(132), 500, 501]
 
 
@@ -56,19 +56,19 @@ def test_a_turn_id_is_the_requests_else_a_digest_of_its_tokens() -> None:
     the log twice: the same tokens give the same id, other tokens another; and (audit A9) a
     regenerated answer to the same request kept as a duplicate, the log holding the first
     answer while the KV holds the second."""
-    tokens = turn.kv_tokens(PROMPT, completion(cache_n=100))
-    assert turn.turn_id(TurnFacts("req-1"), tokens).startswith("req-1:")
-    assert turn.turn_id(TurnFacts("req-1"), tokens) == turn.turn_id(TurnFacts("req-1"), tokens)
-    assert turn.turn_id(TurnFacts("req-1"), tokens[:-1]) != turn.turn_id(TurnFacts("req-1"), tokens)
-    assert turn.turn_id(None, tokens) == turn.turn_id(None, tokens.copy())
-    assert turn.turn_id(None, tokens).startswith("tokens:")
-    assert turn.turn_id(None, tokens[:-1]) != turn.turn_id(None, tokens)
+    tokens = fig.kv_tokens(PROMPT, completion(cache_n=100))
+    assert fig.turn_id(TurnFacts("req-1"), tokens).startswith("req-1:")
+    assert fig.turn_id(TurnFacts("req-1"), tokens) == fig.turn_id(TurnFacts("req-1"), tokens)
+    assert fig.turn_id(TurnFacts("req-1"), tokens[:-1]) != fig.turn_id(TurnFacts("req-1"), tokens)
+    assert fig.turn_id(None, tokens) == fig.turn_id(None, tokens.copy())
+    assert fig.turn_id(None, tokens).startswith("tokens:")
+    assert fig.turn_id(None, tokens[:-1]) != fig.turn_id(None, tokens)
 
 
 def test_a_takeover_from_the_tier_reprefills_nothing_the_mind_held() -> None:
     """Decision: resumed from the tier's page with the history cached, the turn prefilled only
     its new tokens: 0 re-prefilled; the figures count one resume from the tier."""
-    figures = turn.takeover_figures(
+    figures = fig.takeover_figures(
         resumed(ResumeSource.TIER), PROMPT, completion(cache_n=100), "t9",
         lease_wait_s=1.5, restore_ms=3.0,
     )  # fmt: skip
@@ -84,7 +84,7 @@ def test_a_takeover_from_the_tier_reprefills_nothing_the_mind_held() -> None:
 def test_a_takeover_after_a_miss_counts_the_history_prefilled_again() -> None:
     """Defect caught: a takeover that fell back to a re-prefill reported as free: the 100
     tokens the mind held were prefilled again, and counted as a fallback."""
-    figures = turn.takeover_figures(
+    figures = fig.takeover_figures(
         resumed(ResumeSource.NONE, miss="chunk_corrupt"), PROMPT, completion(cache_n=0), "t9",
         lease_wait_s=0.0, restore_ms=0.0,
     )  # fmt: skip
@@ -99,7 +99,7 @@ def test_a_retry_of_a_turn_the_dead_owner_logged_compares_with_the_restored_page
     logged = np.concatenate([PROMPT, np.array([500, 501], np.int32)])
     got = resumed(ResumeSource.TIER, last_turn="t9", page_tokens=PROMPT[:100].copy())
     got.tokens_known = logged
-    figures = turn.takeover_figures(
+    figures = fig.takeover_figures(
         got, PROMPT, completion(cache_n=90), "t9", lease_wait_s=0.0, restore_ms=0.0
     )
     assert figures.n_reprefilled == 10  # held 100, found 90 cached

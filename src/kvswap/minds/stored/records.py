@@ -1,6 +1,6 @@
 """The stored conversations' records as they cross the store's boundary, and their typed errors.
 
-A stored response (`ResponseRecord`) is a position in a mind (`chain.Position`) plus what the
+A stored response (`ResponseRecord`) is a position in a mind (`continuation.Position`) plus what the
 API shows of it; a turn's write (`TurnWrite`) is everything one turn adds, written in one
 transaction before its answer goes out; a conversation (`ConversationRecord`) is an item list
 with a mind of its own. Items are the Responses API's items as JSON objects, each with its
@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.minds.chain import Position
+from kvswap.minds.continuation import Position
 
 Item = dict[str, Any]
 Tokens = npt.NDArray[np.int32]

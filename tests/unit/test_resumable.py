@@ -1,4 +1,4 @@
-"""llama-server's resumable streams on the CPU (`server.convstreams`): any reader gets the same
+"""llama-server's resumable streams on the CPU (`server.resumable`): any reader gets the same
 bytes from any offset, live ones as they come; the 4 MiB buffer drops its oldest bytes and
 refuses a read from below them; a stop cancels the producer; one conversation has one live
 stream per tenant; a finished stream is forgotten 5 minutes after it ended."""
@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kvswap.server import convstreams
-from kvswap.server.convstreams import MAX_BYTES, ConvStream, ConvStreams, OffsetLost
+from kvswap.server import resumable
+from kvswap.server.resumable import MAX_BYTES, OffsetLost, ResumableStream, ResumableStreams
 
 
-async def _read(stream: ConvStream, offset: int = 0) -> bytes:
+async def _read(stream: ResumableStream, offset: int = 0) -> bytes:
     return b"".join([chunk async for chunk in stream.read_from(offset)])
 
 
@@ -30,7 +30,7 @@ def test_readers_get_the_same_bytes_from_any_offset_live_and_after_the_end() -> 
     reader left waiting after the stream ended."""
 
     async def main() -> None:
-        streams = ConvStreams()
+        streams = ResumableStreams()
         gate = asyncio.Event()
         stream = streams.start(("ns", "c1"), _produce([b"data: 1\n\n", b"data: 2\n\n"], gate))
         early = asyncio.ensure_future(_read(stream))
@@ -45,7 +45,7 @@ def test_readers_get_the_same_bytes_from_any_offset_live_and_after_the_end() -> 
 
 
 def test_the_buffer_keeps_the_last_4_mib_and_refuses_reads_below_them() -> None:
-    stream = ConvStream("c1")
+    stream = ResumableStream("c1")
     stream.append(b"x" * MAX_BYTES)
     stream.append(b"yz")
     stream.end()
@@ -64,7 +64,7 @@ def test_a_stop_or_a_new_request_cancels_the_producer_and_tenants_are_apart() ->
     one conversation, and one API key reading or stopping another key's stream."""
 
     async def main() -> None:
-        streams = ConvStreams()
+        streams = ResumableStreams()
         never = asyncio.Event()
         first = streams.start(("ka", "c1"), _produce([b"a", b"b"], never))
         other = streams.start(("kb", "c1"), _produce([b"k", b"l"], never))
@@ -86,7 +86,7 @@ def test_a_stop_or_a_new_request_cancels_the_producer_and_tenants_are_apart() ->
 
 def test_lookup_matches_an_id_and_its_model_variants_only() -> None:
     async def main() -> None:
-        streams = ConvStreams()
+        streams = ResumableStreams()
         for conv in ("c1", "c1::org/model", "c10"):
             streams.start(("ns", conv), _produce([b"x"]))
         await asyncio.sleep(0)
@@ -98,12 +98,12 @@ def test_lookup_matches_an_id_and_its_model_variants_only() -> None:
 
 def test_a_finished_stream_is_forgotten_after_its_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
-        streams = ConvStreams()
+        streams = ResumableStreams()
         stream = streams.start(("ns", "c1"), _produce([b"x"]))
         await asyncio.wait_for(_read(stream), 5)
         assert streams.get(("ns", "c1")) is stream
-        now = stream.t_ended_unix_s + convstreams.TTL_S + 1
-        monkeypatch.setattr(convstreams.time, "time", lambda: now)
+        now = stream.t_ended_unix_s + resumable.TTL_S + 1
+        monkeypatch.setattr(resumable.time, "time", lambda: now)
         assert streams.get(("ns", "c1")) is None
 
     asyncio.run(main())
