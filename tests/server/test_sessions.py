@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from kvswap.tiny import tiny_model_path
@@ -253,3 +254,38 @@ def test_a_5m_breakpoint_keeps_a_claude_code_session_through_pressure_and_6_minu
     assert usage["cache_read_input_tokens"] == two["timings"]["cache_n"]
     assert usage["cache_creation_input_tokens"] < 40  # the new turn only
     assert server.metrics()["llamacpp:mind_hits_disk_total"] >= 1
+
+
+def test_floored_sessions_past_both_budgets_never_wedge_the_server(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Audit F1: Claude Code sessions, each its own session id and a 1-hour `cache_control`
+    floor, until their minds fill RAM and disk many times over (--page-disk-drop-lru). Every
+    turn answers (floors past half the disk budget give way, least recently used first), and
+    another key's anonymous request between them answers at once. Defect caught: the 14th
+    session and every later request hung, with no error, until the floors passed."""
+    save = tmp_path / "slots"
+    save.mkdir()
+    server = start(
+        "--slot-save-path", str(save), "--metrics", "--api-key", "ka,kb",
+        "--page-ram-bytes", "400K", "--page-disk-bytes", "350K", "--page-disk-drop-lru",
+    )  # fmt: skip
+    server.client.timeout = httpx.Timeout(60)
+    server.client.headers["Authorization"] = "Bearer ka"  # /metrics; bob's turns send kb
+    cc = {"type": "ephemeral", "ttl": "1h"}
+    for i in range(16):
+        body = {
+            "model": "m",
+            "max_tokens": 2,
+            "system": [{"type": "text", "text": f"Session {i}. " + STORY * 2, "cache_control": cc}],
+            "messages": [{"role": "user", "content": "How many waves?"}],
+        }
+        headers = {"x-claude-code-session-id": f"bob-{i}", "Authorization": "Bearer kb"}
+        answer = server.post("/v1/messages", body, headers=headers)
+        assert answer.status_code == 200, (i, answer.text)
+        t0 = time.monotonic()
+        other = server.post("/completion", {"prompt": "Hello", "n_predict": 2})
+        assert other.status_code == 200 and time.monotonic() - t0 < 10, other.text
+    assert server.metrics()["llamacpp:mind_disk_dropped_total"] >= 1
+    minds = _minds(server, {"Authorization": "Bearer kb"})
+    assert "bob-15" in minds and "bob-0" not in minds  # the oldest floors gave way

@@ -94,9 +94,11 @@ def _in_ram(side: EngineSide, *names_by_age: str) -> list[PageKey]:
     return keys
 
 
-def _on_disk(side: EngineSide, publisher: Publisher, name: str, when_s: float) -> PageKey:
+def _on_disk(
+    side: EngineSide, publisher: Publisher, name: str, when_s: float, namespace: str = NS
+) -> PageKey:
     """Mind `name` spilled earlier: its file of N tokens, in the registry's disk index."""
-    key = _m(name)
+    key = mind_key(namespace, name)
     layout = layout_of(N)
     buffer = bytearray(layout.n_bytes)
     fill(buffer, layout, tokens(N))
@@ -247,6 +249,71 @@ def test_a_retention_floor_keeps_a_spilled_mind_until_it_has_passed(tmp_path: Pa
     assert d.run_pass().refused == ""
     assert file_name(kept) not in _files(d)
     assert _counts(side)["mind_disk_dropped_total"] == 2
+    d.close(engine_alive=False)
+
+
+def test_floors_past_half_the_disk_budget_give_way_so_the_spill_fits(tmp_path: Path) -> None:
+    """Decision (audit F1: 14 Claude Code sessions with 5-minute floors froze the server):
+    retention floors keep at most half of --page-disk-bytes. When every spilled mind is under a
+    floor and the disk is full, the least recently used floored minds past that half go, and
+    the spill fits; the floors within the half are kept."""
+    clock = Clock()
+    side = _side(clock=clock)
+    minds = open_minds(tmp_path)
+    floored = [_on_disk(side, minds, f"s{i}", when_s=10.0 + i) for i in range(4)]
+    for key in floored:
+        side.registry.retain(key, 300)
+    copy = side.registry.disk_copy(floored[0])
+    assert copy is not None
+    d = _demoter(side, tmp_path, disk_bytes=4 * copy.n_bytes + copy.n_bytes // 2, drop_lru=True)
+    old, *_ = _in_ram(side, "old", "mid", "new", "newest")
+    assert d.run_pass().refused == ""
+    files = set(_files(d))
+    assert file_name(old) in files
+    assert file_name(floored[0]) not in files  # the least recently used floor gave way
+    assert {file_name(k) for k in floored[2:]} <= files  # two copies: within half the budget
+    d.close(engine_alive=False)
+
+
+def test_one_tenants_floors_never_take_another_tenants_share(tmp_path: Path) -> None:
+    """Decision (audit F1, per tenant): the floors' half of the disk budget is split between
+    the tenants holding floors. Tenant B floors many minds, A one (its oldest of all): B's
+    floors past B's share give way, A's floored mind keeps its copy."""
+    clock = Clock()
+    side = _side(clock=clock)
+    minds = open_minds(tmp_path)
+    a_kept = _on_disk(side, minds, "a", when_s=1.0, namespace="tenant-a")
+    bs = [_on_disk(side, minds, f"b{i}", when_s=10.0 + i, namespace="tenant-b") for i in range(5)]
+    for key in [a_kept, *bs]:
+        side.registry.retain(key, 300)
+    copy = side.registry.disk_copy(a_kept)
+    assert copy is not None
+    d = _demoter(side, tmp_path, disk_bytes=6 * copy.n_bytes + copy.n_bytes // 2, drop_lru=True)
+    _in_ram(side, "old", "mid", "new", "newest")
+    assert d.run_pass().refused == ""
+    files = set(_files(d))
+    assert file_name(a_kept) in files
+    assert file_name(bs[0]) not in files and file_name(bs[-1]) in files
+    d.close(engine_alive=False)
+
+
+def test_a_disk_held_by_requests_refuses_the_spill_with_a_reason(tmp_path: Path) -> None:
+    """Decision (audit F1: the switch waited for a reason that never came): with
+    --page-disk-drop-lru and nothing the budget may drop (every copy held by a request), the
+    pass reports a reason naming --page-disk-bytes, which the waiting switch answers as a 503;
+    the page stays in RAM."""
+    side = _side()
+    minds = open_minds(tmp_path)
+    held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
+    for key in held:
+        side.registry.set_busy(key, True)
+    bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
+    d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
+    old, *_ = _in_ram(side, "old", "mid", "new", "newest")
+    refused = d.run_pass().refused
+    assert f"--page-disk-bytes {bound}" in refused and "in use by a request" in refused
+    assert side.store.has(old) and set(_files(d)) == {file_name(k) for k in held}
+    assert _counts(side)["mind_disk_refused_total"] >= 1
     d.close(engine_alive=False)
 
 

@@ -77,7 +77,11 @@ _STATUS_KINDS = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KvswapError)
     async def _kvswap(_: Request, exc: KvswapError) -> JSONResponse:
-        return error_response(exc.kind, exc.message, None, **exc.extra)
+        answer = error_response(exc.kind, exc.message, None, **exc.extra)
+        retry_s = exc.extra.get("retry_after_s")
+        if isinstance(retry_s, int | float):  # a refusal that passes: when to try again
+            answer.headers["Retry-After"] = str(max(1, math.ceil(retry_s)))
+        return answer
 
     @app.exception_handler(MindUnavailable)
     async def _retry_later(_: Request, exc: MindUnavailable) -> JSONResponse:

@@ -11,7 +11,14 @@ not fit:
 - with it, idle minds' spilled copies go, least recently used first, until the copy fits: their
   files are removed, each is counted and logged, and `settle` lets a mind that now lives nowhere
   be forgotten. A mind a request holds never loses its copy, nor one a retention floor keeps
-  (Anthropic's `cache_control`: `MindRegistry.retain`) until the floor has passed.
+  (Anthropic's `cache_control`: `MindRegistry.retain`) until the floor has passed, within the
+  floors' cap: floors keep at most `FLOORS_SHARE` of the budget in all, split evenly between
+  the tenants that hold floors. Past it the floors give way (Anthropic's floors are best effort
+  too): the least recently used floored mind of the tenant furthest over its share goes first,
+  so one tenant's floors never take another's share;
+- when no copy can go (the rest are held by requests or within the floors' cap) the refusal is
+  a typed reason naming the flag, so the waiting switch answers a 503 rather than waiting for a
+  floor to pass.
 
 Called by the demoter (its thread, the closing thread, the I/O executor) under no lock of its
 own: the registry and the publisher are thread-safe, and the demoter's spill lock orders the
@@ -21,14 +28,16 @@ writes. No libllama.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from kvswap.core.keys import PageKey
-from kvswap.engine.seats.registry import MindRegistry
+from kvswap.engine.seats.registry import DiskCopy, MindRegistry
 from kvswap.files import Publisher
 from kvswap.tiers.mindfiles import file_name
 
 log = logging.getLogger("kvswap.demoter")
+
+FLOORS_SHARE = 0.5  # of --page-disk-bytes: the most that retention floors keep, all tenants
 
 
 class DiskBudget:
@@ -52,8 +61,8 @@ class DiskBudget:
 
     def room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> str | None:
         """None when a copy of `n_bytes` of mind `key` fits (its own old copy replaced), else
-        why not: a reason for the waiting switch, or "" (a quiet refusal: `may_drop` off, or
-        nothing left to drop). `may_drop`: --page-disk-drop-lru may make the room."""
+        why not: a reason for the waiting switch, or "" (a quiet refusal: `may_drop` off).
+        `may_drop`: --page-disk-drop-lru may make the room."""
         bound = self.bound_bytes
         if bound is None:
             return None
@@ -72,11 +81,52 @@ class DiskBudget:
             )
             log.warning("spill of mind %s refused: %s", key, why)
             return why
-        for victim in reg.droppable(k for k in copies if k != key):
+        others = [k for k in copies if k != key]
+        for victim in reg.droppable(others):
             if used + n_bytes <= bound:
                 break
             used -= self._drop(victim)
-        return None if used + n_bytes <= bound else ""
+        if used + n_bytes > bound:
+            for victim in self._floors_over_cap(others, copies):
+                used -= self._drop(victim)
+                if used + n_bytes <= bound:
+                    break
+        if used + n_bytes <= bound:
+            return None
+        reg.count(disk_refused_total=1)
+        why = (
+            f"the disk tier is full ({used} of --page-disk-bytes {bound} bytes, {n_bytes} more "
+            "needed) and every spilled mind left is in use by a request or kept by a retention "
+            f"floor (cache_control; floors keep at most {FLOORS_SHARE:.0%} of it); raise "
+            "--page-disk-bytes"
+        )
+        log.warning("spill of mind %s refused: %s", key, why)
+        return why
+
+    def _floors_over_cap(
+        self, keys: list[PageKey], copies: dict[PageKey, DiskCopy]
+    ) -> Iterator[PageKey]:
+        """The floored copies among `keys` past the floors' cap (see the module docstring), in
+        the order they give way; the caller drops each one yielded."""
+        assert self.bound_bytes is not None
+        cap = int(self.bound_bytes * FLOORS_SHARE)
+        held: dict[str, int] = {}  # tenant -> bytes its floors keep
+        idle: dict[str, list[PageKey]] = {}  # tenant -> its floored idle minds, LRU first
+        for k, busy in self.registry.floored(keys):
+            held[k.namespace] = held.get(k.namespace, 0) + copies[k].n_bytes
+            if not busy:
+                idle.setdefault(k.namespace, []).append(k)
+        while held:
+            share = cap // len(held)
+            over = [ns for ns in held if held[ns] > share and idle.get(ns)]
+            if not over:
+                return
+            ns = max(over, key=lambda n: held[n])
+            victim = idle[ns].pop(0)
+            held[ns] -= copies[victim].n_bytes
+            if held[ns] <= 0:
+                del held[ns]
+            yield victim
 
     def _drop(self, victim: PageKey) -> int:
         """Drop mind `victim`'s spilled copy; the bytes it held (0: gone meanwhile)."""

@@ -153,6 +153,15 @@ class MindRegistry:
             free = [k for k in keys if k not in self._busy and self._kept_until.get(k, 0.0) <= now]
             return sorted(free, key=lambda k: self._last_used.get(k, 0.0))
 
+    def floored(self, keys: Iterable[PageKey]) -> list[tuple[PageKey, bool]]:
+        """Those of `keys` a retention floor keeps now, each with whether a request holds it,
+        least recently used first: what the floors' cap weighs (`tiers.diskbudget`)."""
+        with self._lock:
+            now = self._clock()
+            kept = [k for k in keys if self._kept_until.get(k, 0.0) > now]
+            kept.sort(key=lambda k: self._last_used.get(k, 0.0))
+            return [(k, k in self._busy) for k in kept]
+
     def any_busy(self) -> bool:
         """A request is using some mind now."""
         with self._lock:

@@ -76,6 +76,8 @@ from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
 
+ROOM_RETRY_S = 5  # a switch refused for room: the Retry-After its 503 suggests
+
 
 class Seating:
     """See the module docstring."""
@@ -416,7 +418,7 @@ class Seating:
             if reason not in self._refusals_logged:  # once per reason, not once per request
                 self._refusals_logged.add(reason)
                 log.warning("%s", message)
-            raise KvswapError(ErrorKind.UNAVAILABLE, message) from err
+            raise KvswapError(ErrorKind.UNAVAILABLE, message, retry_after_s=ROOM_RETRY_S) from err
         if self._room_ticket is None:
             self._room_ticket = self._n_reported + 1
         self.handoffs.call_demoter()
