@@ -15,21 +15,12 @@ from typing import Any
 
 import psutil
 
-from kvswap.cluster.procs import free_port, port_is_free
 from kvswap.tiny import tiny_model_path
 from tests.cluster.util import wait_until
+from tests.server.harness import free_block
 
 REPO = Path(__file__).resolve().parents[2]
 READY = "kvswap cluster up: ready"
-
-
-def free_block(n_ports: int) -> int:
-    """A port P with P..P+n_ports-1 all free (`cluster up` puts its replicas after HAProxy's)."""
-    for _ in range(100):
-        port = free_port()
-        if port + n_ports <= 65536 and all(port_is_free(port + i) for i in range(n_ports)):
-            return port
-    raise AssertionError(f"no {n_ports} free ports in a row")
 
 
 def gone(pid: int) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.harness import REPO, free_port
+from tests.server.harness import REPO, free_block, free_port
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(600)]
 
@@ -94,8 +94,11 @@ class Shell:
     def serve(self, line: str) -> None:
         self.stop()
         self.port = free_port()
-        # `kvswap cluster up --port 8080`: HAProxy's port moves (its replicas take the next ones)
+        # `kvswap cluster up --port 8080`: HAProxy's port moves, and its replicas and Redis take
+        # the ports after it, so the whole block must be free
         if "--port 8080" in line:
+            replicas = re.search(r"--replicas (\d+)", line)
+            self.port = free_block((int(replicas.group(1)) if replicas else 1) + 2)
             line = line.replace("--port 8080", f"--port {self.port}")
         else:
             line = f"{line} --port {self.port}"
