@@ -107,6 +107,25 @@ def test_errors_as_openai_words_them(agent_server: ServerProcess) -> None:
     assert "background" in not_bg.value.message
 
 
+def test_response_metadata_is_held_to_openais_limits(agent_server: ServerProcess) -> None:
+    """`metadata` on POST /v1/responses is held to OpenAI's limits (16 string pairs, 64-char
+    keys, 512-char values), a 400 naming `metadata`, before any inference or storage (audit
+    F7: a 2 MB value was stored and echoed); metadata within them is kept and echoed."""
+    client = oai(agent_server)
+    for bad in (
+        {f"k{i}": "v" for i in range(17)},
+        {"k" * 65: "v"},
+        {"k": "v" * 513},
+        {"nested": {"b": 1}},
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(input="x", metadata=bad, **ARGS)  # type: ignore[arg-type]
+        assert refused.value.param == "metadata", bad
+    kept = client.responses.create(input="x", metadata={"k" * 64: "v" * 512}, **ARGS)
+    assert kept.metadata == {"k" * 64: "v" * 512}
+    assert client.responses.retrieve(kept.id).metadata == {"k" * 64: "v" * 512}
+
+
 def test_every_conversation_method_through_the_sdk(agent_server: ServerProcess) -> None:
     """The Conversations API with OpenAI's limits; a response made in a conversation appends
     its input and output, and its next turn continues the conversation's mind."""

@@ -34,6 +34,7 @@ from kvswap.minds.chains import ChainStart, StoredChains
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.background import BackgroundTurn
+from kvswap.server.openai.items import metadata
 from kvswap.server.openai.response_stream import ResponseStream, whole_response
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.openai.stateful import StoredJob, TurnWriter, prepare_stored
@@ -56,6 +57,7 @@ router = APIRouter()
 
 def _parsed(raw: bytes) -> tuple[ResponsesRequest, dict[str, Any]]:
     req = parse_body(ResponsesRequest, raw)
+    metadata(req.metadata)  # OpenAI's limits, as on a conversation (it is stored and echoed)
     return req, json.loads(raw)  # valid: parse_body accepted it
 
 
