@@ -86,3 +86,43 @@ def _conversation_calls(b: openai.OpenAI, cid: str, item_id: str) -> list[Callab
         lambda: b.responses.create(input="Tell me.", conversation=cid, **ARGS),
         lambda: b.conversations.delete(cid),
     ]
+
+
+def test_one_keys_flood_leaves_another_keys_records_whole(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Audit F2, F3, F6 through the API (`--state-bytes 200000`): A stores a response and a
+    conversation; B adds conversations of 100 KB items far past the budget. A's response and
+    conversation answer whole, B's oldest conversation is gone, a conversation larger than B's
+    share is refused naming --state-bytes, and each key's /pages shows its own bytes and share
+    only. Defect caught: B's single stored turn deleted A's records (one LRU for all keys)."""
+    model = tiny_model_path("llama", seed=7, vocab="tiny")
+    log = tmp_path_factory.mktemp("flood") / "server.log"
+    server = ServerProcess(
+        ["-m", str(model), "-c", "2048", "-np", "1", "-t", "1", "-tb", "1",
+         "--api-key", "ka,kb", "--state-bytes", "200000"],
+        log,
+    )  # fmt: skip
+    try:
+        a, b = oai(server, "ka"), oai(server, "kb")
+        kept = a.responses.create(input="Remember the tide.", **ARGS)
+        conv = a.conversations.create(items=[{"role": "user", "content": "Keep this."}])
+        a_pages = server.client.get("/pages", headers={"Authorization": "Bearer ka"}).json()
+        big = [{"role": "user", "content": "x" * 10_000}] * 8
+        b_convs = [b.conversations.create(items=big) for _ in range(6)]
+        with pytest.raises(openai.BadRequestError) as refused:
+            b.conversations.items.create(b_convs[-1].id, items=big)
+        assert "--state-bytes" in refused.value.message and refused.value.param == "items"
+        b.responses.create(input="One stored turn.", **ARGS)
+        assert a.responses.retrieve(kept.id).id == kept.id
+        assert [i.id for i in a.conversations.items.list(conv.id).data]
+        with pytest.raises(openai.NotFoundError):
+            b.conversations.retrieve(b_convs[0].id)
+        b.conversations.retrieve(b_convs[-1].id)
+        a_after = server.client.get("/pages", headers={"Authorization": "Bearer ka"}).json()
+        b_after = server.client.get("/pages", headers={"Authorization": "Bearer kb"}).json()
+        assert a_after["stored"]["n_bytes"] == a_pages["stored"]["n_bytes"]
+        assert a_after["stored"]["budget_bytes"] == b_after["stored"]["budget_bytes"] == 100_000
+        assert a_after["stored"]["n_bytes"] + b_after["stored"]["n_bytes"] <= 200_000
+    finally:
+        server.stop()

@@ -7,10 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from kvswap.minds.continuation import Position
+from kvswap.minds.stored import retention
 from kvswap.minds.stored.records import Chain, ResponseRecord, TurnWrite
 from kvswap.minds.stored.responses import segment_after
+from kvswap.minds.stored.retention import RecordsTooLarge
 from kvswap.minds.stored.store import StoredRecords
 
 A, B = "ns-a", "ns-b"
@@ -35,7 +38,9 @@ def _turn(
     parent: Chain | None = None,
     conversation: str | None = None,
     text: str = "",
+    evicts: bool = False,
 ) -> None:
+    """A stored turn; it releases no mind unless `evicts` (the budget may drop others)."""
     arr = np.asarray(tokens, dtype=np.int32)
     rec = ResponseRecord(
         id=rid,
@@ -53,7 +58,7 @@ def _turn(
         created_at=0.0,
     )
     released = store.record(TurnWrite(ns, mind, True, rec, segment_after(parent, arr)))
-    assert not released
+    assert evicts or not released
 
 
 def _store(tmp_path: Path, clock: Clock, budget: int | None = None) -> StoredRecords:
@@ -187,3 +192,89 @@ def test_conversation_items_and_a_deleted_covered_item(tmp_path: Path) -> None:
         "n_bytes": 0,
         "budget_bytes": None,
     }
+
+
+def _items(n: int, n_chars: int, tag: str) -> list[dict[str, object]]:
+    return [
+        {"id": f"{tag}{i}", "type": "message", "role": "user", "content": "x" * n_chars}
+        for i in range(n)
+    ]
+
+
+def test_one_tenants_flood_leaves_another_tenants_records_whole(tmp_path: Path) -> None:
+    """Audit F2: the budget is shared fairly between tenants. A stores a response and a
+    conversation within its share; B floods (conversations of items, stored turns) far past
+    the budget. B's own least recently used records go, A's stay whole, and the budget holds
+    (items count as every record does, audit F3)."""
+    clock = Clock()
+    budget = 60_000
+    store = _store(tmp_path, clock, budget=budget)
+    _turn(store, "a1", list(range(50)), mind="a-mind", ns=A)
+    clock.now += 1
+    store.create_conversation(A, "conv_a", _items(2, 100, "a"), {})
+    for i in range(12):
+        clock.now += 1
+        store.create_conversation(B, f"conv_b{i}", _items(5, 1000, f"b{i}-"), {})
+        clock.now += 1
+        _turn(
+            store, f"b{i}", list(range(500)), mind=f"b-mind{i}", ns=B, text="y" * 2000, evicts=True
+        )
+    assert store.response(A, "a1") is not None
+    assert store.conversation(A, "conv_a") is not None
+    assert store.conversation_items(A, "conv_a") == _items(2, 100, "a")
+    assert store.conversation(B, "conv_b0") is None and store.response(B, "b0") is None
+    assert store.response(B, "b11") is not None  # the newest of B's stay
+    a_bytes, b_bytes = store.listing(A)["n_bytes"], store.listing(B)["n_bytes"]
+    with store.db.read() as conn:
+        assert a_bytes + b_bytes == retention.total_bytes(conn) <= budget
+
+
+def test_pages_shows_a_tenant_its_own_bytes_and_share(tmp_path: Path) -> None:
+    """Audit F6: a tenant's listing counts its own records against its share of the budget;
+    another tenant's writes never move its figures."""
+    clock = Clock()
+    store = _store(tmp_path, clock, budget=100_000)
+    _turn(store, "a1", list(range(50)), ns=A)
+    before = store.listing(A)
+    assert before["budget_bytes"] == 100_000 and before["n_bytes"] > 0
+    _turn(store, "b1", list(range(500)), ns=B, text="z" * 5000)
+    after = store.listing(A)
+    assert after["n_bytes"] == before["n_bytes"]
+    assert after["budget_bytes"] == 50_000  # two tenants hold records: half each
+    assert store.listing(B)["n_bytes"] > 5000
+
+
+def test_a_conversation_larger_than_its_share_is_refused_whole(tmp_path: Path) -> None:
+    """Audit F3: items that would make one conversation larger than its tenant's share are
+    refused with a 400 naming --state-bytes and `items`, and nothing of them is written;
+    items that fit are added."""
+    store = _store(tmp_path, Clock(), budget=20_000)
+    store.create_conversation(A, "conv_1", _items(2, 1000, "i"), {})
+    with pytest.raises(RecordsTooLarge) as refused:
+        store.add_items(A, "conv_1", _items(20, 1000, "j"))
+    assert "--state-bytes 20000" in refused.value.message
+    assert refused.value.extra["param"] == "items"
+    assert len(store.conversation_items(A, "conv_1") or []) == 2
+    with pytest.raises(RecordsTooLarge):
+        store.create_conversation(A, "conv_2", _items(20, 1100, "k"), {})
+    assert store.conversation(A, "conv_2") is None
+    assert store.add_items(A, "conv_1", _items(3, 1000, "l"))
+    assert len(store.conversation_items(A, "conv_1") or []) == 5
+
+
+def test_the_database_file_shrinks_after_its_records_go(tmp_path: Path) -> None:
+    """Audit F3: the SQLite file and its write-ahead log give their space back once records
+    are deleted or evicted (the sweep compacts), rather than staying at their peak."""
+    store = _store(tmp_path, Clock())
+    for i in range(10):
+        store.create_conversation(A, f"conv_{i}", _items(20, 20_000, f"c{i}-"), {})
+    path = store.db.path
+    assert path is not None
+    wal = path.with_name(path.name + "-wal")
+    peak = path.stat().st_size + wal.stat().st_size
+    assert peak > 4_000_000
+    for i in range(10):
+        store.delete_conversation(A, f"conv_{i}")
+    store.sweep()
+    after = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+    assert after < peak // 10, (peak, after)

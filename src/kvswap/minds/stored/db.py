@@ -3,7 +3,9 @@
 
 A file (`state.sqlite3` under `--state-dir`, else `<--slot-save-path>/.kvswap-state/`) in WAL
 mode with `synchronous=FULL`: a committed turn is on disk (fsynced) before its answer goes
-out, and a SIGKILL leaves either the turn or nothing. Without a path the database lives in
+out, and a SIGKILL leaves either the turn or nothing. The file shrinks after deletes: it is in
+incremental auto-vacuum, and `compact` (each sweep) returns its free pages and truncates the
+write-ahead log (kept to `JOURNAL_LIMIT_BYTES` between). Without a path the database lives in
 memory (the server says so in one line at start-up) and is lost at exit.
 
 Tables: `segments` (a tree of immutable token runs: a response's tokens are its segment's chain
@@ -24,6 +26,8 @@ from typing import Final
 
 DB_NAME: Final = "state.sqlite3"
 SCHEMA_VERSION: Final = 1
+JOURNAL_LIMIT_BYTES: Final = 16 << 20  # the write-ahead log is cut back to this after a checkpoint
+_INCREMENTAL: Final = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -115,13 +119,30 @@ class RecordsDb:
                 isolation_level=None,  # transactions are explicit (`write`)
             )
             if path is not None:
+                self._vacuum_incrementally()
                 self._conn.execute("PRAGMA journal_mode=WAL")
                 self._conn.execute("PRAGMA synchronous=FULL")
+                self._conn.execute(f"PRAGMA journal_size_limit={JOURNAL_LIMIT_BYTES}")
             self._conn.executescript(_SCHEMA)
             self._check_version()
         except sqlite3.DatabaseError as err:
             raise RecordsDbError(f"{path}: {err}") from err
         self._lock = threading.Lock()
+
+    def _vacuum_incrementally(self) -> None:
+        """Free pages go back to the file system on `compact` (a file made before this setting
+        is rewritten once, here)."""
+        if self._conn.execute("PRAGMA auto_vacuum").fetchone()[0] != _INCREMENTAL:
+            self._conn.execute(f"PRAGMA auto_vacuum={_INCREMENTAL}")
+            self._conn.execute("VACUUM")  # takes effect on a file with tables only so
+
+    def compact(self) -> None:
+        """Give the file's free pages back and truncate the write-ahead log (after deletes)."""
+        if self.path is None:
+            return
+        with self._lock:
+            self._conn.executescript("PRAGMA incremental_vacuum;")  # steps until all are freed
+            self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _check_version(self) -> None:
         row = self._conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone()

@@ -175,6 +175,8 @@ class ReplicatedRecords(StoredRecords):
     def create_conversation(
         self, ns: str, conv_id: str, items: Any, metadata: Any, now: Any = None
     ) -> Any:
+        self.catch_up()
+        self.check_fits(ns, None, items)
         args = {"ns": ns, "conv_id": conv_id, "items": items, "metadata": metadata}
         return self._write("create_conversation", args)
 
@@ -187,6 +189,8 @@ class ReplicatedRecords(StoredRecords):
         return result if result is not None else (False, [])
 
     def add_items(self, ns: str, conv_id: str, items: Any, now: Any = None) -> bool:
+        self.catch_up()
+        self.check_fits(ns, conv_id, items)
         return bool(self._write("add_items", {"ns": ns, "conv_id": conv_id, "items": items}))
 
     def delete_conversation_item(self, ns: str, conv_id: str, item_id: str, now: Any = None) -> Any:

@@ -11,6 +11,7 @@ state folder, or in memory without one.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -130,9 +131,11 @@ class StoredRecords:
     def sweep(self) -> list[Released]:
         """Apply the retention now (the periodic sweep)."""
         with self.db.write() as conn:
-            return self._retain(conn, self.clock()) + retention.within_budget(
+            released = self._retain(conn, self.clock()) + retention.within_budget(
                 conn, self.budget_bytes
             )
+        self.db.compact()
+        return released
 
     def _now(self, now: float | None) -> float:
         return self.clock() if now is None else now
@@ -142,12 +145,15 @@ class StoredRecords:
         return retention.collect(conn)
 
     def listing(self, ns: str) -> dict[str, Any]:
+        """The caller's stored chains and conversations, its bytes and its share of the budget
+        (never another tenant's figures)."""
         with self.db.read() as conn:
+            budget = self.budget_bytes
             return {
                 "chains": resps.chains_of(conn, ns),
                 "conversations": convs.listed(conn, ns),
-                "n_bytes": retention.total_bytes(conn),  # every tenant's: the budget's count
-                "budget_bytes": self.budget_bytes,
+                "n_bytes": retention.tenant_bytes(conn).get(ns, 0),
+                "budget_bytes": retention.share_bytes(conn, budget, ns) if budget else budget,
             }
 
     # -- conversations --------------------------------------------------------------------
@@ -161,11 +167,20 @@ class StoredRecords:
         now: float | None = None,
     ) -> ConversationRecord:
         with self.db.write() as conn:
+            retention.check_fits(conn, self.budget_bytes, ns, None, _bodies(items), "items")
             convs.create(conn, ns, conv_id, metadata, self._now(now))
             convs.append(conn, conv_id, items)
+            retention.within_budget(conn, self.budget_bytes, (ns, conv_id))
             rec = convs.get(conn, ns, conv_id)
         assert rec is not None
         return rec
+
+    def check_fits(self, ns: str, conv_id: str | None, items: list[Item]) -> None:
+        """Refuse (`RecordsTooLarge`) items that would make conversation `conv_id` (None: a new
+        one) larger than the caller's share (a write checks this itself; a cluster's replica
+        asks first, so that a refused write never enters the log)."""
+        with self.db.read() as conn:
+            retention.check_fits(conn, self.budget_bytes, ns, conv_id, _bodies(items), "items")
 
     def conversation(self, ns: str, conv_id: str) -> ConversationRecord | None:
         with self.db.read() as conn:
@@ -191,10 +206,15 @@ class StoredRecords:
             return True, self._retain(conn, now)
 
     def add_items(self, ns: str, conv_id: str, items: list[Item], now: float | None = None) -> bool:
+        """Append items to the caller's conversation (False: it has none of that id); refused
+        (`RecordsTooLarge`) when they would make it larger than the caller's share."""
         with self.db.write() as conn:
-            if convs.get(conn, ns, conv_id) is None:
+            conv = convs.get(conn, ns, conv_id)
+            if conv is None:
                 return False
+            retention.check_fits(conn, self.budget_bytes, ns, conv_id, _bodies(items), "items")
             convs.append(conn, conv_id, items)
+            retention.within_budget(conn, self.budget_bytes, (ns, conv.mind))
             return True
 
     def conversation_items(self, ns: str, conv_id: str) -> list[Item] | None:
@@ -234,3 +254,8 @@ class StoredRecords:
                 head = resps.chain_of(conn, record) if record is not None else None
             n_covered = sum(1 for seq, _ in listed if seq < conv.covered_seq)
             return ConversationTurn(conv, [item for _, item in listed], head, n_covered)
+
+
+def _bodies(items: list[Item]) -> list[str]:
+    """Items as the database stores them (their JSON), for the budget's count."""
+    return [json.dumps(item) for item in items]
