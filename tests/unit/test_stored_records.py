@@ -278,3 +278,48 @@ def test_the_database_file_shrinks_after_its_records_go(tmp_path: Path) -> None:
     store.sweep()
     after = path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
     assert after < peak // 10, (peak, after)
+
+
+def _background(store: StoredRecords, ns: str, rid: str, status: str, n_chars: int = 10) -> None:
+    body = {"id": rid, "object": "response", "status": status, "metadata": {"k": "x" * n_chars}}
+    store.put_pending(ns, rid, body, [{"type": "response.created"}])
+
+
+def test_ended_background_responses_expire_and_count_against_the_budget(tmp_path: Path) -> None:
+    """Audit F4: a cancelled or failed background response is kept for GET only as long as a
+    response is (`--state-ttl-seconds`), counts against its tenant's bytes, and is the first
+    thing its tenant loses past its share; one still running is kept."""
+    clock = Clock()
+    store = _store(tmp_path, clock, budget=50_000)
+    _background(store, B, "resp_running", "in_progress")
+    for i in range(8):
+        clock.now += 1
+        _background(store, B, f"resp_c{i}", "cancelled", n_chars=10_000)
+    _turn(store, "a1", list(range(50)), ns=A)
+    with store.db.read() as conn:
+        assert retention.total_bytes(conn) <= 50_000
+    assert store.response(B, "resp_c0") is None  # the oldest ended ones went first
+    assert store.response(B, "resp_c7") is not None and store.response(A, "a1") is not None
+    assert store.listing(B)["n_bytes"] > 10_000  # counted
+    clock.now += 31 * DAY_S
+    store.sweep()
+    assert store.response(B, "resp_c7") is None
+    assert (store.response(B, "resp_running") or {}).get("status") == "in_progress"
+
+
+def test_a_restart_marks_interrupted_background_responses_failed(tmp_path: Path) -> None:
+    """Audit F4: a background response a killed process left queued is, at the next start,
+    failed with its reason (GET says so), and so expires with the ended ones."""
+    clock = Clock()
+    store = _store(tmp_path, clock)
+    _background(store, A, "resp_q", "queued")
+    _background(store, A, "resp_x", "cancelled")
+    store.close()
+    again = _store(tmp_path, clock)
+    body = again.response(A, "resp_q") or {}
+    assert body.get("status") == "failed"
+    assert "restart" in body["error"]["message"]
+    assert (again.response(A, "resp_x") or {}).get("status") == "cancelled"
+    clock.now += 31 * DAY_S
+    again.sweep()
+    assert again.response(A, "resp_q") is None

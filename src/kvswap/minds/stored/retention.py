@@ -1,7 +1,9 @@
 """What the stored conversations keep, and what they let go: run inside a write transaction.
 
 - `expire`: responses past their time to live (`--state-ttl-seconds`, default 30 days, as
-  OpenAI) are hidden, as a DELETE hides one;
+  OpenAI) are hidden, as a DELETE hides one, and background responses that ended without one
+  (cancelled, failed) are deleted as old; `interrupted` marks those a previous process left
+  running failed ("interrupted by a server restart"), so they expire too;
 - `collect`: a hidden response is kept only while a visible one's history runs through it (so
   deleting or expiring a response in the middle of a chain never breaks its descendants), a
   token segment only while a kept response's tokens run through it; a mind with no visible
@@ -10,8 +12,8 @@
 - `within_budget`: past `--state-bytes`, chains go whole (their responses hidden, a
   conversation deleted with its items) until the records fit. The budget is shared fairly
   between tenants (API keys): each tenant holding records has an equal share of it
-  (`share_bytes`), and the chains that go are the least recently used of the tenant furthest
-  over its share, so one key's flood evicts its own records and leaves the records of a key
+  (`share_bytes`), and what goes is the tenant's furthest over its share: its oldest ended
+  background response, else its least recently used chain, so one key's flood evicts its own records and leaves the records of a key
   within its share whole (a tenant may use more than its share while the budget has room);
 - `check_fits`: a conversation's write (its creation, items added) that would make it alone
   larger than its tenant's share is refused before it is made (`RecordsTooLarge`, naming
@@ -25,6 +27,7 @@ budget covers them. Pure SQL over the connection it is given; the clock is the c
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from dataclasses import dataclass
 
@@ -79,6 +82,9 @@ SELECT ns, SUM(n) FROM (
 """
 
 
+_ENDED = "json_extract(body, '$.status') IN ('cancelled', 'failed', 'completed', 'incomplete')"
+
+
 @dataclass(frozen=True)
 class Released:
     """A mind no stored record references any more."""
@@ -88,8 +94,22 @@ class Released:
     owned: bool  # the store made it: its state is dropped too
 
 
-def expire(conn: sqlite3.Connection, now: float) -> None:
+def expire(conn: sqlite3.Connection, now: float, ttl_s: float) -> None:
+    """Hide the responses past their time to live; delete the background responses that ended
+    without one (cancelled, failed) `ttl_s` after they were made."""
     conn.execute("UPDATE responses SET hidden = 1 WHERE hidden = 0 AND expires_at <= ?", (now,))
+    conn.execute(f"DELETE FROM pending WHERE {_ENDED} AND created_at <= ?", (now - ttl_s,))
+
+
+def interrupted(conn: sqlite3.Connection) -> int:
+    """Background responses a previous process left running: failed, so they expire and the
+    GET says why. How many."""
+    error = json.dumps({"code": "server_error", "message": "interrupted by a server restart"})
+    return conn.execute(
+        f"UPDATE pending SET body = json_set(body, '$.status', 'failed', '$.error', json(?)) "
+        f"WHERE NOT {_ENDED}",
+        (error,),
+    ).rowcount
 
 
 def collect(conn: sqlite3.Connection) -> list[Released]:
@@ -170,6 +190,8 @@ def within_budget(
         victim = _victim(conn, budget_bytes, keep)
         if victim is None:
             break
+        if victim is _NOTHING:  # an ended background response went
+            continue
         ns, name = victim
         conn.execute("UPDATE responses SET hidden = 1 WHERE ns = ? AND mind = ?", (ns, name))
         for (conv,) in conn.execute(
@@ -179,6 +201,9 @@ def within_budget(
             conn.execute("DELETE FROM conversations WHERE id = ?", (conv,))
         released += collect(conn)
     return released
+
+
+_NOTHING = ("", "")  # `_victim`: room was made without dropping a chain
 
 
 def _victim(
@@ -191,10 +216,24 @@ def _victim(
     if not over:  # the shares' rounding: any chain
         return _least_recent(conn, keep, None)
     for ns in over:
+        if _drop_oldest_ended(conn, ns):
+            return _NOTHING
         found = _least_recent(conn, keep, ns)
         if found is not None:
             return found
     return None  # only `keep` is over: a tenant within its share never pays for it
+
+
+def _drop_oldest_ended(conn: sqlite3.Connection, ns: str) -> bool:
+    """Delete tenant `ns`'s oldest ended background response; False when it has none."""
+    return (
+        conn.execute(
+            f"DELETE FROM pending WHERE id = (SELECT id FROM pending WHERE ns = ? AND {_ENDED} "
+            "ORDER BY created_at LIMIT 1)",
+            (ns,),
+        ).rowcount
+        > 0
+    )
 
 
 def _least_recent(

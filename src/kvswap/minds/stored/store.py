@@ -54,6 +54,9 @@ class StoredRecords:
         self.ttl_s = ttl_s
         self.budget_bytes = budget_bytes
         self.clock = clock
+        if folder is not None:  # this process owns the file: no run of another is live
+            with self.db.write() as conn:
+                retention.interrupted(conn)
 
     def describe(self) -> str:
         where = f"in {self.path}" if self.path is not None else "in memory (lost at exit)"
@@ -141,7 +144,7 @@ class StoredRecords:
         return self.clock() if now is None else now
 
     def _retain(self, conn: Any, now: float) -> list[Released]:
-        retention.expire(conn, now)
+        retention.expire(conn, now, self.ttl_s)
         return retention.collect(conn)
 
     def listing(self, ns: str) -> dict[str, Any]:
