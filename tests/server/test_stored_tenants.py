@@ -5,6 +5,7 @@ nothing of the first key's text in any answer or in its /pages."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -124,5 +125,50 @@ def test_one_keys_flood_leaves_another_keys_records_whole(
         assert a_after["stored"]["n_bytes"] == a_pages["stored"]["n_bytes"]
         assert a_after["stored"]["budget_bytes"] == b_after["stored"]["budget_bytes"] == 100_000
         assert a_after["stored"]["n_bytes"] + b_after["stored"]["n_bytes"] <= 200_000
+    finally:
+        server.stop()
+
+
+def test_background_responses_are_capped_per_key(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Audit F5 (`--state-background-per-key 2`): a key with two background responses queued
+    or running gets a 429 naming the flag for a third (none recorded), while another key still
+    starts its own; once one of the first key's is cancelled, it may start another. Defect
+    caught: 60 queued runs of one key, costing it no connection, delayed every key."""
+    model = tiny_model_path("llama", seed=7, vocab="tiny")
+    log = tmp_path_factory.mktemp("bg") / "server.log"
+    server = ServerProcess(
+        ["-m", str(model), "-c", "4096", "-np", "1", "-t", "1", "-tb", "1",
+         "--api-key", "ka,kb", "--state-background-per-key", "2"],
+        log,
+    )  # fmt: skip
+    long: dict[str, Any] = {
+        "model": "m",
+        "max_output_tokens": 3000,
+        "background": True,
+        "input": "Count.",
+        "extra_body": {"ignore_eos": True},  # a run that lasts: 3,000 tokens
+    }
+    try:
+        a = openai.OpenAI(base_url=server.url + "/v1", api_key="ka", max_retries=0)
+        b = openai.OpenAI(base_url=server.url + "/v1", api_key="kb", max_retries=0)
+        first, _ = b.responses.create(**long), b.responses.create(**long)
+        with pytest.raises(openai.RateLimitError) as refused:
+            b.responses.create(**long)
+        assert "--state-background-per-key" in refused.value.message
+        assert refused.value.response.headers["retry-after"] == "1"
+        theirs = a.responses.create(**long)
+        b.responses.cancel(first.id)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                later = b.responses.create(**long)
+                break
+            except openai.RateLimitError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for client, rid in ((b, later.id), (a, theirs.id), (b, _.id)):
+            client.responses.cancel(rid)
     finally:
         server.stop()

@@ -389,6 +389,9 @@ class StateSettings:
     # --state-bytes (KVSWAP_ARG_STATE_BYTES): the records' byte budget; past it the least
     # recently used chains are dropped first, with their minds. None: no bound.
     budget_bytes: int | None = 1 << 30
+    # --state-background-per-key (KVSWAP_ARG_STATE_BACKGROUND_PER_KEY): background responses
+    # one API key may have queued or running at once; past it a 429.
+    background_per_key: int = 8
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Owns `--state-dir` (where their SQLite database lives; default under `--slot-save-path`, else
 in memory), `--state-ttl-seconds` (how long a stored response is kept: 30 days, as OpenAI)
-and `--state-bytes` (their byte budget, default 1G; `0` for no bound). docs/STATEFUL.md says
+`--state-bytes` (their byte budget, default 1G; `0` for no bound, shared evenly by the keys
+that store) and `--state-background-per-key` (the live background responses a key may have). docs/STATEFUL.md says
 what is stored.
 """
 
@@ -12,7 +13,7 @@ import os
 
 from kvswap.config.argspec import Builder, Flag, Group, Kind, flag
 from kvswap.config.sizes import parse_size
-from kvswap.config.values import read_float
+from kvswap.config.values import read_float, read_int
 
 VALUE, STATE = Kind.VALUE, Group.STATE
 
@@ -30,6 +31,13 @@ def _set_ttl(b: Builder, v: str) -> None:
     b.update("state", ttl_s=ttl_s)
 
 
+def _set_background_per_key(b: Builder, v: str) -> None:
+    n = read_int(v)
+    if n < 1:
+        raise ValueError(f"{v}: at least 1 background response per API key")
+    b.update("state", background_per_key=n)
+
+
 def _set_bytes(b: Builder, v: str) -> None:
     n_bytes = parse_size(v, "--state-bytes")
     b.update("state", budget_bytes=n_bytes if n_bytes > 0 else None)
@@ -45,7 +53,12 @@ FLAGS: tuple[Flag, ...] = (
          hint="SECONDS", help="how long a stored response is kept; a mind no stored response "
          "references any more is dropped (default: 2592000, 30 days, as OpenAI)"),
     flag("--state-bytes", VALUE, STATE, _set_bytes, env="KVSWAP_ARG_STATE_BYTES", hint="SIZE",
-         help="byte budget of the stored records: past it the least recently used chains are "
+         help="byte budget of the stored records, shared evenly by the API keys that store: "
+         "past it the least recently used chains of the key furthest over its share are "
          "dropped first, with their minds (default: 1G; 0 = no bound)"),
+    flag("--state-background-per-key", VALUE, STATE, _set_background_per_key,
+         env="KVSWAP_ARG_STATE_BACKGROUND_PER_KEY", hint="N",
+         help="background responses (background: true) one API key may have queued or "
+         "running at once; past it a 429 (default: 8)"),
 )
 # fmt: on

@@ -20,6 +20,7 @@ class ErrorKind(StrEnum):
     SERVER = "server_error"
     NOT_SUPPORTED = "not_supported_error"
     UNAVAILABLE = "unavailable_error"
+    RATE_LIMIT = "rate_limit_error"  # kvswap's: a key past a per-key limit (429)
 
     @property
     def code(self) -> int:
@@ -35,6 +36,7 @@ _ERROR_CODES = {
     ErrorKind.SERVER: 500,
     ErrorKind.NOT_SUPPORTED: 501,
     ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.RATE_LIMIT: 429,
 }
 
 

@@ -4,7 +4,8 @@ replayed with `starting_after` follows it to its end, and a cancel stops it.
 
 `Backgrounds.start` runs the caller's work as a task (it needs no HTTP connection and outlives
 the request that made it); the work reports through its `Run` (`emit` an event, `set_body`).
-A finished run is dropped from here (its record is the store's). Runs on the event loop only.
+A finished run is dropped from here (its record is the store's); `n_live` counts a tenant's
+runs, which the route holds to `--state-background-per-key`. Runs on the event loop only.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ class Backgrounds:
 
         run.task = asyncio.ensure_future(main())
         return run
+
+    def n_live(self, ns: str) -> int:
+        """The runs of tenant `ns` queued or running here now."""
+        return sum(1 for run_ns, _ in self._runs if run_ns == ns)
 
     def body(self, ns: str, rid: str) -> dict[str, Any] | None:
         run = self._runs.get((ns, rid))

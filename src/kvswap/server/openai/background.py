@@ -4,7 +4,8 @@ The POST answers at once (the response `queued`, or with `stream: true` its even
 come, which a client may leave and pick up again with GET `?stream=true&starting_after=N`).
 The task holds the turn's mind as a request would (without an HTTP connection to watch), runs
 it, and records the response with its stream's events before its last events go out; a
-cancel (POST /cancel, DELETE) ends it `cancelled`, an error `failed`, both kept for GET.
+cancel (POST /cancel, DELETE) ends it `cancelled`, an error `failed`, both kept for GET. One
+API key has at most `--state-background-per-key` runs queued or running (`check_limit`: a 429).
 While it runs, the store holds it as pending (another process or a restart sees it `queued`).
 """
 
@@ -16,7 +17,7 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from typing import Any
 
-from kvswap.core.errors import KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError
 from kvswap.minds.chains import ChainStart, StoredChains
@@ -30,6 +31,19 @@ from kvswap.server.state import ServerState
 from kvswap.server.streaming import Turn
 
 log = logging.getLogger("kvswap.server")
+
+
+def check_limit(state: ServerState, ns: str) -> None:
+    """A 429 when tenant `ns` has as many runs queued or running as
+    `--state-background-per-key` (a run costs its client no connection, and outlives it)."""
+    limit = state.config.state.background_per_key
+    if state.backgrounds.n_live(ns) >= limit:
+        raise KvswapError(
+            ErrorKind.RATE_LIMIT,
+            f"this API key has {limit} background responses queued or running, the most it "
+            "may (--state-background-per-key); wait for one to end, or cancel one",
+            retry_after_s=1,
+        )
 
 
 class BackgroundTurn:

@@ -33,7 +33,7 @@ from kvswap.core.types import (
 from kvswap.minds.chains import ChainStart, StoredChains
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai import formats_responses as fr
-from kvswap.server.openai.background import BackgroundTurn
+from kvswap.server.openai.background import BackgroundTurn, check_limit
 from kvswap.server.openai.items import metadata
 from kvswap.server.openai.response_stream import ResponseStream, whole_response
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
@@ -205,6 +205,7 @@ async def _background(
         )
     chains = _chains(state)
     ns = tenant_namespace(request.scope)
+    check_limit(state, ns)
     seed = await chains.seed(start.fork_from) if start.fork_from is not None else None
     turn_ = BackgroundTurn(state, chains, ns, req, data, start, mind, meta)
     run = await turn_.begin(seed, lambda sj: _state_json(start, sj))
