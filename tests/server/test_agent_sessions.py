@@ -9,6 +9,7 @@ model: its answers are whatever the tool grammar lets it write; only token count
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,3 +163,64 @@ def test_a_codex_session_on_responses_returns_from_disk_every_turn(
         ] or [{"role": "user", "content": ASKS[t % len(ASKS)]}]
         _to_disk(server, "codex-conv-1")
     assert n_calls >= N_TURNS // 3  # a function was called (a forced choice every third turn)
+
+
+def _environment(t: int) -> dict[str, Any]:
+    """Claude Code's mid-conversation system turn (its environment, a reminder), marked."""
+    text = f"<env>Working directory: /repo\nPlatform: linux\nTurn: {t}</env>"
+    block = {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}
+    return {"role": "system", "content": [block]}
+
+
+def test_claude_codes_whole_request_is_taken_and_its_session_is_a_mind(
+    server: ServerProcess,
+) -> None:
+    """Claude Code 2.1's request as it sends it (issue 41): a system-role turn after the first
+    user message (and another after each answer), `thinking` adaptive with its display
+    omitted, `context_management`, `output_config`, `metadata.user_id` carrying the session id
+    as JSON (no session header here), the billing line and the beta header. Every request is
+    a 200 (it was a 400: role must be 'user' or 'assistant'), streamed as the CLI reads it;
+    the session id names the mind, and each later turn prefills at most its new input + 64."""
+    session = "5d1f0c1e-7a43-4c1b-9a57-claude-meta"
+    claude = anthropic.Anthropic(
+        base_url=server.url,
+        api_key="none",
+        max_retries=0,
+        default_headers={"anthropic-beta": "claude-code-20250219"},
+    )
+    system: Any = [
+        {
+            "type": "text",
+            "text": "x-anthropic-billing-header: cc_version=2.1.328; cc_entrypoint=sdk-cli;",
+        },
+        {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}},
+    ]
+    extra = {
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "metadata": {"user_id": json.dumps({"device_id": "d1", "session_id": session})},
+    }
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": ASKS[0]}]},
+        _environment(0),
+    ]
+    turns = Turns()
+    for t in range(4):
+        args: dict[str, Any] = {"model": "claude-sonnet-4-5", "max_tokens": 32000}
+        args |= {"system": system, "tools": TOOLS, "messages": messages}
+        with claude.messages.stream(**args, extra_body={**extra, "max_tokens": 48}) as stream:
+            msg = stream.get_final_message()
+        u = msg.usage
+        read, created = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+        turns.check(u.input_tokens + created + read, read)
+        content = [b.model_dump(exclude_none=True) for b in msg.content] or [
+            {"type": "text", "text": "..."}
+        ]
+        messages += [
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": [{"type": "text", "text": ASKS[(t + 1) % len(ASKS)]}]},
+            _environment(t + 1),
+        ]
+    minds = {v["mind"] for v in server.client.get("/pages").json()["minds"]}
+    assert session in minds

@@ -81,10 +81,38 @@ def test_anthropic_defaults_and_choices() -> None:
     assert "max_tokens" not in body and body["tool_choice"] == "required"
 
 
+def test_a_system_turn_in_messages_stays_where_it_stands() -> None:
+    """Claude Code's mid-conversation system turn (issue 41) is a system message in place,
+    its cache_control taken; adaptive thinking turns thinking on."""
+    body = anthropic(
+        {
+            "system": "Be brief.",
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "messages": [
+                {"role": "user", "content": "Fix it."},
+                {
+                    "role": "system",
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": "cwd: /repo",
+                            "cache_control": {"type": "ephemeral"},
+                        }
+                    ],
+                },
+            ],
+        }
+    )
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "system"]
+    assert body["messages"][2]["content"] == "cwd: /repo"
+    assert body["chat_template_kwargs"]["enable_thinking"] is True
+
+
 @pytest.mark.parametrize(
     ("raw", "code"),
     [
-        ({"messages": [{"role": "system", "content": "x"}]}, 400),
+        ({"messages": [{"role": "tool", "content": "x"}]}, 400),
+        ({"messages": [], "thinking": {"type": "sometimes"}}, 400),
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 501),
         ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400),
         ({"messages": [], "tool_choice": {"type": "tool"}}, 400),

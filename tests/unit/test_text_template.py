@@ -441,3 +441,45 @@ def test_bos_handling() -> None:
 def test_fixed_clock_is_used_for_strftime() -> None:
     template = ChatTemplate("{{ strftime_now('%Y-%m-%d %H:%M') }}", "", "", clock=lambda: FIXED)
     assert template.render([]) == "2024-07-26 09:30"
+
+
+# A template that takes a system message only at the front, as many do (Gemma, Mistral):
+_FRONT_SYSTEM_ONLY = (
+    "{% for m in messages %}"
+    "{% if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('System role only at the start') }}{% endif %}"
+    "<{{ m.role }}>{{ m.content }}</{{ m.role }}>"
+    "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def test_a_mid_conversation_system_turn_renders_in_place_where_the_template_allows() -> None:
+    """Claude Code's system turns (issue 41): ChatML renders a system message after a user
+    message as a system message, where it stands."""
+    tpl = ChatTemplate(CHATML_TEMPLATE, "", "")
+    assert tpl.caps.supports_late_system
+    text = tpl.render(
+        [
+            {"role": "user", "content": "Fix it."},
+            {"role": "system", "content": "Working directory: /repo"},
+        ]
+    )
+    assert "<|im_start|>user\nFix it.<|im_end|>\n<|im_start|>system\nWorking directory" in text
+
+
+def test_a_mid_conversation_system_turn_folds_into_the_message_before_it() -> None:
+    """Where the template allows a system message only at the front, a later one is folded
+    into the message before it: never a 400, and a request that ends with the system turn
+    renders as the prefix of the next request (the mind's history holds)."""
+    tpl = ChatTemplate(_FRONT_SYSTEM_ONLY, "", "")
+    assert tpl.caps.supports_system_role and not tpl.caps.supports_late_system
+    first = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Fix it."},
+        {"role": "system", "content": "cwd: /repo"},
+    ]
+    later = [*first, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "Go"}]
+    one = tpl.render(first, add_generation_prompt=False)
+    two = tpl.render(later)
+    assert one == "<system>Be brief.</system><user>Fix it.\n\ncwd: /repo</user>"
+    assert two.startswith(one)

@@ -178,7 +178,7 @@ async def named_mind(
     session = None
     if session_headers is not None and not field.several:
         values = [http.headers.get(name) for name in session_headers]
-        session = session_mind(field.prompt_cache_key, values)
+        session = session_mind(field.prompt_cache_key, [*values, field.claude_session])
     header = http.headers.get("x-mind-id")
     return request_mind(header, field.mind, tenant_namespace(http.scope), session)
 

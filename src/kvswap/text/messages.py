@@ -204,6 +204,29 @@ def as_typed_content(content: str | list[dict[str, str]]) -> list[dict[str, str]
     return [{"type": "text", "text": content}] if isinstance(content, str) else content
 
 
+def fold_late_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each system message after the first non-system one (a mid-conversation system turn, as
+    Claude Code sends) appended to the message before it, for a template that renders system
+    messages only at the front. Into the one before, never the next: a request that ends with
+    a system turn renders as the next request's prefix does, so a mind's history holds."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        late = message["role"] == "system" and any(m["role"] != "system" for m in out)
+        if not late:
+            out.append(message)
+            continue
+        prev = dict(out[-1])
+        if isinstance(prev["content"], str) and isinstance(message["content"], str):
+            prev["content"] = prev["content"] + "\n\n" + message["content"]
+        else:
+            sep = [{"type": "text", "text": "\n\n"}]
+            prev["content"] = (
+                as_typed_content(prev["content"] or "") + sep + as_typed_content(message["content"])
+            )
+        out[-1] = prev
+    return out
+
+
 def merge_system_into_next(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if not messages or messages[0]["role"] != "system":
         return messages

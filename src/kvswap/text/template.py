@@ -36,6 +36,7 @@ from kvswap.text.messages import (
     InvalidMessagesError,
     as_string_content,
     as_typed_content,
+    fold_late_system,
     merge_system_into_next,
     normalize_messages,
     normalize_tools,
@@ -92,6 +93,9 @@ class TemplateCaps:
     """Renders a `tool` message's content."""
     supports_object_arguments: bool = False
     """Wants tool-call arguments as an object (it JSON-encodes them itself)."""
+    supports_late_system: bool = True
+    """Renders a system message after a user message in place (else it is folded into the
+    message before it: `messages.fold_late_system`)."""
 
 
 def strip_leading_bos(text: str, bos_token: str) -> tuple[str, bool]:
@@ -317,6 +321,8 @@ class ChatTemplate:
             if caps.supports_object_arguments and "tool_calls" in message:
                 message["tool_calls"] = [_object_arguments(c) for c in message["tool_calls"]]
             out.append(message)
+        if not caps.supports_late_system:
+            out = fold_late_system(out)
         if not caps.supports_system_role:
             out = merge_system_into_next(out)
         return out
@@ -414,6 +420,8 @@ class ChatTemplate:
         object_args = as_object is not None and (as_text is None or '\\"code\\"' in as_text)
         with_call = as_object if object_args else as_text
         calls_ok = with_call is not None and _PROBE_MARKER in with_call
+        late = self._probe([hello, {"role": "system", "content": _PROBE_MARKER}, hello], caps)
+        late_ok = system_ok and late is not None and _PROBE_MARKER in late
         response = {"role": "tool", "tool_call_id": "call_1", "content": _PROBE_MARKER + "-result"}
         call = _probe_call(json.loads(_PROBE_ARGS) if object_args else _PROBE_ARGS)
         with_response = self._probe([hello, call, response], caps)
@@ -427,4 +435,5 @@ class ChatTemplate:
             supports_tool_calls=calls_ok,
             supports_tool_responses=responses_ok,
             supports_object_arguments=object_args,
+            supports_late_system=late_ok,
         )

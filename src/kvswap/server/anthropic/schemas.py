@@ -14,7 +14,7 @@ image is a typed 501 instead of being passed to a text model. Pure.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import model_validator
 
@@ -67,8 +67,11 @@ class AnthropicMessage(Body):
 
     @model_validator(mode="after")
     def _check_role(self) -> AnthropicMessage:
-        if self.role not in ("user", "assistant"):
-            raise ValueError(f"messages: role must be 'user' or 'assistant', got {self.role!r}")
+        # "system": a mid-conversation system turn (Claude Code's environment, its reminders)
+        if self.role not in ("user", "assistant", "system"):
+            raise ValueError(
+                f"messages: role must be 'user', 'assistant' or 'system', got {self.role!r}"
+            )
         return self
 
 
@@ -87,8 +90,9 @@ class AnthropicToolChoice(Body):
 
 
 class AnthropicThinking(Body):
-    type: str
+    type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: NonNegInt | None = None
+    display: str | None = None  # "omitted": Claude Code shows none (nothing here to omit)
 
 
 class MessagesRequest(Body):
@@ -133,7 +137,11 @@ def _text_of(content: str | list[ContentBlock] | None, where: str) -> str:
 
 
 def to_chat_messages(msg: AnthropicMessage, i: int) -> list[dict[str, Any]]:
-    """One Anthropic turn as chat messages: the turn, then one `tool` message per result."""
+    """One Anthropic turn as chat messages: the turn, then one `tool` message per result; a
+    system turn is a system message in place (the template renders it there, or folds it into
+    the message before it: `text.messages.fold_late_system`)."""
+    if msg.role == "system":
+        return [{"role": "system", "content": _text_of(msg.content, f"messages[{i}]")}]
     if isinstance(msg.content, str):
         return [{"role": msg.role, "content": msg.content}]
     parts: list[dict[str, Any]] = []
@@ -264,7 +272,8 @@ def to_chat_body(req: MessagesRequest, raw: dict[str, Any] | None = None) -> dic
             body[key] = value
     kwargs = dict(req.chat_template_kwargs or {})
     if req.thinking is not None and "enable_thinking" not in kwargs:
-        kwargs["enable_thinking"] = req.thinking.type == "enabled"
+        # "adaptive": the model decides how much to think (Claude Code's default): thinking on
+        kwargs["enable_thinking"] = req.thinking.type in ("enabled", "adaptive")
     if kwargs:
         body["chat_template_kwargs"] = kwargs
     return body

@@ -18,6 +18,8 @@ Callers: route handlers, through `parse_body`. Pure: no I/O, no engine.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
@@ -62,6 +64,9 @@ class Body(BaseModel):
     )
 
 
+_SESSION_SUFFIX = re.compile(r"_session_([0-9A-Za-z-]+)$")  # older Claude Code's user_id
+
+
 class MindField(Body):
     """What a generation body says of its mind, read before the body is prepared, so the mind's
     turn is held (and in a cluster placed) first (`streaming.turn`): its `mind`, validated as
@@ -73,6 +78,23 @@ class MindField(Body):
     n: Any = None
     n_cmpl: Any = None
     prompt: Any = None
+    metadata: Any = None  # Anthropic's: Claude Code's `user_id` carries its session id
+
+    @property
+    def claude_session(self) -> str | None:
+        """The session id in Anthropic's `metadata.user_id`, as Claude Code sends it (a JSON
+        object with `session_id`, or `user_..._session_<id>` in older releases); None when
+        it carries none."""
+        user_id = self.metadata.get("user_id") if isinstance(self.metadata, dict) else None
+        if not isinstance(user_id, str):
+            return None
+        try:
+            parsed = json.loads(user_id)
+        except ValueError:
+            found = _SESSION_SUFFIX.search(user_id)
+            return found.group(1) if found else None
+        session = parsed.get("session_id") if isinstance(parsed, dict) else None
+        return session if isinstance(session, str) and session else None
 
     @property
     def several(self) -> bool:
