@@ -224,3 +224,66 @@ def test_claude_codes_whole_request_is_taken_and_its_session_is_a_mind(
         ]
     minds = {v["mind"] for v in server.client.get("/pages").json()["minds"]}
     assert session in minds
+
+
+def test_a_long_answer_is_never_prefilled_again(server: ServerProcess) -> None:
+    """Issue 41: a client re-sending the whole conversation under a session key echoes each
+    answer back as a message, which the template renders otherwise than the model's tokens;
+    the mind continues its own tokens, so with answers of 300 tokens (a forced tool call among
+    them) each later turn prefills at most its new input + 64 tokens. Defect caught: every
+    turn re-prefilled its previous answer (the history diverged where the answer starts)."""
+    chat = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    tools: Any = [
+        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+        for t in TOOLS
+    ]
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": ASKS[0]},
+    ]
+    n_before = 0
+    for t in range(5):
+        raw = chat.chat.completions.with_raw_response.create(
+            model="m",
+            messages=messages,
+            tools=tools,
+            tool_choice="required" if t == 2 else "auto",
+            max_tokens=300,
+            temperature=0,
+            prompt_cache_key="chat-long",
+            extra_body={"ignore_eos": t != 2},  # a long answer; the call ends itself
+        )
+        data = json.loads(raw.text)
+        timings, usage = data["timings"], data["usage"]
+        if t:
+            n_new = usage["prompt_tokens"] - n_before
+            assert timings["prompt_n"] <= n_new + 64, (t, timings, n_new)
+        n_before = usage["prompt_tokens"] + usage["completion_tokens"]
+        message = data["choices"][0]["message"]
+        assert usage["completion_tokens"] >= 300 or message.get("tool_calls"), usage
+        messages.append(message)
+        calls = message.get("tool_calls") or []
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": "ok"} for c in calls] or [
+            {"role": "user", "content": ASKS[(t + 1) % len(ASKS)]}
+        ]
+
+
+def test_a_forced_call_with_ignore_eos_ends_and_the_server_lives(server: ServerProcess) -> None:
+    """A forced tool call under `ignore_eos`: once the call's grammar is complete it admits
+    only the end of generation, which `ignore_eos` bans. The answer ends with the call (200),
+    and the server keeps serving. Defect caught: libllama's grammar threw on the token the
+    sampler drew instead ('Unexpected empty grammar stack'), which aborted the process."""
+    body = {
+        "messages": [{"role": "user", "content": ASKS[0]}],
+        "tools": [
+            {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+            for t in TOOLS
+        ],
+        "tool_choice": "required",
+        "ignore_eos": True,
+        "max_tokens": 200,
+    }
+    answer = server.post("/v1/chat/completions", body)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["tool_calls"]
+    assert server.post("/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvswap.minds.continuation import ContinueMode, Position, continue_chain, text_digest
+from kvswap.minds.continuation import (
+    ContinueMode,
+    Position,
+    continue_chain,
+    continue_prompt,
+    text_digest,
+)
 
 END = 1000  # "<E>"
 
@@ -142,3 +148,23 @@ def test_an_answer_rendered_otherwise_but_ended_by_its_turn_token_is_kept() -> N
     )
     assert cont.mode is ContinueMode.KEPT and "kept" in cont.reason
     assert cont.tokens.tolist() == tokens.tolist() + tokenize("\n[user]x<E>\n[assistant]").tolist()
+
+
+def test_an_answer_the_client_changed_keeps_the_prompts_own_tokens() -> None:
+    """`continue_prompt` (a session's client edited the last answer): the mind's prompt tokens
+    are kept as they are (an earlier answer the model wrote stays in its own tokens, here a
+    pair the tokenizer would write otherwise), and only the rest of the render is tokenized;
+    a conversation that renders otherwise before the answer gets None."""
+    prompt_text = render([("user", "hi")], True)
+    prompt = tokenize(prompt_text, True)
+    prompt[3] = 7777  # a token of an earlier answer, as generated: never re-tokenized
+    tokens = np.concatenate([prompt, tokenize("hello<E>")]).astype(np.int32)
+    pos = Position(len(tokens), len(prompt), len(prompt_text), text_digest(prompt_text))
+    edited = render([("user", "hi"), ("assistant", "bye"), ("user", "again")], True)
+    kept = continue_prompt(tokens, pos, full=edited, tokenize=tokenize, detokenize=detokenize)
+    assert kept is not None
+    assert kept.tolist() == prompt.tolist() + tokenize(edited[len(prompt_text) :]).tolist()
+    other = render([("user", "ho"), ("assistant", "bye"), ("user", "again")], True)
+    assert (
+        continue_prompt(tokens, pos, full=other, tokenize=tokenize, detokenize=detokenize) is None
+    )

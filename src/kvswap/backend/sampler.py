@@ -184,6 +184,12 @@ class SamplerChain:
                 return self._end_token
             llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(arr))
             token = int(arr.data[arr.selected].id)
+            if not self._grammar_allows(token):
+                # The chain ruled out all the grammar admits (a complete grammar admits only
+                # the end of generation, which `ignore_eos` bans): libllama's grammar would
+                # abort the process on the token it drew instead.
+                log.warning("the grammar is complete and the sampler bans its end: ending")
+                return self._end_token
         if self.params.record_candidates:
             self._last = _view(arr).copy()
         if self.grammar is not None:

@@ -59,6 +59,18 @@ class GenerationRequest:
     # (a stored conversation's second turn adopts its first, which ran without a mind); else
     # a new mind starts from an empty slot.
     adopt_prefix: bool = False
+    # A mind's chat turn: where its prompt ends, so that its next turn can continue the mind's
+    # own tokens (`minds.histories`); None: not a chat turn of a mind.
+    turn_mark: TurnMark | None = None
+
+
+@dataclass(frozen=True)
+class TurnMark:
+    """A mind's chat turn as its next one needs it (`minds.histories.LastTurn`)."""
+
+    n_messages: int  # the chat messages of the request
+    prompt_chars: int  # the rendered prompt text: its length and digest
+    prompt_digest: str
 
 
 @dataclass(frozen=True)

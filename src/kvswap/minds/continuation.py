@@ -173,6 +173,25 @@ def _joins_cleanly(
     )
 
 
+def continue_prompt(
+    tokens: Tokens, position: Position, *, full: str, tokenize: Tokenize, detokenize: Detokenize
+) -> Tokens | None:
+    """The prompt tokens of `position` (without its answer) followed by the tokens of the rest
+    of `full`, when `full` still starts with the text those tokens stand for; None otherwise.
+    For a request that does not continue the answer (the client changed it, or sent the same
+    conversation again): the prompt keeps the mind's tokens for everything before the answer
+    (earlier answers kept as the model wrote them), and only the rest is tokenized."""
+    n_chars = position.prompt_chars
+    if position.n_prompt < 1 or text_digest(full[:n_chars]) != position.prompt_digest:
+        return None
+    head = tokens[: position.n_prompt]
+    rest = full[n_chars:]
+    glue = tokenize(rest, False)
+    if not _joins_cleanly(head[-1], rest, glue, tokenize, detokenize):
+        return None
+    return np.concatenate([head, glue]).astype(np.int32)
+
+
 def rendered(full: str, tokenize: Tokenize, mode: ContinueMode, reason: str = "") -> Continuation:
     """A prompt made by tokenizing the whole render."""
     return Continuation(tokenize(full, True).astype(np.int32), mode, reason)

@@ -48,6 +48,7 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.seats.registry import MindRegistry, MindView
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import FilesError, WrongModelError
+from kvswap.minds.histories import MindHistories
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.shared import SharedMinds
 from kvswap.tiers.shared.replica import Resumed
@@ -116,6 +117,7 @@ class MindSession:
         self.io = io
         self.read_back = read_back
         self.shared = shared
+        self.histories = MindHistories()  # each mind's last chat turn, for its next one
         # A lock per mind, with how many requests hold or await it (dropped at 0).
         self._locks: dict[PageKey, tuple[asyncio.Lock, int]] = {}
 
@@ -197,16 +199,19 @@ class MindSession:
         """The held mind's turn has completed: in a cluster its end is written to the shared
         tier first; the event to answer with."""
         restore_ms = self.registry.pop_restore_ms(held.key) or 0.0
-        if self.shared is None:
-            return completion
-        return await self.shared.turn_done(
-            request,
-            completion,
-            facts=held.facts,
-            resumed=held.resumed,
-            lease_wait_s=held.lease_wait_s,
-            restore_ms=restore_ms,
-        )
+        done: Completion | EngineError = completion
+        if self.shared is not None:
+            done = await self.shared.turn_done(
+                request,
+                completion,
+                facts=held.facts,
+                resumed=held.resumed,
+                lease_wait_s=held.lease_wait_s,
+                restore_ms=restore_ms,
+            )
+        if isinstance(done, Completion) and request.turn_mark is not None and not done.cancelled:
+            self.histories.record(held.key, request.prompt_tokens, done, request.turn_mark)
+        return done
 
     @asynccontextmanager
     async def exclusive(self, key: PageKey) -> AsyncIterator[None]:

@@ -56,6 +56,7 @@ from kvswap.core.types import (
     MindServed,
 )
 from kvswap.engine.client import ClientGone, Disconnected, EngineClient, next_or_disconnect
+from kvswap.minds.histories import LastTurn
 from kvswap.minds.names import request_mind, session_mind
 from kvswap.minds.session import HeldMind, MindSession
 from kvswap.server.asgi import tenant_namespace, until_disconnect
@@ -117,6 +118,12 @@ class Turn:
     def mind(self) -> PageKey | None:
         """The mind held for this request (its engine requests name it)."""
         return self.held.key if self.held is not None else None
+
+    @property
+    def last_turn(self) -> LastTurn | None:
+        """The held mind's last chat turn, which a request re-sending its conversation
+        continues (`requests.resent`); read while the mind is held, so no turn of it runs."""
+        return self.minds.histories.get(self.held.key) if self.held is not None else None
 
     def keep(self) -> AsyncExitStack:
         """The session's end, moved to the caller (a stream's last event): leaving `turn`

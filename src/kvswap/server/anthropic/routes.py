@@ -23,6 +23,7 @@ from kvswap.chat.parser import ChatParser
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, Event, TokenEvent
+from kvswap.minds.histories import LastTurn
 from kvswap.server.anthropic import formats as fa
 from kvswap.server.anthropic.cache import CacheMarks, marks
 from kvswap.server.anthropic.schemas import MessagesRequest, to_chat_body
@@ -49,11 +50,14 @@ def _chat_body(raw: bytes, *, generate: bool = True) -> ChatCompletionRequest:
     return _bodies(raw, generate=generate)[1]
 
 
-def _prepare(state: Serving, raw: bytes, mind: PageKey | None) -> tuple[ChatJob, CacheMarks]:
+def _prepare(
+    state: Serving, raw: bytes, mind: PageKey | None, last: LastTurn | None
+) -> tuple[ChatJob, CacheMarks]:
     """The chat job of a Messages body and where its cache breakpoints lie; under a mind, its
-    requests carry the retention floor the breakpoints ask for."""
+    requests carry the retention floor the breakpoints ask for (`last`: the mind's last turn,
+    which the body continues)."""
     req, body = _bodies(raw)
-    job = prepare_chat(state, body, mind)
+    job = prepare_chat(state, body, mind, last)
     prompt = job.requests[0].prompt_tokens
     cache = marks(state, req, body, job.plan, prompt, kept=mind is not None)
     if cache.retain_s:
@@ -67,7 +71,8 @@ async def messages(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        job, cache = await prepared(raw, lambda: _prepare(state, raw, runner.mind))
+        last = runner.last_turn
+        job, cache = await prepared(raw, lambda: _prepare(state, raw, runner.mind, last))
         asked = bool(job.body.timings_per_token)  # llama-server's timings, only when asked
         meta = fa.MessageMeta(fa.new_message_id(), state.model_name, cache, asked)
         if not job.body.stream:

@@ -134,7 +134,8 @@ async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        job = await prepared(raw, lambda: prepare_chat(state, _chat_body(raw), runner.mind))
+        last = runner.last_turn
+        job = await prepared(raw, lambda: prepare_chat(state, _chat_body(raw), runner.mind, last))
         body, plan, reqs = job.body, job.plan, job.requests
         meta = oai_meta(state.model_name)
         if not body.stream:

@@ -98,9 +98,10 @@ async def responses(request: Request) -> Response:
     if _stateful(req):
         return await _stored(state, request, raw, req, data)
     async with turn(state, request, raw) as runner:
+        last = runner.last_turn
 
         def prepare() -> ChatJob:
-            return prepare_chat(state, _bodies(raw)[1], runner.mind)
+            return prepare_chat(state, _bodies(raw)[1], runner.mind, last)
 
         job = await prepared(raw, prepare)
         meta = fr.ResponseMeta(

@@ -43,6 +43,7 @@ from kvswap.server.openai.response_stream import ResponseStream
 from kvswap.server.openai.schemas_responses import ResponsesRequest, to_chat_body
 from kvswap.server.requests.chat import ChatJob, ChatPlan, plan_chat, render_history
 from kvswap.server.requests.jobs import generation_requests
+from kvswap.server.requests.resent import ends_turn, tokenizers
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.requests.serving import Serving
 
@@ -68,20 +69,6 @@ def _chat_body(raw: dict[str, Any], req: ResponsesRequest, items: list[Item]) ->
     return parse_body(ChatCompletionRequest, chat)
 
 
-def _tokenizers(state: Serving) -> dict[str, Any]:
-    vocab = state.vocab
-    return {
-        "tokenize": lambda text, add: state.tokenize(text, add, True),
-        "detokenize": lambda tokens: vocab.detokenize(tokens, special=True),
-    }
-
-
-def _ends_turn(state: Serving) -> Any:
-    """A control token that ends a turn: end-of-generation, with no text of its own."""
-    vocab = state.vocab
-    return lambda token: vocab.is_eog(token) and not vocab.piece(token)
-
-
 def _continuation(
     state: Serving,
     raw: dict[str, Any],
@@ -90,7 +77,7 @@ def _continuation(
     plan: ChatPlan,
     n_dropped: int,
 ) -> Continuation:
-    tokenize = _tokenizers(state)["tokenize"]
+    tokenize = tokenizers(state)["tokenize"]
     base = start.base
     if base is None and start.why_rendered:
         return rendered(plan.prompt, tokenize, ContinueMode.RENDERED, start.why_rendered)
@@ -104,8 +91,8 @@ def _continuation(
         base.response.position,
         full=plan.prompt,
         history=history,
-        ends_turn=_ends_turn(state),
-        **_tokenizers(state),
+        ends_turn=ends_turn(state),
+        **tokenizers(state),
     )
 
 
@@ -160,7 +147,7 @@ def _truncated(
     fits = n_ctx_slot - reserve
     if len(cont.tokens) <= fits:
         return body, plan, cont, start.n_dropped
-    tokenize = _tokenizers(state)["tokenize"]
+    tokenize = tokenizers(state)["tokenize"]
     history = start.items
     n_dropped = start.n_dropped
     while True:

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from kvswap.chat.parser import ParseSpec
+from kvswap.chat.parser import ChatParser, ParseSpec
 from kvswap.chat.reasoning import REASONING_FORMATS, Reasoning, close_thinking
 from kvswap.chat.toolformats import ToolFormat, tool_format_for
 from kvswap.chat.tools import (
@@ -37,6 +37,7 @@ from kvswap.core.keys import PageKey
 from kvswap.core.types import GenerationRequest
 from kvswap.grammar import SchemaError
 from kvswap.grammar.gbnf import regex_escape
+from kvswap.minds.histories import LastTurn
 from kvswap.server.requests.constraints import (
     Constraint,
     GrammarSource,
@@ -46,6 +47,7 @@ from kvswap.server.requests.constraints import (
 )
 from kvswap.server.requests.continuation import split_continuation
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
+from kvswap.server.requests.resent import continued, turn_mark
 from kvswap.server.requests.schemas import MEDIA_PART_TYPES, ChatCompletionRequest, ChatMessage
 from kvswap.server.requests.serving import Serving
 from kvswap.text.messages import InvalidMessagesError
@@ -229,12 +231,29 @@ class ChatJob:
     requests: list[GenerationRequest]
 
 
-def prepare_chat(state: Serving, body: ChatCompletionRequest, mind: PageKey | None) -> ChatJob:
+def prepare_chat(
+    state: Serving,
+    body: ChatCompletionRequest,
+    mind: PageKey | None,
+    last: LastTurn | None = None,
+) -> ChatJob:
     """Plan, render, tokenize and build the engine requests of a chat body, under `mind` (the
-    mind the route holds): /v1/chat/completions, /v1/messages and /v1/responses alike."""
+    mind the route holds): /v1/chat/completions, /v1/messages and /v1/responses alike. `last`:
+    the mind's last turn, which a body re-sending the conversation continues
+    (`requests.resent`); the request carries its own mark for the next turn."""
     plan = plan_chat(state, body)
-    tokens = [prompt_tokens(state, plan.prompt)]
-    requests = generation_requests(state, body, tokens, plan.constraint, mind=mind)
+    tokens = continued(
+        state,
+        body,
+        plan.prompt,
+        last,
+        lambda b: render_history(state, b),
+        ChatParser(plan.spec).parse_all,
+    )
+    prompt = tokens if tokens is not None else prompt_tokens(state, plan.prompt)
+    requests = generation_requests(state, body, [prompt], plan.constraint, mind=mind)
+    if mind is not None and len(requests) == 1:
+        requests = [replace(requests[0], turn_mark=turn_mark(body, plan.prompt))]
     return ChatJob(body, plan, requests)
 
 

@@ -1,0 +1,146 @@
+"""A mind's next chat turn when the client re-sends the whole conversation: the prompt
+continues the mind's own tokens, so the turn prefills only its new input.
+
+The client echoes the last answer back as an assistant message, and the chat template renders
+it otherwise than the model wrote it (`minds.histories`). When the request's messages start
+with those of the mind's last turn (`LastTurn`) followed by an assistant message, its prompt is
+`minds.continuation.continue_chain` over the mind's tokens, as a stored response's next turn:
+the mind's tokens, then the tokens of what the template renders after the answer. That holds
+only while the conversation before the answer renders exactly as it did (the digest of the
+prompt text) and the echoed answer is the one the model gave: where the template renders the
+answer otherwise than generated (`KEPT`), the echoed message must say what the model's text
+parses to (the same text and tool calls; reasoning aside, which clients drop or hide), so that
+an answer the client edited is rendered as edited. A request that does not continue the answer
+(the client changed it, or re-sent the same conversation) but whose conversation before it
+renders as it did keeps the mind's prompt tokens (earlier answers as the model wrote them) and
+tokenizes only the rest (`continue_prompt`). Otherwise the prompt is the whole render
+tokenized, and the engine reuses the longest common prefix with the mind.
+
+Pure CPU (rendering, tokenizing, parsing): called where a chat request is prepared, off the
+event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kvswap.chat.message import ChatMsg
+from kvswap.core.errors import KvswapError
+from kvswap.core.types import TurnMark
+from kvswap.minds.continuation import (
+    ContinueMode,
+    continue_chain,
+    continue_prompt,
+    text_digest,
+)
+from kvswap.minds.histories import LastTurn
+from kvswap.server.requests.serving import Serving
+
+RenderHistory = Callable[[Any], str]
+
+
+def tokenizers(state: Serving) -> dict[str, Any]:
+    """`continue_chain`'s tokenize and detokenize on the server's vocabulary."""
+    vocab = state.vocab
+    return {
+        "tokenize": lambda text, add: state.tokenize(text, add, True),
+        "detokenize": lambda tokens: vocab.detokenize(tokens, special=True),
+    }
+
+
+def ends_turn(state: Serving) -> Callable[[int], bool]:
+    """A control token that ends a turn: end-of-generation, with no text of its own."""
+    vocab = state.vocab
+    return lambda token: vocab.is_eog(token) and not vocab.piece(token)
+
+
+def turn_mark(body: Any, prompt: str) -> TurnMark | None:
+    """What a mind's chat turn records for the next one; None for a request whose last message
+    is the assistant's (a continued answer, no new turn)."""
+    messages = body.messages
+    if messages and messages[-1].role == "assistant":
+        return None
+    return TurnMark(len(messages), len(prompt), text_digest(prompt))
+
+
+def continued(
+    state: Serving,
+    body: Any,
+    prompt: str,
+    last: LastTurn | None,
+    render_history: RenderHistory,
+    answer_of: Callable[[str], ChatMsg],
+) -> list[int] | None:
+    """The turn's prompt tokens continuing mind's `last` turn, or None when the request does
+    not continue it (see the module docstring). `prompt`: the request's rendered prompt;
+    `render_history(body)`: a body's messages rendered as history; `answer_of(text)`: the
+    model's text parsed as this request's answers are."""
+    if last is None:
+        return None
+    tools = tokenizers(state)
+    answered = _answer_continued(state, body, prompt, last, render_history, answer_of)
+    if answered is not None:
+        return answered
+    kept = continue_prompt(last.tokens, last.position, full=prompt, **tools)
+    return [int(t) for t in kept] if kept is not None else None
+
+
+def _answer_continued(
+    state: Serving,
+    body: Any,
+    prompt: str,
+    last: LastTurn,
+    render_history: RenderHistory,
+    answer_of: Callable[[str], ChatMsg],
+) -> list[int] | None:
+    """The mind's tokens with its answer, then the glue, when the body echoes that answer."""
+    messages = body.messages
+    n = last.n_messages
+    if len(messages) <= n + 1 or messages[n].role != "assistant":
+        return None  # not the last turn's answer and something new after it
+    try:
+        history = render_history(body.model_copy(update={"messages": messages[: n + 1]}))
+    except KvswapError:
+        return None
+    cont = continue_chain(
+        last.tokens,
+        last.position,
+        full=prompt,
+        history=history,
+        ends_turn=ends_turn(state),
+        **tokenizers(state),
+    )
+    if cont.mode is ContinueMode.KEPT and not _same_answer(answer_of(last.content), messages[n]):
+        return None
+    if cont.mode not in (ContinueMode.INCREMENTAL, ContinueMode.KEPT):
+        return None
+    return [int(t) for t in np.asarray(cont.tokens)]
+
+
+def _same_answer(generated: ChatMsg, echoed: Any) -> bool:
+    """The echoed assistant message says what the model's answer parsed to: its text and its
+    tool calls (names and arguments as JSON values)."""
+    return _text(echoed.content).strip() == generated.content.strip() and _calls(
+        [(c.function.name, c.function.arguments) for c in echoed.tool_calls or []]
+    ) == _calls([(c.name, c.arguments) for c in generated.tool_calls])
+
+
+def _text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(getattr(part, "text", None) or "" for part in content)
+
+
+def _calls(calls: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    out = []
+    for name, arguments in calls:
+        try:
+            value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError:
+            value = arguments
+        out.append((name, value))
+    return out
