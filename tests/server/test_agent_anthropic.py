@@ -181,8 +181,12 @@ def test_errors_come_in_anthropics_shape(
     body = too_long.value.body
     assert isinstance(body, dict) and body["type"] == "error", body
     assert body["error"]["type"] == "invalid_request_error"
-    assert "exceeds the available context size" in body["error"]["message"]
-    assert body["error"]["n_ctx"] > 0  # kvswap's own fields stay beside Anthropic's
+    message, n_ctx = body["error"]["message"], body["error"]["n_ctx"]
+    n_prompt = body["error"]["n_prompt_tokens"]
+    # Anthropic's words, which Claude Code compacts its conversation on, then kvswap's advice
+    assert message.startswith(f"prompt is too long: {n_prompt} tokens > {n_ctx} maximum")
+    assert "exceeds the available context size" in message
+    assert n_ctx > 0  # kvswap's own fields stay beside Anthropic's
     missing = agent_server.post("/v1/messages", {"messages": ASK})
     assert missing.status_code == 400
     assert missing.json() == {
@@ -195,6 +199,15 @@ def test_errors_come_in_anthropics_shape(
         "type": "error",
         "error": {"type": "authentication_error", "message": "Invalid API Key"},
     }
-    # Every other route keeps kvswap's (and llama-server's) envelope.
+    # Every other route keeps kvswap's (and llama-server's) envelope; OpenAI's routes name a
+    # too-long prompt with OpenAI's code (Codex matches it), llama-server's with the status.
     other = agent_server.post("/v1/chat/completions", {"messages": "x"})
     assert other.json()["error"]["code"] == 400 and "type" not in other.json()
+    chat = agent_server.post("/v1/chat/completions", {"messages": long, "max_tokens": 5})
+    responses = agent_server.post("/v1/responses", {"input": long, "max_output_tokens": 5})
+    native = agent_server.post("/completion", {"prompt": "word " * 5000, "n_predict": 5})
+    for answer, code in ((chat, "context_length_exceeded"), (responses, "context_length_exceeded"),
+                         (native, 400)):  # fmt: skip
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == code, answer.text
+        assert answer.json()["error"]["type"] == "exceed_context_size_error", answer.text

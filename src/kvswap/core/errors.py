@@ -40,6 +40,11 @@ _ERROR_CODES = {
 }
 
 
+# OpenAI's code for a prompt longer than the context (its clients match on it: Codex compacts
+# its conversation), carried in `code` beside llama-server's `exceed_context_size_error` type.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 class KvswapError(Exception):
     """A typed error for the outside world: becomes `{"error": {code, message, type}}`."""
 

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from kvswap.core.errors import ErrorKind, KvswapError, MindUnavailable
+from kvswap.core.errors import CONTEXT_LENGTH_EXCEEDED, ErrorKind, KvswapError, MindUnavailable
 from kvswap.engine.client import ClientGone
 
 log = logging.getLogger("kvswap.server")
@@ -74,10 +74,20 @@ _STATUS_KINDS = {
 }
 
 
+def _openai_route(path: str) -> bool:
+    """OpenAI's routes (`/v1/chat/completions`, `/v1/completions`, `/v1/responses`, under any
+    `--api-prefix`), where a too-long prompt's `code` is OpenAI's; llama-server's own routes
+    keep the status there, and `/v1/messages` answers in Anthropic's shape."""
+    return "/v1/" in path and "/v1/messages" not in path
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(KvswapError)
-    async def _kvswap(_: Request, exc: KvswapError) -> JSONResponse:
-        answer = error_response(exc.kind, exc.message, None, **exc.extra)
+    async def _kvswap(request: Request, exc: KvswapError) -> JSONResponse:
+        extra = exc.extra
+        if exc.kind is ErrorKind.EXCEED_CONTEXT and _openai_route(request.url.path):
+            extra = {**extra, "code": CONTEXT_LENGTH_EXCEEDED}  # what OpenAI's clients match
+        answer = error_response(exc.kind, exc.message, None, **extra)
         retry_s = exc.extra.get("retry_after_s")
         if isinstance(retry_s, int | float):  # a refusal that passes: when to try again
             answer.headers["Retry-After"] = str(max(1, math.ceil(retry_s)))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import CONTEXT_LENGTH_EXCEEDED, ErrorKind, KvswapError
 from kvswap.minds.continuation import Position
 
 Item = dict[str, Any]
@@ -24,7 +24,7 @@ Tokens = npt.NDArray[np.int32]
 # OpenAI's named error codes an answer carries in `code` instead of the HTTP status (clients
 # match on them: a Codex-style client retries a turn whole on `previous_response_not_found`),
 # with the status each comes with.
-OPENAI_CODES: dict[str, int] = {"previous_response_not_found": 400}
+OPENAI_CODES: dict[str, int] = {"previous_response_not_found": 400, CONTEXT_LENGTH_EXCEEDED: 400}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ the guard's 401/413/503, the forwarder's 503) a second shape, `AnthropicErrors` 
 outside the guard that rewrites an error answer of `/v1/messages` and
 `/v1/messages/count_tokens` (after `--api-prefix`) into Anthropic's shape: the HTTP status kept,
 the type Anthropic names for it (`invalid_request_error`, `authentication_error`, ...), the
-message kept, and kvswap's own fields (`n_prompt_tokens`, `n_ctx`, `retry_after_s`) kept beside
+message kept (a prompt longer than the context first says Anthropic's "prompt is too long: N
+tokens > M maximum", the words Claude Code compacts its conversation on), and kvswap's own fields (`n_prompt_tokens`, `n_ctx`, `retry_after_s`) kept beside
 them. An error inside a stream is an Anthropic `error` event (`anthropic.formats`). Success
 answers pass untouched. Called by the app (`server.app`) only.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from kvswap.server.asgi import ASGIApp, Message, Receive, Scope, Send
 
 ROUTES = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
+EXCEED_CONTEXT = "exceed_context_size_error"  # kvswap's (llama-server's) type for a too-long prompt
 
 # Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors); a status
 # Anthropic never sends takes the nearest meaning.
@@ -52,7 +54,13 @@ def reshaped(status: int, body: bytes) -> bytes | None:
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         return None
     extra = {k: v for k, v in error.items() if k not in ("code", "message", "type")}
-    return json.dumps(anthropic_error(status, error["message"], **extra)).encode()
+    message = error["message"]
+    if error.get("type") == EXCEED_CONTEXT:  # the words Claude Code compacts its context on
+        message = (
+            f"prompt is too long: {extra.get('n_prompt_tokens')} tokens > "
+            f"{extra.get('n_ctx')} maximum ({message})"
+        )
+    return json.dumps(anthropic_error(status, message, **extra)).encode()
 
 
 class AnthropicErrors:
