@@ -106,3 +106,36 @@ def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, lines  # caught before anything loads: the flag and the path named
     assert "-m/--model" in lines[0] and str(tmp_path / "model.gguf") in lines[0], lines
+
+
+def test_yarn_and_override_kv_let_a_slot_hold_past_the_training_context(tmp_path: Path) -> None:
+    """Context extension as llama-server takes it (the flags were accepted and ignored): the
+    tiny model is trained on 4,096 tokens; with `--override-kv llama.context_length=int:16384`
+    and YaRN (`--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 4096`) a slot holds 16,384
+    and a 6,000-token prompt is answered; without them the same prompt is a 400 naming the
+    training context."""
+    from kvswap.tiny import tiny_model_path
+
+    model = str(tiny_model_path("llama", seed=7, vocab="tiny"))
+    base = ["-m", model, "-c", "16384", "-np", "1", "-t", "1", "-tb", "1", "-ub", "512"]
+    prompt = {"prompt": "one two three four five six " * 300, "n_predict": 2}
+    yarn = ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "4096"]
+    extended = ServerProcess(
+        [*base, "--override-kv", "llama.context_length=int:16384", *yarn],
+        tmp_path / "extended.log",
+    )
+    try:
+        props = extended.client.get("/props").json()
+        assert props["context_geometry"]["n_ctx_slot"] == 16384, props["context_geometry"]
+        answer = extended.post("/completion", prompt)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["tokens_evaluated"] > 5000
+        assert "ignored" not in extended.log()
+    finally:
+        extended.stop()
+    plain = ServerProcess(base, tmp_path / "plain.log")
+    try:
+        refused = plain.post("/completion", prompt)
+        assert refused.status_code == 400 and "4096" in refused.text, refused.text
+    finally:
+        plain.stop()

@@ -283,7 +283,7 @@ def test_spec_type_errors() -> None:
 
 
 def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
-    words = "--mmproj p.gguf --rope-scaling yarn -cb --perf --reasoning-format x"
+    words = "--mmproj p.gguf --numa distribute -cb --perf --reasoning-format x"
     argv = [*words.split(), "-fit", "off", "--control-vector-layer-range", "1", "4"]
     argv += ["--mmproj", "q.gguf", "-c", "512"]
     cfg = parse(argv, {"LLAMA_ARG_NO_CONT_BATCHING": "1", "HF_TOKEN": "t"})
@@ -291,7 +291,7 @@ def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
         "LLAMA_ARG_NO_CONT_BATCHING",
         "HF_TOKEN",
         "--mmproj",
-        "--rope-scaling",
+        "--numa",
         "-cb",
         "--perf",
         "--reasoning-format",
@@ -299,6 +299,25 @@ def test_ignored_flags_are_consumed_and_listed_once_in_order() -> None:
         "--control-vector-layer-range",
     )
     assert cfg.context.n_ctx == 512
+
+
+def test_rope_yarn_and_override_kv_are_read_as_llama_server_reads_them() -> None:
+    """Context extension flags reach libllama (they were accepted and ignored): each sets
+    one field of the context params (`--rope-scale N` a frequency scale of 1/N), the later
+    flag wins; `--override-kv` items accumulate; a bad one fails naming the flag."""
+    rope = ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "8192"]
+    overrides = ["--override-kv", "llama.context_length=int:32768,a.b=bool:true"]
+    cfg = parse([*rope, *overrides, "--override-kv", "c=str:x", "--rope-freq-scale", "0.5"])
+    assert dict(cfg.context.rope) == {
+        "rope_scaling_type": 2,
+        "rope_freq_scale": 0.5,
+        "yarn_orig_ctx": 8192,
+    }
+    assert cfg.model.kv_overrides == ("llama.context_length=int:32768", "a.b=bool:true", "c=str:x")
+    assert cfg.ignored_flags == ()
+    assert "--override-kv" in fails(["--override-kv", "llama.context_length=32768"])
+    assert "--rope-scaling" in fails(["--rope-scaling", "ntk"])
+    assert "--override-kv" in fails(["--override-kv", "k=bool:yes"])
 
 
 def test_api_keys_from_list_file_and_env(tmp_path: Path) -> None:

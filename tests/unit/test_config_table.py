@@ -23,6 +23,8 @@ HOST = MachineInfo(physical_ram_bytes=16 << 30, n_cpu_physical=4, n_cpu_logical=
 # A valid value for the implemented flags that do not take a plain number.
 SAMPLES = {
     "-fa": "on",
+    "--rope-scaling": "yarn",
+    "--override-kv": "llama.context_length=int:32768",
     "-ctk": "q8_0",
     "-ctv": "q8_0",
     "--spec-draft-type-k": "q8_0",

@@ -62,6 +62,9 @@ class ContextParams:
     n_threads_batch: int = 1
     flash_attn: str = "auto"
     swa_full: bool = False
+    # RoPE and YaRN (`--rope-*`, `--yarn-*`): (field of llama_context_params, value); a field
+    # not listed keeps libllama's default (the model's own).
+    rope: tuple[tuple[str, float], ...] = ()
 
 
 def _as_u8_ptr(buf: Any) -> Any:
@@ -87,6 +90,8 @@ class Context:
         cparams.swa_full = params.swa_full
         cparams.kv_unified = params.kv_unified
         cparams.no_perf = True
+        for name, value in params.rope:
+            setattr(cparams, name, value)
         ptr = llama_cpp.llama_init_from_model(model.ptr, cparams)
         if not ptr:
             raise ContextInitError(

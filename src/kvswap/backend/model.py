@@ -12,6 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvswap.backend.bindings import llama_cpp
 from kvswap.backend.info import ModelInfo
@@ -33,6 +34,28 @@ class ModelParams:
     n_gpu_layers: int = -1  # -1: all layers that fit, as llama-server's default
     use_mmap: bool = True
     use_mlock: bool = False
+    kv_overrides: tuple[str, ...] = ()  # KEY=TYPE:VALUE (`--override-kv`), checked already
+
+
+def _kv_overrides(items: tuple[str, ...]) -> Any:
+    """libllama's array of metadata overrides (ended by an empty key), or None for none."""
+    if not items:
+        return None
+    array = (llama_cpp.llama_model_kv_override * (len(items) + 1))()
+    for entry, item in zip(array, items, strict=False):
+        key, _, rest = item.partition("=")
+        kind, _, value = rest.partition(":")
+        entry.key = key.encode()
+        if kind == "int":
+            entry.tag, entry.value.val_i64 = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT, int(value)
+        elif kind == "float":
+            entry.tag, entry.value.val_f64 = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_FLOAT, float(value)
+        elif kind == "bool":
+            entry.tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_BOOL
+            entry.value.val_bool = value == "true"
+        else:
+            entry.tag, entry.value.val_str = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR, value.encode()
+    return array
 
 
 def _meta_str(model: llama_cpp.llama_model_p, key: str) -> str | None:
@@ -80,6 +103,11 @@ class Model:
         mparams.n_gpu_layers = params.n_gpu_layers if params.n_gpu_layers >= 0 else 999
         mparams.use_mmap = params.use_mmap
         mparams.use_mlock = params.use_mlock
+        overrides = _kv_overrides(params.kv_overrides)  # read while loading: kept alive here
+        if overrides is not None:
+            mparams.kv_overrides = ctypes.cast(
+                overrides, ctypes.POINTER(llama_cpp.llama_model_kv_override)
+            )
         ptr = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not ptr:
             raise ModelLoadError(f"libllama could not load the model: {path}")

@@ -83,6 +83,8 @@ class ModelSettings:
     # --prefill-assistant/--no-prefill-assistant (LLAMA_ARG_PREFILL_ASSISTANT): a chat ending
     # with an assistant message continues it.
     prefill_assistant: bool = True
+    # --override-kv: KEY=TYPE:VALUE items, the model's metadata as libllama loads it.
+    kv_overrides: tuple[str, ...] = ()
     # -rea/--reasoning (LLAMA_ARG_REASONING): "on" | "off" | "auto" (from the template). "off"
     # renders with enable_thinking false and closes a thinking block the template opens.
     reasoning: str = "auto"
@@ -142,6 +144,9 @@ class ContextSettings:
     flash_attn: str = "auto"
     # --swa-full (LLAMA_ARG_SWA_FULL): full-size sliding-window cache (no checkpoints needed).
     swa_full: bool = False
+    # --rope-scaling, --rope-scale, --rope-freq-base, --rope-freq-scale, --yarn-* (LLAMA_ARG_
+    # ROPE_*, LLAMA_ARG_YARN_*): (field of libllama's context params, value) for each given.
+    rope: tuple[tuple[str, float], ...] = ()
     # -ctxcp/--ctx-checkpoints/--swa-checkpoints (LLAMA_ARG_CTX_CHECKPOINTS): per slot.
     ctx_checkpoints: int = 32
     # -cms/--checkpoint-min-step (LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT): tokens between

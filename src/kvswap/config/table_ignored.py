@@ -2,7 +2,7 @@
 
 Owns the list of the pinned llama-server's server-example flags (`common/arg.cpp`, filtered as
 `common_params_parser_init(LLAMA_EXAMPLE_SERVER)`) that kvswap does not implement: multimodal,
-devices and offload tuning, RoPE/YaRN overrides, CORS, the web UI's settings and MCP proxy,
+devices and offload tuning, CORS, the web UI's settings and MCP proxy,
 router mode, reasoning and tools, grammar defaults, Hugging Face downloads and model presets,
 and the draft model's CPU and ngram variants kvswap does not run. Each is accepted with its
 value(s) consumed and its spelling reported in `ServerConfig.ignored_flags`, so a llama-server
@@ -44,15 +44,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("-jf --json-schema-file", VALUE),
     ign("-bs --backend-sampling", VOID, env="LLAMA_ARG_BACKEND_SAMPLING"),
     ign("--pooling", VALUE, env="LLAMA_ARG_POOLING"),
-    ign("--rope-scaling", VALUE, env="LLAMA_ARG_ROPE_SCALING_TYPE"),
-    ign("--rope-scale", VALUE, env="LLAMA_ARG_ROPE_SCALE"),
-    ign("--rope-freq-base", VALUE, env="LLAMA_ARG_ROPE_FREQ_BASE"),
-    ign("--rope-freq-scale", VALUE, env="LLAMA_ARG_ROPE_FREQ_SCALE"),
-    ign("--yarn-orig-ctx", VALUE, env="LLAMA_ARG_YARN_ORIG_CTX"),
-    ign("--yarn-ext-factor", VALUE, env="LLAMA_ARG_YARN_EXT_FACTOR"),
-    ign("--yarn-attn-factor", VALUE, env="LLAMA_ARG_YARN_ATTN_FACTOR"),
-    ign("--yarn-beta-slow", VALUE, env="LLAMA_ARG_YARN_BETA_SLOW"),
-    ign("--yarn-beta-fast", VALUE, env="LLAMA_ARG_YARN_BETA_FAST"),
     ign("-kvo --kv-offload", TOGGLE, neg="-nkvo --no-kv-offload", env="LLAMA_ARG_KV_OFFLOAD"),
     ign("--repack", TOGGLE, neg="-nr --no-repack", env="LLAMA_ARG_REPACK"),
     ign("--no-host", VOID, env="LLAMA_ARG_NO_HOST"),
@@ -85,7 +76,6 @@ FLAGS: tuple[Flag, ...] = (
     ign("-fitt --fit-target", VALUE, env="LLAMA_ARG_FIT_TARGET"),
     ign("-fitc --fit-ctx", VALUE, env="LLAMA_ARG_FIT_CTX"),
     ign("--check-tensors", VOID),
-    ign("--override-kv", VALUE),
     ign("--op-offload", TOGGLE, neg="--no-op-offload"),
     ign("--control-vector", VALUE),
     ign("--control-vector-scaled", VALUE),

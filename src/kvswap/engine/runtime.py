@@ -40,6 +40,7 @@ class EngineConfig:
     n_threads_batch: int = 1
     flash_attn: str = "auto"
     swa_full: bool = False
+    rope: tuple[tuple[str, float], ...] = ()  # RoPE/YaRN context params (`--rope-*`)
     slot_prompt_similarity: float = 0.1
     step_tokens: int = 0  # per-step token budget; 0 = n_ubatch
     ctx_checkpoints: int = 32  # per slot (--ctx-checkpoints)
@@ -102,6 +103,7 @@ class Runtime:
             n_threads_batch=config.n_threads_batch,
             flash_attn=config.flash_attn,
             swa_full=config.swa_full,
+            rope=config.rope,
         )
         ctx = Context(self.model, params)
         if self.spec is not None:

@@ -90,6 +90,7 @@ def engine_config(
         n_threads_batch=ctx.n_threads_batch,
         flash_attn=ctx.flash_attn,
         swa_full=ctx.swa_full,
+        rope=ctx.rope,
         slot_prompt_similarity=config.paging.slot_prompt_similarity,
         ctx_checkpoints=ctx.ctx_checkpoints,
         checkpoint_min_step=ctx.checkpoint_min_step,

@@ -35,6 +35,7 @@ def target_params(config: ServerConfig) -> ModelParams:
         n_gpu_layers=config.model.n_gpu_layers,
         use_mmap=config.model.use_mmap,
         use_mlock=config.model.use_mlock,
+        kv_overrides=config.model.kv_overrides,
     )
 
 
