@@ -287,3 +287,54 @@ def test_a_forced_call_with_ignore_eos_ends_and_the_server_lives(server: ServerP
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["message"]["tool_calls"]
     assert server.post("/completion", {"prompt": "Hi", "n_predict": 2}).status_code == 200
+
+
+def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerProcess) -> None:
+    """Claude Code sends other conversations on its session id (title generation, subagents:
+    another system prompt) and, interactively, a billing line whose `cch=` stamp changes every
+    request. Neither may cost the session its mind: the side request runs without it (its
+    answer names no mind), and the next turn of the session, under a new stamp, prefills at
+    most its new input + 64 tokens. Defect caught: the side request ran on the session's mind
+    and dropped its history past the few tokens they share."""
+    session = "9b2e-claude-code-side-requests"
+    claude = anthropic.Anthropic(
+        base_url=server.url,
+        api_key="none",
+        max_retries=0,
+        default_headers={"x-claude-code-session-id": session},
+    )
+    stamp = "x-anthropic-billing-header: cc_version=2.1.328.e51; cc_entrypoint=cli; cch={};"
+
+    def system(cch: str) -> Any:
+        return [{"type": "text", "text": stamp.format(cch)}, {"type": "text", "text": SYSTEM}]
+
+    messages: list[dict[str, Any]] = [{"role": "user", "content": ASKS[0]}]
+    first = claude.messages.create(
+        model="m",
+        max_tokens=40,
+        system=system("a5145"),
+        messages=messages,  # type: ignore[arg-type]
+    )
+    n_first = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
+    n_first += first.usage.cache_creation_input_tokens or 0
+    side = claude.messages.with_raw_response.create(
+        model="m",
+        max_tokens=8,
+        system="Write a 3-word title for this conversation.",
+        messages=[{"role": "user", "content": ASKS[0]}],
+    )
+    assert "x-kvswap-mind" not in {k.lower() for k in side.headers}, side.headers
+    content = [b.model_dump(exclude_none=True) for b in first.content] or [
+        {"type": "text", "text": "..."}
+    ]
+    messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "Why?"}]
+    second = claude.messages.create(
+        model="m",
+        max_tokens=8,
+        system=system("0f9e2"),
+        messages=messages,  # type: ignore[arg-type]
+    )
+    read = second.usage.cache_read_input_tokens or 0
+    n_prompt = second.usage.input_tokens + read + (second.usage.cache_creation_input_tokens or 0)
+    assert read >= n_first, (read, n_first)
+    assert n_prompt - read <= (n_prompt - n_first - first.usage.output_tokens) + 64

@@ -108,6 +108,26 @@ def test_a_system_turn_in_messages_stays_where_it_stands() -> None:
     assert body["chat_template_kwargs"]["enable_thinking"] is True
 
 
+def test_claude_codes_billing_stamp_never_moves_the_prefix() -> None:
+    """The `cch=` stamp of Claude Code's billing line changes on every request; two requests
+    differing only there render the same system prompt (and nothing else is touched)."""
+    line = "x-anthropic-billing-header: cc_version=2.1.328.e51; cc_entrypoint=cli; cch={};"
+    bodies = [
+        anthropic(
+            {
+                "system": [
+                    {"type": "text", "text": line.format(stamp)},
+                    {"type": "text", "text": "You are Claude Code. cch=abc;"},
+                ],
+                "messages": [{"role": "user", "content": "Hi"}],
+            }
+        )
+        for stamp in ("a5145", "0f9e2")
+    ]
+    assert bodies[0]["messages"] == bodies[1]["messages"]
+    assert bodies[0]["messages"][0]["content"].endswith("cch=00000;You are Claude Code. cch=abc;")
+
+
 @pytest.mark.parametrize(
     ("raw", "code"),
     [

@@ -113,6 +113,9 @@ class Turn:
         self.resumable = resumable  # X-Conversation-Id: its stream outlives its client
         self.served: MindServed | None = None  # how the mind was served, once it is seated
         self.before_answer: BeforeAnswer | None = None
+        # Only a session key named the mind: a request of another conversation on the same
+        # key (a side request) may run without it (`requests.resent.side_request`).
+        self.by_session = False
 
     @property
     def mind(self) -> PageKey | None:
@@ -138,7 +141,8 @@ class Turn:
         """The request's events; the last is a Completion or an EngineError. A mind's seating
         (`MindSeated`) is kept as `served`, not yielded."""
         request = replace(request, namespace=self.namespace)
-        held = self.held
+        held = self.held if request.mind is not None else None  # a side request: no mind
+        assert held is not None or self.held is None or self.by_session, "a side request"
         restore = None
         if held is not None:
             assert request.mind == held.key, "a held turn runs its own mind's request"
@@ -178,16 +182,24 @@ async def named_mind(
     and the body's field, else a session key when `session_headers` is given, the session
     minds being on); None when it names none, or its body's `"mind"` cannot be read. A session
     key of a body asking for several completions names nothing (a mind runs one)."""
+    return (await _named(http, raw, session_headers))[0]
+
+
+async def _named(
+    http: Request, raw: bytes, session_headers: Sequence[str] | None
+) -> tuple[PageKey | None, bool]:
+    """`named_mind`, and whether only a session key named it (no `X-Mind-Id`, no `"mind"`)."""
     try:
         field = await prepared(raw, lambda: parse_body(MindField, raw))
     except KvswapError:
-        return None  # the body's own parse answers the 400
+        return None, False  # the body's own parse answers the 400
     session = None
     if session_headers is not None and not field.several:
         values = [http.headers.get(name) for name in session_headers]
         session = session_mind(field.prompt_cache_key, [*values, field.claude_session])
     header = http.headers.get("x-mind-id")
-    return request_mind(header, field.mind, tenant_namespace(http.scope), session)
+    key = request_mind(header, field.mind, tenant_namespace(http.scope), session)
+    return key, key is not None and header is None and field.mind is None
 
 
 def session_headers(state: ServerState) -> Sequence[str] | None:
@@ -212,8 +224,9 @@ def turn_on(
 async def _turn(
     state: ServerState, http: Request, raw: bytes, key: PageKey | None, *, named: bool
 ) -> AsyncIterator[Turn]:
+    by_session = False
     if named:
-        key = await named_mind(http, raw, session_headers(state))
+        key, by_session = await _named(http, raw, session_headers(state))
     namespace = tenant_namespace(http.scope)
     resumable = None
     conv = http.headers.get("x-conversation-id")
@@ -226,7 +239,9 @@ async def _turn(
             session = state.minds.turn(key, turn_facts(http.scope, raw))
             gone = until_disconnect(http.receive)
             held = await _unless_gone(exits.enter_async_context(session), gone)
-        yield Turn(state.client, state.minds, held, exits, namespace, resumable)
+        runner = Turn(state.client, state.minds, held, exits, namespace, resumable)
+        runner.by_session = by_session
+        yield runner
 
 
 async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:

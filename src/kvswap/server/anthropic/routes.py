@@ -51,15 +51,16 @@ def _chat_body(raw: bytes, *, generate: bool = True) -> ChatCompletionRequest:
 
 
 def _prepare(
-    state: Serving, raw: bytes, mind: PageKey | None, last: LastTurn | None
+    state: Serving, raw: bytes, mind: PageKey | None, last: LastTurn | None, by_session: bool
 ) -> tuple[ChatJob, CacheMarks]:
     """The chat job of a Messages body and where its cache breakpoints lie; under a mind, its
     requests carry the retention floor the breakpoints ask for (`last`: the mind's last turn,
     which the body continues)."""
     req, body = _bodies(raw)
-    job = prepare_chat(state, body, mind, last)
+    job = prepare_chat(state, body, mind, last, by_session=by_session)
     prompt = job.requests[0].prompt_tokens
-    cache = marks(state, req, body, job.plan, prompt, kept=mind is not None)
+    kept = job.requests[0].mind is not None  # a side request runs without the mind
+    cache = marks(state, req, body, job.plan, prompt, kept=kept)
     if cache.retain_s:
         requests = [dataclasses.replace(r, retain_s=cache.retain_s) for r in job.requests]
         job = dataclasses.replace(job, requests=requests)
@@ -71,8 +72,10 @@ async def messages(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        last = runner.last_turn
-        job, cache = await prepared(raw, lambda: _prepare(state, raw, runner.mind, last))
+        last, by_session = runner.last_turn, runner.by_session
+        job, cache = await prepared(
+            raw, lambda: _prepare(state, raw, runner.mind, last, by_session)
+        )
         asked = bool(job.body.timings_per_token)  # llama-server's timings, only when asked
         meta = fa.MessageMeta(fa.new_message_id(), state.model_name, cache, asked)
         if not job.body.stream:

@@ -14,6 +14,7 @@ image is a typed 501 instead of being passed to a text model. Pure.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import model_validator
@@ -112,6 +113,11 @@ class MessagesRequest(Body):
     thinking: AnthropicThinking | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     cache_control: CacheControl | None = None  # automatic: on the last block
+
+
+# Claude Code's billing line opens its system prompt with a `cch=` stamp that changes on every
+# request: kept as sent it would end the session's prefix there. Pinned, as llama-server does.
+_BILLING_STAMP = re.compile(r"^(x-anthropic-billing-header:[^\n]*?\bcch=)[0-9A-Za-z]+;")
 
 
 def _unsupported(what: str) -> KvswapError:
@@ -237,7 +243,8 @@ def to_chat_body(req: MessagesRequest, raw: dict[str, Any] | None = None) -> dic
     """
     messages: list[dict[str, Any]] = []
     if req.system is not None:
-        messages.append({"role": "system", "content": _text_of(req.system, "system")})
+        system = _text_of(req.system, "system")
+        messages.append({"role": "system", "content": _BILLING_STAMP.sub(r"\g<1>00000;", system)})
     for i, msg in enumerate(req.messages):
         messages += to_chat_messages(msg, i)
     body: dict[str, Any] = {k: v for k, v in (raw or {}).items() if k not in _CONSUMED}

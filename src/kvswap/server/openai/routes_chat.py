@@ -134,8 +134,11 @@ async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        last = runner.last_turn
-        job = await prepared(raw, lambda: prepare_chat(state, _chat_body(raw), runner.mind, last))
+        last, by_session = runner.last_turn, runner.by_session
+        job = await prepared(
+            raw,
+            lambda: prepare_chat(state, _chat_body(raw), runner.mind, last, by_session=by_session),
+        )
         body, plan, reqs = job.body, job.plan, job.requests
         meta = oai_meta(state.model_name)
         if not body.stream:

@@ -101,7 +101,8 @@ async def responses(request: Request) -> Response:
         last = runner.last_turn
 
         def prepare() -> ChatJob:
-            return prepare_chat(state, _bodies(raw)[1], runner.mind, last)
+            body = _bodies(raw)[1]
+            return prepare_chat(state, body, runner.mind, last, by_session=runner.by_session)
 
         job = await prepared(raw, prepare)
         meta = fr.ResponseMeta(
@@ -109,7 +110,7 @@ async def responses(request: Request) -> Response:
             model=state.model_name,
             created_at=int(time.time()),
             params=_echo(req),
-            kept=runner.mind is not None,
+            kept=job.requests[0].mind is not None,  # a side request keeps nothing
         )
         if not job.body.stream:
             [c] = await complete_all(runner, job.requests, request)

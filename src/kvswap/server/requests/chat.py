@@ -47,7 +47,7 @@ from kvswap.server.requests.constraints import (
 )
 from kvswap.server.requests.continuation import split_continuation
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
-from kvswap.server.requests.resent import continued, turn_mark
+from kvswap.server.requests.resent import continued, side_request, turn_mark
 from kvswap.server.requests.schemas import MEDIA_PART_TYPES, ChatCompletionRequest, ChatMessage
 from kvswap.server.requests.serving import Serving
 from kvswap.text.messages import InvalidMessagesError
@@ -236,11 +236,15 @@ def prepare_chat(
     body: ChatCompletionRequest,
     mind: PageKey | None,
     last: LastTurn | None = None,
+    *,
+    by_session: bool = False,
 ) -> ChatJob:
     """Plan, render, tokenize and build the engine requests of a chat body, under `mind` (the
     mind the route holds): /v1/chat/completions, /v1/messages and /v1/responses alike. `last`:
     the mind's last turn, which a body re-sending the conversation continues
-    (`requests.resent`); the request carries its own mark for the next turn."""
+    (`requests.resent`); the request carries its own mark for the next turn. `by_session`:
+    only a session key named the mind, so another conversation on the key runs without it
+    (`requests.resent.side_request`)."""
     plan = plan_chat(state, body)
     tokens = continued(
         state,
@@ -251,6 +255,8 @@ def prepare_chat(
         ChatParser(plan.spec).parse_all,
     )
     prompt = tokens if tokens is not None else prompt_tokens(state, plan.prompt)
+    if by_session and tokens is None and side_request(prompt, last):
+        mind = None
     requests = generation_requests(state, body, [prompt], plan.constraint, mind=mind)
     if mind is not None and len(requests) == 1:
         requests = [replace(requests[0], turn_mark=turn_mark(body, plan.prompt))]

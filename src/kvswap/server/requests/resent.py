@@ -58,6 +58,28 @@ def ends_turn(state: Serving) -> Callable[[int], bool]:
     return lambda token: vocab.is_eog(token) and not vocab.piece(token)
 
 
+SIDE_SHARE = 0.5  # a session's side request: shorter and sharing less than this of the last
+
+
+def side_request(prompt: list[int], last: LastTurn | None) -> bool:
+    """Whether a request named by a session key alone is another conversation on the same key
+    (Claude Code's title generation, a subagent, a quota check): its prompt is shorter than
+    `SIDE_SHARE` of the mind's last prompt and shares less than that with it. It then runs
+    without the mind (as an anonymous request, the tenant's anonymous cache reusing what it
+    can) and leaves the mind whole: run on the mind it would drop the session's history past
+    the little they share. A prompt as long as the session's (an edited or reordered history)
+    is the session's own, and re-seats its mind at the common prefix."""
+    if last is None or last.position.n_prompt == 0:
+        return False
+    if len(prompt) >= SIDE_SHARE * last.position.n_prompt:
+        return False
+    n = min(len(prompt), last.position.n_prompt)
+    head = np.asarray(prompt[:n], dtype=np.int32)
+    diff = np.flatnonzero(head != last.tokens[:n])
+    shared = int(diff[0]) if len(diff) else n
+    return shared < SIDE_SHARE * last.position.n_prompt
+
+
 def turn_mark(body: Any, prompt: str) -> TurnMark | None:
     """What a mind's chat turn records for the next one; None for a request whose last message
     is the assistant's (a continued answer, no new turn)."""
