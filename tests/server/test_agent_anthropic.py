@@ -211,3 +211,23 @@ def test_errors_come_in_anthropics_shape(
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == code, answer.text
         assert answer.json()["error"]["type"] == "exceed_context_size_error", answer.text
+
+
+def test_a_long_prefill_keeps_the_stream_alive(
+    server_factory: Callable[..., ServerProcess],
+) -> None:
+    """Claude Code's first request is 13-20k tokens; its prefill takes minutes on a small
+    machine, and the client gave up after 6 minutes of silence, cancelling the prefill
+    (measured with the real CLI). Past KVSWAP_KEEPALIVE_S (10 s by default; 0.1 s here) with no
+    event yet, the stream starts and sends an SSE comment every interval until the first event;
+    the official SDK reads the stream as usual."""
+    server = server_factory(*SMALL, env={"KVSWAP_KEEPALIVE_S": "0.1"}, fresh=True)
+    long = [{"role": "user", "content": "The tide came in and went out again. " * 150}]
+    body = {"model": "m", "max_tokens": 4, "messages": long, "stream": True}
+    with server.client.stream("POST", "/v1/messages", json=body) as resp:
+        assert resp.status_code == 200
+        raw = b"".join(resp.iter_bytes())
+    assert raw.startswith(b": keepalive\n\n"), raw[:200]
+    assert b"event: message_stop" in raw
+    with client(server).messages.stream(model="m", max_tokens=4, messages=long) as stream:  # type: ignore[arg-type]
+        assert stream.get_final_message().stop_reason in ("max_tokens", "end_turn")

@@ -30,6 +30,7 @@ the engine's next step.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -313,6 +314,12 @@ async def _kept(
             yield item
 
 
+# A stream's first event not yet here after this long: its headers go, then a keepalive every
+# as long (KVSWAP_KEEPALIVE_S: the tests' seam, to see one without a prefill of minutes).
+KEEPALIVE_S = float(os.environ.get("KVSWAP_KEEPALIVE_S", "10"))
+KEEPALIVE = b": keepalive\n\n"  # an SSE comment: every client's parser skips it
+
+
 def _error_event(event: EngineError) -> bytes:
     return sse(error_json(event.kind, event.message))
 
@@ -326,48 +333,39 @@ async def open_stream(
     done_marker: bool,
     encode: Callable[[dict[str, object]], bytes] = sse,
     encode_error: Callable[[EngineError], bytes] = _error_event,
+    keepalive: bytes = KEEPALIVE,
 ) -> StreamingResponse:
-    """An SSE response, started only once the first event shows the request was accepted.
+    """An SSE response, started once the first event shows the request was accepted, or after
+    `KEEPALIVE_S` without one (a long prefill): then `keepalive` goes out every `KEEPALIVE_S`
+    until the first event (a comment line by default; the Anthropic route's `ping` event), so
+    a client's idle timeout never cancels a prefill of many thousand tokens.
 
-    An error before any output is raised (typed HTTP error); after output began, it is sent as
+    An error before the stream started is raised (typed HTTP error); after, it is sent as
     `encode_error` writes it (default `data: {"error": ...}`) and the stream ends. `encode`
     writes each rendered object (default `data: <json>`; the Anthropic and Responses routes
-    name their events). A client of `http` that leaves before the first event cancels every
+    name their events). A client of `http` that leaves before the stream starts cancels every
     task then (ClientGone). The mind stays held until the stream ends.
     """
     exits = runner.keep()
     events = _kept(runner, requests, exits)
+    pending = asyncio.ensure_future(anext(events))
     try:
-        first = await _unless_gone(anext(events), until_disconnect(http.receive))
-        if isinstance(first[1], EngineError):
-            raise_error(first[1])
+        await _unless_gone(
+            asyncio.wait({pending}, timeout=KEEPALIVE_S), until_disconnect(http.receive)
+        )
+        first = pending.result()[1] if pending.done() else None
+        if isinstance(first, EngineError):
+            raise_error(first)
     except BaseException:
+        pending.cancel()
+        await asyncio.wait({pending})
         await events.aclose()
         await exits.aclose()  # when the stream never started
         raise
 
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            item: Indexed | None = first
-            n_done = 0
-            while item is not None:
-                index, event = item
-                if isinstance(event, EngineError):
-                    yield encode_error(event)
-                    return
-                for obj in render(index, event):
-                    yield encode(obj)
-                if isinstance(event, Completion):
-                    n_done += 1
-                    if n_done == len(requests):
-                        break
-                item = await anext(events, None)
-            if done_marker:
-                yield DONE
-        finally:
-            await events.aclose()
-
-    out: AsyncIterator[bytes] = body()
+    out: AsyncIterator[bytes] = _body(
+        pending, events, render, len(requests), (encode, encode_error, keepalive), done_marker
+    )
     if runner.resumable is not None:  # the answer outlives its client: read from its stream
         out = runner.resumable.start(out).read_from(0)
     return StreamingResponse(
@@ -375,3 +373,42 @@ async def open_stream(
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", **runner.headers()},
     )
+
+
+async def _body(
+    pending: asyncio.Future[Indexed],
+    events: AsyncGenerator[Indexed, None],
+    render: Render,
+    n_requests: int,
+    encoders: tuple[Callable[[dict[str, object]], bytes], Callable[[EngineError], bytes], bytes],
+    done_marker: bool,
+) -> AsyncIterator[bytes]:
+    """`open_stream`'s bytes: keepalives until the first event (`pending`), then every event
+    rendered and encoded (`encoders`: an object's, an error's, the keepalive)."""
+    encode, encode_error, keepalive = encoders
+    try:
+        while not pending.done():
+            await asyncio.wait({pending}, timeout=KEEPALIVE_S)
+            if not pending.done():
+                yield keepalive
+        item: Indexed | None = pending.result()
+        n_done = 0
+        while item is not None:
+            index, event = item
+            if isinstance(event, EngineError):
+                yield encode_error(event)
+                return
+            for obj in render(index, event):
+                yield encode(obj)
+            if isinstance(event, Completion):
+                n_done += 1
+                if n_done == n_requests:
+                    break
+            item = await anext(events, None)
+        if done_marker:
+            yield DONE
+    finally:
+        if not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})
+        await events.aclose()
