@@ -9,7 +9,7 @@ marker): compared token by token, the history diverges where the answer starts, 
 would prefill its previous answer again. Stored responses keep their own positions
 (`minds.stored`); this keeps the same `Position` for minds whose history the client holds.
 
-Bounded: at most `budget_tokens` tokens in all (4 bytes each), least recently used first out
+Bounded: at most `budget_tokens` tokens in all (4 bytes each; 0: off), least recently used first out
 (a mind whose entry went renders its next turn whole, and the engine still reuses the longest
 common prefix). An entry outlives its mind's state harmlessly: a prompt continuing it is the
 conversation the client sent, with the model's own tokens for the answer, whatever the mind

@@ -48,7 +48,7 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.seats.registry import MindRegistry, MindView
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import FilesError, WrongModelError
-from kvswap.minds.histories import MindHistories
+from kvswap.minds.histories import DEFAULT_BUDGET_TOKENS, MindHistories
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.shared import SharedMinds
 from kvswap.tiers.shared.replica import Resumed
@@ -117,7 +117,9 @@ class MindSession:
         self.io = io
         self.read_back = read_back
         self.shared = shared
-        self.histories = MindHistories()  # each mind's last chat turn, for its next one
+        # Each mind's last chat turn, for its next one. Not in a cluster: the next turn may run
+        # on another replica, which must make the same prompt (the turn records stay local).
+        self.histories = MindHistories(DEFAULT_BUDGET_TOKENS if shared is None else 0)
         # A lock per mind, with how many requests hold or await it (dropped at 0).
         self._locks: dict[PageKey, tuple[asyncio.Lock, int]] = {}
 
