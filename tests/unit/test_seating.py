@@ -249,6 +249,7 @@ def test_a_store_that_cannot_make_room_fails_the_switch_naming_page_ram_bytes() 
     assert err.value.kind is ErrorKind.UNAVAILABLE
     assert "--page-ram-bytes 16384" in err.value.message
     assert "no idle mind page can be spilled" in err.value.message
+    assert err.value.extra["retry_after_s"] > 0  # the 503's Retry-After: a refusal that passes
     assert side.slots[0].mind == ann and side.slots[0].tokens.view().tolist() == tokens(40)
     side.check()
 
