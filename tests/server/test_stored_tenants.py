@@ -89,6 +89,15 @@ def _conversation_calls(b: openai.OpenAI, cid: str, item_id: str) -> list[Callab
     ]
 
 
+def _two_keys(tmp_path_factory: pytest.TempPathFactory, *args: str) -> ServerProcess:
+    """A tiny model's server of one slot for keys ka and kb, with `args`."""
+    model = tiny_model_path("llama", seed=7, vocab="tiny")
+    log = tmp_path_factory.mktemp("keys") / "server.log"
+    return ServerProcess(
+        ["-m", str(model), "-np", "1", "-t", "1", "-tb", "1", "--api-key", "ka,kb", *args], log
+    )
+
+
 def test_one_keys_flood_leaves_another_keys_records_whole(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -97,13 +106,7 @@ def test_one_keys_flood_leaves_another_keys_records_whole(
     conversation answer whole, B's oldest conversation is gone, a conversation larger than B's
     share is refused naming --state-bytes, and each key's /pages shows its own bytes and share
     only. Defect caught: B's single stored turn deleted A's records (one LRU for all keys)."""
-    model = tiny_model_path("llama", seed=7, vocab="tiny")
-    log = tmp_path_factory.mktemp("flood") / "server.log"
-    server = ServerProcess(
-        ["-m", str(model), "-c", "2048", "-np", "1", "-t", "1", "-tb", "1",
-         "--api-key", "ka,kb", "--state-bytes", "200000"],
-        log,
-    )  # fmt: skip
+    server = _two_keys(tmp_path_factory, "-c", "2048", "--state-bytes", "200000")
     try:
         a, b = oai(server, "ka"), oai(server, "kb")
         kept = a.responses.create(input="Remember the tide.", **ARGS)
@@ -136,13 +139,7 @@ def test_background_responses_are_capped_per_key(
     or running gets a 429 naming the flag for a third (none recorded), while another key still
     starts its own; once one of the first key's is cancelled, it may start another. Defect
     caught: 60 queued runs of one key, costing it no connection, delayed every key."""
-    model = tiny_model_path("llama", seed=7, vocab="tiny")
-    log = tmp_path_factory.mktemp("bg") / "server.log"
-    server = ServerProcess(
-        ["-m", str(model), "-c", "4096", "-np", "1", "-t", "1", "-tb", "1",
-         "--api-key", "ka,kb", "--state-background-per-key", "2"],
-        log,
-    )  # fmt: skip
+    server = _two_keys(tmp_path_factory, "-c", "4096", "--state-background-per-key", "2")
     long: dict[str, Any] = {
         "model": "m",
         "max_output_tokens": 3000,
