@@ -103,11 +103,10 @@ def continued(
     model's text parsed as this request's answers are."""
     if last is None:
         return None
-    tools = tokenizers(state)
     answered = _answer_continued(state, body, prompt, last, render_history, answer_of)
     if answered is not None:
         return answered
-    kept = continue_prompt(last.tokens, last.position, full=prompt, **tools)
+    kept = continue_prompt(last.tokens, last.position, full=prompt, **tokenizers(state))
     return [int(t) for t in kept] if kept is not None else None
 
 
@@ -136,9 +135,10 @@ def _answer_continued(
         ends_turn=ends_turn(state),
         **tokenizers(state),
     )
-    if cont.mode is ContinueMode.KEPT and not _same_answer(answer_of(last.content), messages[n]):
-        return None
-    if cont.mode not in (ContinueMode.INCREMENTAL, ContinueMode.KEPT):
+    if cont.mode is ContinueMode.KEPT:
+        if not _same_answer(answer_of(last.content), messages[n]):
+            return None
+    elif cont.mode is not ContinueMode.INCREMENTAL:
         return None
     return [int(t) for t in np.asarray(cont.tokens)]
 
