@@ -41,6 +41,11 @@ TOOLS = [
         "input_schema": {"type": "object", "properties": {}},
     },
 ]
+# TOOLS as OpenAI's chat API takes them
+CHAT_TOOLS = [
+    {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
+    for t in TOOLS
+]
 ASKS = ["Fix the failing test.", "Why?", "Go on.", "Check the parser.", "Done?"]
 # The tool choice changes from turn to turn (a random model calls a tool only when made to).
 CHOICES: list[Any] = [{"type": "tool", "name": "run_tests"}, {"type": "auto"}, {"type": "any"}]
@@ -233,10 +238,7 @@ def test_a_long_answer_is_never_prefilled_again(server: ServerProcess) -> None:
     them) each later turn prefills at most its new input + 64 tokens. Defect caught: every
     turn re-prefilled its previous answer (the history diverged where the answer starts)."""
     chat = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
-    tools: Any = [
-        {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
-        for t in TOOLS
-    ]
+    tools: Any = CHAT_TOOLS
     messages: list[Any] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": ASKS[0]},
@@ -275,10 +277,7 @@ def test_a_forced_call_with_ignore_eos_ends_and_the_server_lives(server: ServerP
     sampler drew instead ('Unexpected empty grammar stack'), which aborted the process."""
     body = {
         "messages": [{"role": "user", "content": ASKS[0]}],
-        "tools": [
-            {"type": "function", "function": {"name": t["name"], "parameters": t["input_schema"]}}
-            for t in TOOLS
-        ],
+        "tools": CHAT_TOOLS,
         "tool_choice": "required",
         "ignore_eos": True,
         "max_tokens": 200,
