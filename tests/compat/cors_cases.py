@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from kvswap.cluster.procs import free_port
 
 ANSWERS = Path(__file__).resolve().parent / "cors-llama-server.json"
 API_KEY = "sk-cors-test"
@@ -95,12 +96,6 @@ def observe(host: str, port: int) -> list[dict[str, Any]]:
             answer["body"] = body.decode("utf-8")
         seen.append(answer)
     return seen
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> None:

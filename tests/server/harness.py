@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -17,42 +15,11 @@ from typing import Any
 
 import httpx
 
+from kvswap.cluster.procs import free_block, free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def ephemeral_low() -> int:
-    """The first port the kernel hands to outgoing connections and `bind(port 0)`."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_block(n_ports: int) -> int:
-    """A port P with P..P+n_ports-1 all free, below the kernel's ephemeral range.
-
-    `kvswap cluster up --port P` puts its replicas and Redis on the ports after P. A block
-    around an OS-chosen port lies inside the ephemeral range, where any outgoing connection of
-    the suite (a client, a replica's call to Redis) may take P+1..P+n between the choice and
-    the bind ("port 55332 is in use"); below the range only a listener can hold them.
-    """
-    from kvswap.cluster.procs import port_is_free
-
-    low = ephemeral_low()
-    top = low - n_ports if low > 12000 else 65536 - n_ports
-    base = 10000 if low > 12000 else low + 1
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(base, top)
-        if all(port_is_free(port + i) for i in range(n_ports)):
-            return port
-    raise AssertionError(f"no {n_ports} free ports in a row")
+__all__ = ["REPO", "ServerProcess", "free_block", "free_port"]
 
 
 class ServerProcess:

@@ -11,16 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kvswap.cluster.procs import free_port, port_is_free
+from kvswap.cluster.procs import free_block, free_port, port_is_free
 from kvswap.cluster.up import ClusterUpError, make_plan, replica_argv, replica_env
 
 
 def _base(n_ports: int = 3) -> int:
-    for _ in range(100):
-        port = free_port()
-        if all(port_is_free(port + i) for i in range(n_ports)):
-            return port
-    raise AssertionError("no free ports in a row")
+    return free_block(n_ports)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from kvswap.cluster.procs import free_port
+
 _POLL_S = 0.02  # how often start-up polls /health
 
 
@@ -27,12 +28,6 @@ def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) of every thread of process `pid` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BenchServer:

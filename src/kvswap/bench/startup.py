@@ -18,7 +18,8 @@ import sys
 import time
 from http.client import HTTPConnection
 
-from kvswap.bench.server import free_port, process_cpu_s
+from kvswap.bench.server import process_cpu_s
+from kvswap.cluster.procs import free_port
 
 _POLL_S = 0.01
 

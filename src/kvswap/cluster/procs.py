@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import random
 import shutil
 import signal
 import socket
@@ -66,10 +67,41 @@ def find_binary(name: str) -> str:
     return found
 
 
+_HANDED_OUT: set[int] = set()  # ports this process has handed out, never handed twice
+
+
+def ephemeral_low() -> int:
+    """The first port the kernel hands to outgoing connections and `bind(port 0)`."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_block(n_ports: int, host: str = "127.0.0.1") -> int:
+    """A port P with P..P+n_ports-1 all free, below the kernel's ephemeral range, none of them
+    handed out before by this process.
+
+    A port the OS chose with `bind(port 0)` lies inside the ephemeral range: between the choice
+    and the listener's bind, any outgoing connection (a client, a replica's call to Redis) may
+    take it ("Address already in use"). Below the range only a listener can hold a port.
+    """
+    low = ephemeral_low()
+    top = low - n_ports if low > 12000 else 65536 - n_ports
+    base = 10000 if low > 12000 else low + 1
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(base, top)
+        block = range(port, port + n_ports)
+        if _HANDED_OUT.isdisjoint(block) and all(port_is_free(p, host) for p in block):
+            _HANDED_OUT.update(block)
+            return port
+    raise ProcessError(f"no {n_ports} free ports in a row between {base} and {top}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """One free port for a listener this process is about to start (see `free_block`)."""
+    return free_block(1, host)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
