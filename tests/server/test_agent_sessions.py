@@ -290,9 +290,10 @@ def test_a_forced_call_with_ignore_eos_ends_and_the_server_lives(server: ServerP
 
 def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerProcess) -> None:
     """Claude Code sends other conversations on its session id (title generation, subagents:
-    another system prompt) and, interactively, a billing line whose `cch=` stamp changes every
-    request. Neither may cost the session its mind: the side request runs without it (its
-    answer names no mind), and the next turn of the session, under a new stamp, prefills at
+    another system prompt) and a billing line whose `cc_version` suffix changes with each
+    `claude` run and, interactively, whose `cch=` stamp changes every request. Neither may cost
+    the session its mind: the side request runs without it (its answer names no mind), and the
+    next turn of the session, under a new stamp, prefills at
     most its new input + 64 tokens. Defect caught: the side request ran on the session's mind
     and dropped its history past the few tokens they share."""
     session = "9b2e-claude-code-side-requests"
@@ -302,16 +303,17 @@ def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerPr
         max_retries=0,
         default_headers={"x-claude-code-session-id": session},
     )
-    stamp = "x-anthropic-billing-header: cc_version=2.1.328.e51; cc_entrypoint=cli; cch={};"
+    stamp = "x-anthropic-billing-header: cc_version=2.1.328.{}; cc_entrypoint=cli; cch={};"
 
-    def system(cch: str) -> Any:
-        return [{"type": "text", "text": stamp.format(cch)}, {"type": "text", "text": SYSTEM}]
+    def system(version: str, cch: str) -> Any:
+        line = stamp.format(version, cch)
+        return [{"type": "text", "text": line}, {"type": "text", "text": SYSTEM}]
 
     messages: list[dict[str, Any]] = [{"role": "user", "content": ASKS[0]}]
     first = claude.messages.create(
         model="m",
         max_tokens=40,
-        system=system("a5145"),
+        system=system("593", "a5145"),
         messages=messages,  # type: ignore[arg-type]
     )
     n_first = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
@@ -330,7 +332,7 @@ def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerPr
     second = claude.messages.create(
         model="m",
         max_tokens=8,
-        system=system("0f9e2"),
+        system=system("281", "0f9e2"),
         messages=messages,  # type: ignore[arg-type]
     )
     read = second.usage.cache_read_input_tokens or 0

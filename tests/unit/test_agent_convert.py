@@ -108,24 +108,38 @@ def test_a_system_turn_in_messages_stays_where_it_stands() -> None:
     assert body["chat_template_kwargs"]["enable_thinking"] is True
 
 
-def test_claude_codes_billing_stamp_never_moves_the_prefix() -> None:
-    """The `cch=` stamp of Claude Code's billing line changes on every request; two requests
-    differing only there render the same system prompt (and nothing else is touched)."""
-    line = "x-anthropic-billing-header: cc_version=2.1.328.e51; cc_entrypoint=cli; cch={};"
+def test_claude_codes_billing_line_never_moves_the_prefix() -> None:
+    """Claude Code's billing line changes with each run's first prompt (`cc_version`'s suffix)
+    and, interactively, with every request (`cch=`); requests differing only there render the
+    same system prompt, as blocks or as one string, and nothing else is touched."""
+    line = "x-anthropic-billing-header: cc_version=2.1.328.{}; cc_entrypoint=cli; cch={};"
+    stamps = (("593", "a5145"), ("281", "0f9e2"))
     bodies = [
         anthropic(
             {
                 "system": [
-                    {"type": "text", "text": line.format(stamp)},
+                    {"type": "text", "text": line.format(*stamp)},
                     {"type": "text", "text": "You are Claude Code. cch=abc;"},
                 ],
                 "messages": [{"role": "user", "content": "Hi"}],
             }
         )
-        for stamp in ("a5145", "0f9e2")
+        for stamp in stamps
     ]
-    assert bodies[0]["messages"] == bodies[1]["messages"]
-    assert bodies[0]["messages"][0]["content"].endswith("cch=00000;You are Claude Code. cch=abc;")
+    bodies += [
+        anthropic(
+            {
+                "system": line.format(*stamp) + "\nYou are Claude Code. cch=abc;",
+                "messages": [{"role": "user", "content": "Hi"}],
+            }
+        )
+        for stamp in stamps
+    ]
+    for body in bodies:
+        assert body["messages"] == [
+            {"role": "system", "content": "You are Claude Code. cch=abc;"},
+            {"role": "user", "content": "Hi"},
+        ]
 
 
 @pytest.mark.parametrize(

@@ -115,9 +115,22 @@ class MessagesRequest(Body):
     cache_control: CacheControl | None = None  # automatic: on the last block
 
 
-# Claude Code's billing line opens its system prompt with a `cch=` stamp that changes on every
-# request: kept as sent it would end the session's prefix there. Pinned, as llama-server does.
-_BILLING_STAMP = re.compile(r"^(x-anthropic-billing-header:[^\n]*?\bcch=)[0-9A-Za-z]+;")
+# Claude Code opens its system prompt with a billing line for Anthropic's accounting, not for
+# the model: `x-anthropic-billing-header: cc_version=2.1.328.593; cc_entrypoint=sdk-cli;` (and,
+# interactively, `cch=<stamp>;`). The version's suffix changes with each `claude` run's first
+# prompt and the stamp with every request: kept, either would end the session's prefix at token
+# 25, so `claude -p --continue` would prefill its whole history again. Dropped, as vLLM does
+# (llama-server pins only `cch=`).
+_BILLING_PREFIX = "x-anthropic-billing-header:"
+_BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*(\n|$)")
+
+
+def _without_billing(system: str | list[ContentBlock]) -> str | list[ContentBlock]:
+    if isinstance(system, str):
+        return _BILLING_LINE.sub("", system, count=1)
+    return [
+        b for b in system if not (b.type == "text" and (b.text or "").startswith(_BILLING_PREFIX))
+    ]
 
 
 def _unsupported(what: str) -> KvswapError:
@@ -243,8 +256,9 @@ def to_chat_body(req: MessagesRequest, raw: dict[str, Any] | None = None) -> dic
     """
     messages: list[dict[str, Any]] = []
     if req.system is not None:
-        system = _text_of(req.system, "system")
-        messages.append({"role": "system", "content": _BILLING_STAMP.sub(r"\g<1>00000;", system)})
+        messages.append(
+            {"role": "system", "content": _text_of(_without_billing(req.system), "system")}
+        )
     for i, msg in enumerate(req.messages):
         messages += to_chat_messages(msg, i)
     body: dict[str, Any] = {k: v for k, v in (raw or {}).items() if k not in _CONSUMED}
