@@ -6,7 +6,9 @@
 # vendor/llama.cpp, holds the server test suite scripts/compat.sh runs and the sources tests read;
 # $KVSWAP_LLAMA_CPP_SRC points them elsewhere, see tests/compat/source.py), and from Debian, when
 # missing: libllama's build tools, chromium and chromium-driver (the web page's browser test),
-# haproxy (2.6) and redis-server (7) (kvswap cluster and its tests start them as processes).
+# haproxy (2.6) and redis-server (7) (kvswap cluster and its tests start them as processes), and
+# from npm into .cache/agents/ the real coding agents' clients, Claude Code and Codex, at the
+# versions kvswap.agents.clis pins (tests/agents drive them against kvswap).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +25,8 @@ command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_debs+=(ha
 command -v redis-server >/dev/null 2>&1 || need_debs+=(redis-server)
 # The shared tier's TLS test makes its certificates with openssl.
 command -v openssl >/dev/null 2>&1 || need_debs+=(openssl)
+# The coding agents' clients (tests/agents) install from npm.
+command -v npm >/dev/null 2>&1 || need_debs+=(nodejs npm)
 if [ ${#need_debs[@]} -gt 0 ]; then
   echo "setup: installing ${need_debs[*]} (libllama's build tools, the browser test's chromium, the cluster's haproxy and redis-server)"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -65,3 +69,15 @@ if [ ! -f "$SDIST_DIR/vendor/llama.cpp/common/arg.cpp" ]; then
 fi
 echo "setup: llama.cpp source (server test suite) in $SDIST_DIR/vendor/llama.cpp"
 echo "setup: $( (command -v haproxy >/dev/null 2>&1 && haproxy -v || /usr/sbin/haproxy -v) | head -1) | $(redis-server --version)"
+
+# Claude Code and Codex, each package with its own binary, at the pinned versions.
+AGENTS_DIR=.cache/agents
+CLAUDE_CODE=$(.venv/bin/python -c 'from kvswap.agents.clis import CLAUDE_CODE_VERSION as v; print(v)')
+CODEX=$(.venv/bin/python -c 'from kvswap.agents.clis import CODEX_VERSION as v; print(v)')
+installed() { node -p "require('./$AGENTS_DIR/node_modules/$1/package.json').version" 2>/dev/null || true; }
+if [ "$(installed @anthropic-ai/claude-code)" != "$CLAUDE_CODE" ] || [ "$(installed @openai/codex)" != "$CODEX" ]; then
+  mkdir -p "$AGENTS_DIR"
+  npm install --prefix "$AGENTS_DIR" --no-audit --no-fund --loglevel=error --save-exact \
+    "@anthropic-ai/claude-code@$CLAUDE_CODE" "@openai/codex@$CODEX"
+fi
+echo "setup: Claude Code $(installed @anthropic-ai/claude-code), Codex $(installed @openai/codex) in $AGENTS_DIR"

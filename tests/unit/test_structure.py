@@ -51,10 +51,11 @@ RANKS = {
     "minds": 6,
     "server": 7,
     "cluster": 8,
-    "bench": 9,
-    "serve": 9,
-    "cli": 10,
-    "__main__": 11,
+    "agents": 9,
+    "bench": 10,
+    "serve": 10,
+    "cli": 11,
+    "__main__": 12,
 }
 
 # Inside `server/`: a unit imports only units of a lower rank. The shell's leaves first; then
