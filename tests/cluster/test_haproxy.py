@@ -160,7 +160,8 @@ def test_a_session_key_routes_as_the_mind_it_names(cluster: Cluster) -> None:
     """Defect caught: a client that names no mind but sends a session key (Codex's
     prompt_cache_key, X-Conversation-Id, Claude Code's session header) balanced round robin,
     so each turn lands on another replica and is forwarded to its mind's owner (a hop a turn).
-    Each routes as the mind of that name, in kvswap's order."""
+    Each routes as the mind of that name, in kvswap's order; Codex's 40 KB bodies, whose key
+    HAProxy cannot read, by the `session-id` header it sends with them."""
     for mind in MINDS[:8]:
         home = cluster.ask(mind)
         body = {"messages": [], "prompt_cache_key": mind}
@@ -169,6 +170,8 @@ def test_a_session_key_routes_as_the_mind_it_names(cluster: Cluster) -> None:
             ({"X-Conversation-Id": mind}, {"messages": []}),
             ({"x-claude-code-session-id": mind}, {"messages": []}),
             ({"X-Conversation-Id": "another-conversation"}, body),  # the body's key first
+            # Codex: a body past HAProxy's buffer, its key last, the same id in a header
+            ({"session-id": mind}, {"input": "x" * 40_000, "prompt_cache_key": mind}),
         ]:
             r = cluster.http.post("/v1/chat/completions", headers={**KEY, **headers}, json=json)
             assert r.headers[REPLICA_HEADER] == home, (mind, headers)

@@ -1,9 +1,11 @@
 """The HAProxy 2.6 configuration of a kvswap cluster, and its runtime API (docs/CLUSTER.md, "The HAProxy config").
 
-Routing: a request's route key is `<Authorization>|<mind>`, the mind taken from the `X-Mind-Id`
-header, else from the JSON body's `mind` when the body fits HAProxy's buffer (`tune.bufsize`,
-16 KiB: longer bodies must send the header), else from a session key in kvswap's order (the
-body's `prompt_cache_key`, the same bound; `X-Conversation-Id`; `x-claude-code-session-id`), so
+Routing: a request's route key is `<Authorization><x-api-key>|<mind>`, the mind taken from the
+`X-Mind-Id` header, else from the JSON body's `mind` when the body fits HAProxy's buffer
+(`tune.bufsize`, 16 KiB: longer bodies must send the header), else from a session key in
+kvswap's order (the body's `prompt_cache_key`, the same bound, else Codex's `session-id` header,
+which carries the same id on bodies of 40 KB and more; `X-Conversation-Id`;
+`x-claude-code-session-id`), so
 a client that names no mind reaches the replica that holds its session's mind. `balance hash` on that key with `hash-type
 consistent` keeps a mind on one replica and moves only a lost replica's minds; hashing the API
 key with the mind spreads tenants that all name a mind `default`. A request naming no mind has
@@ -163,9 +165,10 @@ frontend kvswap
     http-request set-var(txn.mind) path,field(3,/),url_dec if {{ path_beg /minds/ }} !{{ var(txn.mind) -m found }}
     http-request set-var(txn.mind) req.body,json_query('$.mind') if METH_POST !{{ var(txn.mind) -m found }}
     http-request set-var(txn.mind) req.body,json_query('$.prompt_cache_key') if METH_POST !{{ var(txn.mind) -m found }}
+    http-request set-var(txn.mind) req.hdr(session-id) if !{{ var(txn.mind) -m found }}
     http-request set-var(txn.mind) req.hdr(x-conversation-id) if !{{ var(txn.mind) -m found }}
     http-request set-var(txn.mind) req.hdr(x-claude-code-session-id) if !{{ var(txn.mind) -m found }}
-    http-request set-var-fmt(txn.route) "%[req.hdr(authorization)]|%[var(txn.mind)]" if {{ var(txn.mind) -m found }}
+    http-request set-var-fmt(txn.route) "%[req.hdr(authorization)]%[req.hdr(x-api-key)]|%[var(txn.mind)]" if {{ var(txn.mind) -m found }}
     default_backend {BACKEND}
 
 backend {BACKEND}
