@@ -41,13 +41,14 @@ class ClusterUp:
         *,
         port: int | None = None,
         redis_port: int | None = None,
+        model: Path | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.port = port or free_block(n_replicas + 1)
         self.redis_port = redis_port or free_block(1)
         while self.port <= self.redis_port <= self.port + n_replicas:
             self.redis_port = free_block(1)
-        model = tiny_model_path("llama", seed=7, vocab="tiny")
+        model = model or tiny_model_path("llama", seed=7, vocab="tiny")
         self.argv = [
             sys.executable, "-m", "kvswap", "cluster", "up", "--replicas", str(n_replicas),
             "--port", str(self.port), "--redis-port", str(self.redis_port),

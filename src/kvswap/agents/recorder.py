@@ -45,6 +45,7 @@ class Exchange:
     headers: dict[str, str]
     body: bytes
     status: int = 0
+    answer_headers: dict[str, str] = field(default_factory=dict)
     answer: bytes = b""
     error: str = ""
 
@@ -142,6 +143,7 @@ def _handler(recorder: Recorder) -> type[BaseHTTPRequestHandler]:
                 conn.request(self.command, self.path, body=exchange.body, headers=exchange.headers)
                 answer = conn.getresponse()
                 exchange.status = answer.status
+                exchange.answer_headers = dict(answer.getheaders())
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
                     if key.lower() not in _HOP_HEADERS:
