@@ -224,6 +224,27 @@ def test_a_mind_larger_than_the_page_store_never_stops_other_requests(
     assert log.count("more than the whole page store") == 2  # once per mind
 
 
+@pytest.mark.timeout(600)
+def test_minds_over_half_the_page_store_take_turns_with_no_refusal(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 32: minds over half of `--page-ram-bytes` switch with no refusal. Two minds of
+    ~17.5 MB under a 24 MB store take turns on one slot: every turn answers and prefills only
+    its new tokens, whichever tier each comes back from. (The refusal this guards against, a
+    returning mind's RAM page and the outgoing page not both fitting, is a race with the
+    demoter's spill here; `unit/test_seating.py` pins the decision: straight to disk.)"""
+    server = start(*ONE_SLOT_ARGS, "--page-ram-bytes", "24M", save=tmp_path / "slots")
+    minds = Minds(server, 2, n_facts=36)  # ~760 tokens, ~17.5 MB each
+    for turn in range(4):
+        for m in range(2):
+            n_before = minds.n_prompt.get(m, 0)
+            out = minds.turn(m, turn)
+            if turn > 0:
+                assert out["timings"]["cache_n"] >= n_before, (turn, m, out["timings"])
+    assert "cannot make room" not in server.log_path.read_text()
+    assert server.metrics()["llamacpp:page_failed_total"] == 0
+
+
 @pytest.mark.timeout(300)
 def test_a_restart_with_other_kv_types_keeps_the_old_minds_files(
     start: Callable[..., ServerProcess], tmp_path: Path

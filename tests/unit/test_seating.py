@@ -17,7 +17,7 @@ import pytest
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
-from kvswap.engine.commands import RoomReport, SlotCapture, SlotErase, Submit
+from kvswap.engine.commands import ALL_HELD, RoomReport, SlotCapture, SlotErase, Submit
 from kvswap.engine.seats.anoncache import BLOCK_TOKENS, Kept
 from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind
 from kvswap.engine.seats.registry import DiskCopy
@@ -251,6 +251,55 @@ def test_a_store_that_cannot_make_room_fails_the_switch_naming_page_ram_bytes() 
     assert "no idle mind page can be spilled" in err.value.message
     assert err.value.extra["retry_after_s"] > 0  # the 503's Retry-After: a refusal that passes
     assert side.slots[0].mind == ann and side.slots[0].tokens.view().tolist() == tokens(40)
+    side.check()
+
+
+def test_a_mind_the_full_store_cannot_take_goes_straight_to_disk_with_a_disk_tier() -> None:
+    """Defect caught (minds over half the RAM budget): a switch refused with a 503 while the
+    disk tier had room, because the page the request holds and the outgoing page could not both
+    be charged. With a disk tier, the refused switch hands the outgoing mind to disk and goes
+    on once its file holds the slot's state; nothing is lost, nothing refused."""
+    side = engine_side(ceiling_bytes=16384)
+    ann, bob = _m("ann"), _m("bob")
+    put_page(side.store, page_key(NS, "client"), 1340)  # 16080 of 16384 bytes, held
+    side.seated(0, ann, 40)
+    side.handoffs.attach(lambda: None, disk_tier=True)
+    cmd = submit(bob, tokens(5))[0]
+    with pytest.raises(NoRoomYet):
+        side.seating.seat(side.slots[0], cmd)
+    side.post(RoomReport(1, ALL_HELD))
+    for _ in range(2):  # handed over, then being written
+        with pytest.raises(NoRoomYet):
+            side.seating.seat(side.slots[0], cmd)
+        assert side.slots[0].mind == ann and side.handoffs.handing(ann)
+    taken = side.handoffs.take()
+    assert taken is not None and taken[0] == ann and taken[1].layout.n_tokens == 40
+    taken[1].buffer.close()
+    side.registry.record_disk(ann, DiskCopy(taken[1].layout.n_bytes, 40, taken[2]))
+    side.handoffs.done(ann, written=True)
+    side.seating.seat(side.slots[0], cmd)
+    side.check()
+    assert side.registry.residents() == {bob: 0} and not side.handoffs.handing(ann)
+    assert side.registry.disk_copy(ann) is not None
+
+
+def test_a_disk_tier_that_refused_room_fails_the_switch_naming_its_flag() -> None:
+    """Decision: a switch goes straight to disk only when every page is held; when the pass
+    could not make room because the disk tier is full, a write there would fail too, so the
+    switch fails at once, typed, with that reason (naming --page-disk-bytes)."""
+    side = engine_side(ceiling_bytes=16384)
+    ann = _m("ann")
+    put_page(side.store, page_key(NS, "client"), 1340)
+    side.seated(0, ann, 40)
+    side.handoffs.attach(lambda: None, disk_tier=True)
+    cmd = submit(_m("bob"), tokens(5))[0]
+    with pytest.raises(NoRoomYet):
+        side.seating.seat(side.slots[0], cmd)
+    side.post(RoomReport(1, "the disk tier is full (9 of --page-disk-bytes 9 bytes)"))
+    with pytest.raises(KvswapError) as err:
+        side.seating.seat(side.slots[0], cmd)
+    assert "--page-disk-bytes" in err.value.message and not side.handoffs.handing(ann)
+    assert side.slots[0].mind == ann
     side.check()
 
 

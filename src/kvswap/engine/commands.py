@@ -159,10 +159,14 @@ class ShedCache:
     reply: Reply[int]
 
 
+ALL_HELD = "no idle mind page can be spilled to disk now"
+
+
 @dataclass(frozen=True)
 class RoomReport:
     """The demoter finished pass `pass_no` of making room in the page store; `refused` says why
-    it could not (empty: it could). A mind switch waiting for room reads it (minds.seating)."""
+    it could not (empty: it could; `ALL_HELD`: every page is held by a request, the disk tier
+    refused nothing). A mind switch waiting for room reads it (minds.seating)."""
 
     pass_no: int
     refused: str = ""

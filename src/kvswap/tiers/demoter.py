@@ -43,7 +43,15 @@ from pathlib import Path
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.page import PageGeometry
-from kvswap.engine.commands import Answer, Captured, Command, FlushMinds, RoomReport, ShedCache
+from kvswap.engine.commands import (
+    ALL_HELD,
+    Answer,
+    Captured,
+    Command,
+    FlushMinds,
+    RoomReport,
+    ShedCache,
+)
 from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.seats.registry import DiskCopy
@@ -391,7 +399,7 @@ class Demoter:
             shed = False
             candidates = reg.idle(_minds_in_ram(store))
             if not candidates:
-                self._refused = "no idle mind page can be spilled to disk now"
+                self._refused = ALL_HELD
                 return
             if self.publisher is None:
                 self._refused = "there is no disk tier to spill to (--slot-save-path)"

@@ -135,6 +135,15 @@ class Handoffs:
                 key, n_bytes, ceiling, how,
             )  # fmt: skip
 
+    def log_past_store(self, key: PageKey, n_bytes: int, reason: str) -> None:
+        """Say once per mind that it went straight to disk, the store having no room for it."""
+        if self.first_too_large(key):
+            log.info(
+                "%s (%d bytes) leaves its slot straight to disk: the page store cannot hold it "
+                "now (%s); raise --page-ram-bytes to keep such minds in RAM",
+                key, n_bytes, reason,
+            )  # fmt: skip
+
     def forget(self, key: PageKey) -> None:
         """Mind `key` is forgotten: the next time it is too large is logged again."""
         with self._lock:

@@ -30,10 +30,12 @@ faulting fresh memory in costs several times the copy, so it is done before the 
 during it on the engine thread. A switch that finds no spare large enough waits for one (the
 job is retried when the buffer arrives), as it waits for room.
 
-When the page store cannot take the evicted mind now, the job waits: the demoter is woken to
-spill least recently used pages to disk, and answers each pass with a `RoomReport`; when a pass
-that ran after the switch began waiting could not make room, the job fails with its typed
-reason instead of waiting forever.
+When the page store cannot take the evicted mind now, the job waits (`roomwait`): the demoter
+is woken to spill least recently used pages to disk, and answers each pass with a `RoomReport`;
+when a pass that ran after the switch began waiting could not make room (every other page is
+held: the incoming mind's own, when minds are over half the budget), the evicted mind goes
+straight to disk as one larger than the store does, or, with no disk tier, the job fails with
+its typed reason instead of waiting forever.
 
 `page_out_idle_resident` is the engine's answer to a full KV pool: the least recently used idle
 resident moves out (a mind to its own page; an anonymous slot's cached prompt into the
@@ -62,7 +64,15 @@ from kvswap.core.keys import PageKey
 from kvswap.core.page import read_tokens
 from kvswap.core.types import MindServed
 from kvswap.core.vocab import MindMove, MindSource
-from kvswap.engine.commands import MindVerb, PageOut, RoomReport, SlotCapture, SlotErase, Submit
+from kvswap.engine.commands import (
+    ALL_HELD,
+    MindVerb,
+    PageOut,
+    RoomReport,
+    SlotCapture,
+    SlotErase,
+    Submit,
+)
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
@@ -72,11 +82,10 @@ from kvswap.engine.seats.flushes import FlushSchedule
 from kvswap.engine.seats.handoffs import Handoffs
 from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind, PagedOut, Seat
 from kvswap.engine.seats.registry import MindRegistry
+from kvswap.engine.seats.roomwait import RoomWait
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
-
-ROOM_RETRY_S = 5  # a switch refused for room: the Retry-After its 503 suggests
 
 
 class Seating:
@@ -104,10 +113,7 @@ class Seating:
         self.flushes = flushes
         self.handoffs = handoffs
         self.anon = anon
-        self._n_reported = 0  # the last demoter pass that reported
-        self._room_ticket: int | None = None  # a waiting switch needs a report from this pass on
-        self._room_refused = ""  # why such a pass could not make room
-        self._refusals_logged: set[str] = set()  # reasons a switch was refused, logged once
+        self.room = RoomWait()
         self.spare = Spare(store, buffers, "mind-switch") if store is not None else None
 
     def seat(self, slot: Slot, cmd: object) -> Seat | None:
@@ -268,7 +274,9 @@ class Seating:
 
     def evict(self, slot: Slot) -> None:
         """Page the slot's mind out under its key (the slot is then empty); a mind too large
-        for the whole store is handed to the disk tier, or dropped without one."""
+        for the whole store is handed to the disk tier, or dropped without one, and so is one
+        the store cannot make room for (every other page held by a request) when there is a
+        disk tier: a switch is refused only for a mind that fits no tier."""
         mind = slot.mind
         assert mind is not None and slot.is_idle
         store = self._store()
@@ -278,7 +286,7 @@ class Seating:
         verbs = self.runtime.verbs
         t0 = time.perf_counter()
         layout = verbs.mover.measure(slot)
-        if layout.n_bytes > store.ceiling_bytes:
+        if layout.n_bytes > store.ceiling_bytes or self.handoffs.handing(mind):
             self._too_large(slot, mind, layout.n_bytes)
             return
         spare = self.spare
@@ -293,13 +301,25 @@ class Seating:
             except KvswapError as err:
                 if err.kind is not ErrorKind.UNAVAILABLE:
                     raise
-                self._no_room(err)
+                refused = self.room.refusal()
+                if refused == ALL_HELD and self.handoffs.has_disk_tier:
+                    # The store cannot hold this page beside those requests hold (the incoming
+                    # mind's, when minds are over half the budget): straight to disk. (A disk
+                    # tier that refused the spill would refuse this too: the 503 names it.)
+                    self.handoffs.log_past_store(mind, layout.n_bytes, refused)
+                    self._too_large(slot, mind, layout.n_bytes)
+                    return
+                if refused:
+                    self.room.refuse(refused, store.ceiling_bytes, err)
+                self.room.begin()
+                self.handoffs.call_demoter()
+                raise NoRoomYet() from err
             took = spare.take(mind, layout.n_bytes) if ready else None
             if took is None:
                 raise NoRoomYet()  # the buffer worker maps one; retried on its arrival
         buffer, reservation = took
         moved = verbs.capture_to_page(slot, layout=layout, reservation=reservation, buffer=buffer)
-        self._room_ticket, self._room_refused = None, ""
+        self.room.made()
         self._left(slot, mind)
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
         store.saw_mind_page(layout.n_bytes)
@@ -326,9 +346,9 @@ class Seating:
             if not written:
                 raise KvswapError(
                     ErrorKind.UNAVAILABLE,
-                    f"a mind of {n_bytes} bytes, more than the whole page store (--page-ram-bytes "
-                    f"{ceiling}), could not be written to disk to free its slot (see the server "
-                    "log); raise --page-ram-bytes",
+                    f"a mind of {n_bytes} bytes, which the page store (--page-ram-bytes "
+                    f"{ceiling}) could not hold, could not be written to disk to free its slot "
+                    "(see the server log); raise --page-ram-bytes",
                 )
             copy = self.registry.disk_copy(mind)
             if copy is None or copy.n_tokens != len(slot.tokens):
@@ -405,34 +425,12 @@ class Seating:
 
     # -- waiting for room -------------------------------------------------------------------
 
-    def _no_room(self, err: KvswapError) -> None:
-        """The store cannot take an evicted mind: wait for a demoter pass that reports after
-        this moment; when such a pass could not make room, fail with its reason."""
-        if self._room_ticket is not None and self._room_refused:
-            reason = self._room_refused
-            self._room_ticket, self._room_refused = None, ""
-            message = (
-                f"cannot make room for a mind switch: the page store is full (--page-ram-bytes "
-                f"{self._store().ceiling_bytes}) and {reason}; raise --page-ram-bytes"
-            )
-            if reason not in self._refusals_logged:  # once per reason, not once per request
-                self._refusals_logged.add(reason)
-                log.warning("%s", message)
-            raise KvswapError(ErrorKind.UNAVAILABLE, message, retry_after_s=ROOM_RETRY_S) from err
-        if self._room_ticket is None:
-            self._room_ticket = self._n_reported + 1
-        self.handoffs.call_demoter()
-        raise NoRoomYet() from err
-
     def on_room_report(self, report: RoomReport) -> None:
         """A demoter pass ended: a waiting switch learns whether room could be made, and the
         next switch's spare is asked for now that there may be room (off the store's shelf,
         where the pages it spilled left their buffers)."""
-        self._n_reported = report.pass_no
+        self.room.reported(report)
         self.ask_spare()
-        ticket = self._room_ticket
-        if ticket is not None and report.pass_no >= ticket and report.refused:
-            self._room_refused = report.refused
 
     # -- the spare buffer -------------------------------------------------------------------
 
