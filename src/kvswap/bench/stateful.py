@@ -177,7 +177,10 @@ def main(argv: list[str]) -> int:
                    "(--llama-server adds the third)")  # fmt: skip
     p.add_argument("--out", default="docs", help="folder for bench-stateful.md and its plot")
     a = p.parse_args(argv)
-    ways = [w for w in a.ways.split(",") if w in WAYS]
+    ways = [w.strip() for w in a.ways.split(",") if w.strip()]
+    unknown = [w for w in ways if w not in WAYS]
+    if unknown or not ways:
+        p.error(f"--ways: {', '.join(unknown) or 'none'} not among {', '.join(WAYS)}")
     if a.llama_server and WAYS[2] not in ways:
         ways.append(WAYS[2])
     figures = {way: run(a, way) for way in ways}
