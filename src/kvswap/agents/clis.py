@@ -4,7 +4,7 @@
 `<cache>/agents/` (each package carries its own binary). `ClaudeCode` and `Codex` run one turn
 each (`turn`: a new session; `next_turn`: the client's own continuation of its last session:
 `claude -p --continue`, `codex exec resume --last`) in a scratch home of their own, offline, and
-return the exit status, output and wall time. Tests and `kvswap bench agents-replay` drive them.
+return the exit status, output and wall time. The tests that run the real clients drive them.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 came (method, path, headers, body) and streams the answer back chunk by chunk, so a streaming
 client sees its events as the server writes them. Each exchange is kept as an `Exchange`: the
 request's JSON body and headers, the status, and the answer's bytes (an SSE stream stays
-whole). Tests and `kvswap bench agents-replay` use it to see what Claude Code and Codex send;
-the recordings stay in memory or in a cache folder, never in the repository (the prompts are
-the clients' text).
+whole). The tests that run Claude Code and Codex use it to see what the clients send and
+to steer the random-weight model (`rewrite`); recordings stay in memory, never in the
+repository (the prompts are the clients' text).
 """
 
 from __future__ import annotations
