@@ -292,10 +292,11 @@ def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerPr
     """Claude Code sends other conversations on its session id (title generation, subagents:
     another system prompt) and a billing line whose `cc_version` suffix changes with each
     `claude` run and, interactively, whose `cch=` stamp changes every request. Neither may cost
-    the session its mind: the side request runs without it (its answer names no mind), and the
-    next turn of the session, under a new stamp, prefills at
-    most its new input + 64 tokens. Defect caught: the side request ran on the session's mind
-    and dropped its history past the few tokens they share."""
+    the session its mind: the side request runs on a mind of its own (its answer names it), and
+    the next turn of the session, under a new stamp, prefills at most its new input + 64
+    tokens; the side conversation's own next turn reads its first turn back from its mind.
+    Defects caught: the side request ran on the session's mind and dropped its history past the
+    few tokens they share; then it ran on no mind, so a subagent's every turn re-prefilled."""
     session = "9b2e-claude-code-side-requests"
     claude = anthropic.Anthropic(
         base_url=server.url,
@@ -318,13 +319,16 @@ def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerPr
     )
     n_first = first.usage.input_tokens + (first.usage.cache_read_input_tokens or 0)
     n_first += first.usage.cache_creation_input_tokens or 0
+    side_system = "You are a subagent: find the failing test and report its name. " * 4
+    side_messages: list[dict[str, Any]] = [{"role": "user", "content": ASKS[3]}]
     side = claude.messages.with_raw_response.create(
         model="m",
         max_tokens=8,
-        system="Write a 3-word title for this conversation.",
-        messages=[{"role": "user", "content": ASKS[0]}],
+        system=side_system,
+        messages=side_messages,  # type: ignore[arg-type]
     )
-    assert "x-kvswap-mind" not in {k.lower() for k in side.headers}, side.headers
+    side_mind = side.headers.get("x-kvswap-mind", "")
+    assert side_mind.startswith(session + "~side-"), side.headers
     content = [b.model_dump(exclude_none=True) for b in first.content] or [
         {"type": "text", "text": "..."}
     ]
@@ -339,3 +343,18 @@ def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerPr
     n_prompt = second.usage.input_tokens + read + (second.usage.cache_creation_input_tokens or 0)
     assert read >= n_first, (read, n_first)
     assert n_prompt - read <= (n_prompt - n_first - first.usage.output_tokens) + 64
+    first_side = side.parse()
+    answer = [b.model_dump(exclude_none=True) for b in first_side.content]
+    side_messages += [
+        {"role": "assistant", "content": answer or [{"type": "text", "text": "..."}]},
+        {"role": "user", "content": ASKS[4]},
+    ]
+    again = claude.messages.with_raw_response.create(
+        model="m",
+        max_tokens=8,
+        system=side_system,
+        messages=side_messages,  # type: ignore[arg-type]
+    )
+    assert again.headers.get("x-kvswap-mind") == side_mind, again.headers
+    usage = again.parse().usage
+    assert (usage.cache_read_input_tokens or 0) >= first_side.usage.input_tokens, usage

@@ -7,7 +7,7 @@ import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PUBLIC_NAMESPACE, mind_key, namespace_of
-from kvswap.minds.names import mind_name, request_mind
+from kvswap.minds.names import mind_name, request_mind, side_mind
 
 NAME = "ünï cødé"
 
@@ -42,3 +42,17 @@ def test_names_are_shown_only_to_their_own_key() -> None:
     assert mind_name(key, namespace_of("ka")) == "zed"
     assert mind_name(key, namespace_of("kb")) is None
     assert mind_name(None, namespace_of("ka")) is None
+
+
+def test_a_side_mind_is_its_sessions_own_and_a_long_session_key_still_names_one() -> None:
+    """A side request's mind lives in its session's namespace and is named after it; a session
+    key at the longest a mind name may be still gives a valid, distinct name per conversation
+    (a session key never fails a request)."""
+    digest = "ab" * 32
+    session = mind_key(namespace_of("k1"), "sess-1")
+    side = side_mind(session, digest)
+    assert side.namespace == session.namespace and side.name == "sess-1~side-" + "ab" * 8
+    longest = mind_key(PUBLIC_NAMESPACE, "s" * 100)
+    one, two = side_mind(longest, digest), side_mind(longest, "cd" * 32)
+    assert one.name.startswith("side-") and one != two
+    assert mind_key(PUBLIC_NAMESPACE, one.name) == one

@@ -71,6 +71,7 @@ class TurnMark:
     n_messages: int  # the chat messages of the request
     prompt_chars: int  # the rendered prompt text: its length and digest
     prompt_digest: str
+    opening: str = ""  # the system prompt's digest (`server.requests.resent.system_digest`)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class LastTurn:
     position: Position  # where the prompt ended, and the text its tokens stand for
     n_messages: int  # the chat messages of its request (the answer is the next one echoed)
     content: str  # the answer's text as generated (tool calls in the model's syntax)
+    opening: str = ""  # its system prompt's digest: another one on the key is a side request
 
 
 class MindHistories:
@@ -63,7 +64,7 @@ class MindHistories:
             [np.asarray(prompt, dtype=np.int32), np.asarray(done.tokens, dtype=np.int32)]
         )
         position = Position(len(tokens), len(prompt), mark.prompt_chars, mark.prompt_digest)
-        self.put(key, LastTurn(tokens, position, mark.n_messages, done.content))
+        self.put(key, LastTurn(tokens, position, mark.n_messages, done.content, mark.opening))
 
     def put(self, key: PageKey, turn: LastTurn) -> None:
         """Mind `key`'s last turn is `turn` (its earlier one replaced); the least recently

@@ -9,7 +9,8 @@ A request names a mind, in this order (the first one given wins):
    `--session-header`). The key is the mind's name, so `/pages` and `POST /minds/{name}` show
    and move it as any mind; a key a mind name cannot be (over `MIND_NAME_MAX_BYTES`, control
    characters, not UTF-8) names the mind `session-<SHA-256 of the key>` instead: a cache key
-   never fails a request.
+   never fails a request. Another conversation on a session's key (a side request:
+   `server.requests.resent.side_request`) names its own mind, `side_mind`.
 
 Pure. The header's text is taken as HTTP hands it over (its bytes read as Latin-1) and read
 back as UTF-8, so the header and the body name the same mind for any name.
@@ -21,7 +22,7 @@ import hashlib
 from collections.abc import Sequence
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.core.keys import PageKey, mind_key
+from kvswap.core.keys import MIND_NAME_MAX_BYTES, PageKey, mind_key
 
 
 def request_mind(
@@ -55,6 +56,16 @@ def session_mind(body_key: object, headers: Sequence[str | None]) -> str | None:
         if value:
             return _as_mind_name(value.encode("latin-1", "replace"))
     return None
+
+
+def side_mind(session: PageKey, digest: str) -> PageKey:
+    """The own mind of a side request on mind `session`'s key (`digest`: what tells its
+    conversation from the session's other side conversations, hex): `<session>~side-<16 hex>`,
+    or `side-<SHA-256 of both>` when that name would be too long. In the session's namespace."""
+    name = f"{session.name}~side-{digest[:16]}"
+    if len(name.encode("utf-8")) > MIND_NAME_MAX_BYTES:
+        name = "side-" + hashlib.sha256(f"{session.name}\n{digest}".encode()).hexdigest()
+    return mind_key(session.namespace, name)
 
 
 def _as_mind_name(raw: bytes) -> str:

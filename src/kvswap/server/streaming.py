@@ -7,7 +7,9 @@ Owns the glue between the mind's session (`kvswap.minds`), `EngineClient` and HT
   `minds.names`; a parse of those few fields) is held (`MindSession.turn`: its lock, busy and
   claimed; in a cluster placed, so a turn bound for another replica is forwarded from here,
   never rendered or tokenized here). A body whose `"mind"` cannot be read holds nothing: its
-  preparation answers the typed 400. A request with `X-Conversation-Id` cancels that
+  preparation answers the typed 400. `prepare_turn` prepares the body; a side request (another
+  conversation on a session's key) lets the session's mind go and holds its own instead
+  (`Turn.hold_side`), then is prepared again on it. A request with `X-Conversation-Id` cancels that
   conversation's previous resumable stream (`resumable`).
 - `Turn.stream`/`complete`: a mind's request takes its restored state with it and ends its
   turn (`turn_done`) before its last event goes out; how its mind was served (the engine's
@@ -105,17 +107,20 @@ class Turn:
         exits: AsyncExitStack | None = None,
         namespace: str = PUBLIC_NAMESPACE,
         resumable: Resumable | None = None,
+        holds: Holds | None = None,
     ) -> None:
         self.client = client
         self.minds = minds
         self.held = held
+        self.holds = holds  # how `held` was held, which a side request trades (`hold_side`)
         self.exits = exits or AsyncExitStack()
         self.namespace = namespace  # the caller's tenant: its requests carry it
         self.resumable = resumable  # X-Conversation-Id: its stream outlives its client
         self.served: MindServed | None = None  # how the mind was served, once it is seated
         self.before_answer: BeforeAnswer | None = None
         # Only a session key named the mind: a request of another conversation on the same
-        # key (a side request) may run without it (`requests.resent.side_request`).
+        # key (a side request) may run on its own mind, or on none in a cluster
+        # (`requests.resent.side_request`).
         self.by_session = False
 
     @property
@@ -128,6 +133,17 @@ class Turn:
         """The held mind's last chat turn, which a request re-sending its conversation
         continues (`requests.resent`); read while the mind is held, so no turn of it runs."""
         return self.minds.histories.get(self.held.key) if self.held is not None else None
+
+    async def hold_side(self, key: PageKey) -> bool:
+        """Let the session's mind go and hold `key`, a side request's own mind, instead
+        (`requests.resent.side_request`); False (nothing changed) in a cluster, where a side
+        request runs without a mind."""
+        if self.holds is None or self.minds.shared is not None:
+            return False
+        await self.holds.let_go()
+        self.held, self.by_session = None, False
+        self.held = await self.holds.hold(key)
+        return True
 
     def keep(self) -> AsyncExitStack:
         """The session's end, moved to the caller (a stream's last event): leaving `turn`
@@ -235,14 +251,49 @@ async def _turn(
         resumable = Resumable(state.streams, (namespace, conv))
         state.streams.replace(resumable.key)
     async with AsyncExitStack() as exits:
-        held = None
-        if key is not None:
-            session = state.minds.turn(key, turn_facts(http.scope, raw))
-            gone = until_disconnect(http.receive)
-            held = await _unless_gone(exits.enter_async_context(session), gone)
-        runner = Turn(state.client, state.minds, held, exits, namespace, resumable)
+        holds = Holds(state, http, raw)
+        exits.push_async_callback(holds.let_go)
+        held = await holds.hold(key) if key is not None else None
+        runner = Turn(state.client, state.minds, held, exits, namespace, resumable, holds)
         runner.by_session = by_session
         yield runner
+
+
+class Holds:
+    """A route's hold of its mind (its session: `MindSession.turn`), which it may let go to
+    hold another (a side request's own mind)."""
+
+    def __init__(self, state: ServerState, http: Request, raw: bytes) -> None:
+        self.state, self.http, self.raw = state, http, raw
+        self.stack = AsyncExitStack()
+
+    async def hold(self, key: PageKey) -> HeldMind:
+        """Hold mind `key` (waiting for it, unless the client leaves first: `ClientGone`)."""
+        session = self.state.minds.turn(key, turn_facts(self.http.scope, self.raw))
+        gone = until_disconnect(self.http.receive)
+        return await _unless_gone(self.stack.enter_async_context(session), gone)
+
+    async def let_go(self) -> None:
+        stack, self.stack = self.stack, AsyncExitStack()
+        await stack.aclose()
+
+
+async def prepare_turn(
+    runner: Turn,
+    raw: bytes,
+    make: Callable[[PageKey | None, LastTurn | None, bool], T],
+    side: Callable[[T], PageKey | None],
+) -> T:
+    """The route's prepared job, `make(mind, last turn, by_session)` off the event loop for a
+    large body; a side request's (`side(job)`: its own mind) prepared again on that mind, once
+    the runner holds it instead of the session's."""
+    mind, last, by_session = runner.mind, runner.last_turn, runner.by_session
+    job = await prepared(raw, lambda: make(mind, last, by_session))
+    key = side(job)
+    if key is None or not await runner.hold_side(key):
+        return job
+    mind, last = runner.mind, runner.last_turn
+    return await prepared(raw, lambda: make(mind, last, False))
 
 
 async def _unless_gone(work: Awaitable[T], gone: Awaitable[None]) -> T:

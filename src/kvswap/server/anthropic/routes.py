@@ -33,7 +33,7 @@ from kvswap.server.requests.offload import prepared
 from kvswap.server.requests.schemas import ChatCompletionRequest, parse_body
 from kvswap.server.requests.serving import Serving
 from kvswap.server.state import get_state
-from kvswap.server.streaming import Render, complete_all, open_stream, turn
+from kvswap.server.streaming import Render, complete_all, open_stream, prepare_turn, turn
 
 router = APIRouter()
 
@@ -72,9 +72,8 @@ async def messages(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        last, by_session = runner.last_turn, runner.by_session
-        job, cache = await prepared(
-            raw, lambda: _prepare(state, raw, runner.mind, last, by_session)
+        job, cache = await prepare_turn(
+            runner, raw, lambda m, last, by: _prepare(state, raw, m, last, by), lambda j: j[0].side
         )
         asked = bool(job.body.timings_per_token)  # llama-server's timings, only when asked
         meta = fa.MessageMeta(fa.new_message_id(), state.model_name, cache, asked)

@@ -50,7 +50,7 @@ from kvswap.server.requests.schemas import (
     parse_body,
 )
 from kvswap.server.state import ServerState, get_state
-from kvswap.server.streaming import Render, complete_all, open_stream, turn
+from kvswap.server.streaming import Render, complete_all, open_stream, prepare_turn, turn
 
 router = APIRouter()
 
@@ -134,10 +134,11 @@ async def chat_completion(request: Request) -> Response:
     state = get_state(request)
     raw = await request.body()
     async with turn(state, request, raw) as runner:
-        last, by_session = runner.last_turn, runner.by_session
-        job = await prepared(
+        job = await prepare_turn(
+            runner,
             raw,
-            lambda: prepare_chat(state, _chat_body(raw), runner.mind, last, by_session=by_session),
+            lambda m, last, by: prepare_chat(state, _chat_body(raw), m, last, by_session=by),
+            lambda j: j.side,
         )
         body, plan, reqs = job.body, job.plan, job.requests
         meta = oai_meta(state.model_name)

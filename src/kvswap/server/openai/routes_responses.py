@@ -31,6 +31,7 @@ from kvswap.core.types import (
     GenerationRequest,
 )
 from kvswap.minds.chains import ChainStart, StoredChains
+from kvswap.minds.histories import LastTurn
 from kvswap.server.asgi import tenant_namespace
 from kvswap.server.openai import formats_responses as fr
 from kvswap.server.openai.background import BackgroundTurn, check_limit
@@ -47,6 +48,7 @@ from kvswap.server.streaming import (
     complete_all,
     named_mind,
     open_stream,
+    prepare_turn,
     session_headers,
     turn,
     turn_on,
@@ -98,13 +100,11 @@ async def responses(request: Request) -> Response:
     if _stateful(req):
         return await _stored(state, request, raw, req, data)
     async with turn(state, request, raw) as runner:
-        last = runner.last_turn
 
-        def prepare() -> ChatJob:
-            body = _bodies(raw)[1]
-            return prepare_chat(state, body, runner.mind, last, by_session=runner.by_session)
+        def prepare(mind: PageKey | None, last: LastTurn | None, by_session: bool) -> ChatJob:
+            return prepare_chat(state, _bodies(raw)[1], mind, last, by_session=by_session)
 
-        job = await prepared(raw, prepare)
+        job = await prepare_turn(runner, raw, prepare, lambda j: j.side)
         meta = fr.ResponseMeta(
             id=fr.new_response_id(),
             model=state.model_name,

@@ -38,6 +38,7 @@ from kvswap.core.types import GenerationRequest
 from kvswap.grammar import SchemaError
 from kvswap.grammar.gbnf import regex_escape
 from kvswap.minds.histories import LastTurn
+from kvswap.minds.names import side_mind
 from kvswap.server.requests.constraints import (
     Constraint,
     GrammarSource,
@@ -47,7 +48,13 @@ from kvswap.server.requests.constraints import (
 )
 from kvswap.server.requests.continuation import split_continuation
 from kvswap.server.requests.jobs import generation_requests, prompt_tokens
-from kvswap.server.requests.resent import continued, side_request, turn_mark
+from kvswap.server.requests.resent import (
+    continued,
+    side_digest,
+    side_request,
+    system_digest,
+    turn_mark,
+)
 from kvswap.server.requests.schemas import MEDIA_PART_TYPES, ChatCompletionRequest, ChatMessage
 from kvswap.server.requests.serving import Serving
 from kvswap.text.messages import InvalidMessagesError
@@ -229,6 +236,9 @@ class ChatJob:
     body: ChatCompletionRequest
     plan: ChatPlan
     requests: list[GenerationRequest]
+    # A side request on a session's key (its requests run without the session's mind): the
+    # mind of its own it may run on instead (`Turn.hold_side`).
+    side: PageKey | None = None
 
 
 def prepare_chat(
@@ -244,7 +254,7 @@ def prepare_chat(
     the mind's last turn, which a body re-sending the conversation continues
     (`requests.resent`); the request carries its own mark for the next turn. `by_session`:
     only a session key named the mind, so another conversation on the key runs without it
-    (`requests.resent.side_request`)."""
+    (`requests.resent.side_request`), the job naming the side mind it may hold instead."""
     plan = plan_chat(state, body)
     tokens = continued(
         state,
@@ -255,12 +265,13 @@ def prepare_chat(
         ChatParser(plan.spec).parse_all,
     )
     prompt = tokens if tokens is not None else prompt_tokens(state, plan.prompt)
-    if by_session and tokens is None and side_request(prompt, last):
-        mind = None
+    side, opening = None, system_digest(body.messages)
+    if mind is not None and by_session and tokens is None and side_request(prompt, opening, last):
+        side, mind = side_mind(mind, side_digest(body.messages)), None
     requests = generation_requests(state, body, [prompt], plan.constraint, mind=mind)
     if mind is not None and len(requests) == 1:
-        requests = [replace(requests[0], turn_mark=turn_mark(body, plan.prompt))]
-    return ChatJob(body, plan, requests)
+        requests = [replace(requests[0], turn_mark=turn_mark(body, plan.prompt, opening))]
+    return ChatJob(body, plan, requests, side)
 
 
 def prefix_length(

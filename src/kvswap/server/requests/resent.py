@@ -22,8 +22,9 @@ event loop.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,16 +62,21 @@ def ends_turn(state: Serving) -> Callable[[int], bool]:
 SIDE_SHARE = 0.5  # a session's side request: shorter and sharing less than this of the last
 
 
-def side_request(prompt: list[int], last: LastTurn | None) -> bool:
+def side_request(prompt: list[int], opening: str, last: LastTurn | None) -> bool:
     """Whether a request named by a session key alone is another conversation on the same key
-    (Claude Code's title generation, a subagent, a quota check): its prompt is shorter than
-    `SIDE_SHARE` of the mind's last prompt and shares less than that with it. It then runs
-    without the mind (as an anonymous request, the tenant's anonymous cache reusing what it
-    can) and leaves the mind whole: run on the mind it would drop the session's history past
-    the little they share. A prompt as long as the session's (an edited or reordered history)
-    is the session's own, and re-seats its mind at the common prefix."""
+    (Claude Code's title generation, a subagent, a quota check): its system prompt differs from
+    the mind's last turn's (`opening`: its `system_digest`), or, with the same one, it is
+    shorter than `SIDE_SHARE` of the mind's last prompt and shares less than that with it. It
+    then runs on a mind of its own, named by its opening (`side_digest`,
+    `minds.names.side_mind`; `server.streaming.Turn.hold_side`), or without a mind in a
+    cluster, and leaves the session's mind whole: run on it, it would drop the session's
+    history past the little they share. A conversation under the same system prompt as long
+    as the session's (an edited or re-sent history) is the session's own, and re-seats its
+    mind at the common prefix."""
     if last is None or last.position.n_prompt == 0:
         return False
+    if last.opening != opening:
+        return True
     if len(prompt) >= SIDE_SHARE * last.position.n_prompt:
         return False
     n = min(len(prompt), last.position.n_prompt)
@@ -80,13 +86,40 @@ def side_request(prompt: list[int], last: LastTurn | None) -> bool:
     return shared < SIDE_SHARE * last.position.n_prompt
 
 
-def turn_mark(body: Any, prompt: str) -> TurnMark | None:
-    """What a mind's chat turn records for the next one; None for a request whose last message
-    is the assistant's (a continued answer, no new turn)."""
+def system_digest(messages: Sequence[Any]) -> str:
+    """A digest of a conversation's system prompt: each message's role and text before its
+    first user message (markup that moves from turn to turn, cache breakpoints, is not part of
+    it)."""
+    return _digest(messages, through_user=False)
+
+
+def side_digest(messages: Sequence[Any]) -> str:
+    """What names a side request's own mind: a digest of its conversation's opening, each
+    message's role and text through its first user message (a subagent's instructions and
+    task, a title request's text). Its later turns open the same way and come back to the
+    same mind."""
+    return _digest(messages, through_user=True)
+
+
+def _digest(messages: Sequence[Any], *, through_user: bool) -> str:
+    digest = hashlib.sha256()
+    for message in messages:
+        if message.role == "user" and not through_user:
+            break
+        digest.update(json.dumps([message.role, _text(message.content)]).encode())
+        if message.role == "user":
+            break
+    return digest.hexdigest()
+
+
+def turn_mark(body: Any, prompt: str, opening: str) -> TurnMark | None:
+    """What a mind's chat turn records for the next one (`opening`: the body's `system_digest`);
+    None for a request whose last message is the assistant's (a continued answer, no new
+    turn)."""
     messages = body.messages
     if messages and messages[-1].role == "assistant":
         return None
-    return TurnMark(len(messages), len(prompt), text_digest(prompt))
+    return TurnMark(len(messages), len(prompt), text_digest(prompt), opening)
 
 
 def continued(
