@@ -270,6 +270,44 @@ def test_a_long_answer_is_never_prefilled_again(server: ServerProcess) -> None:
         ]
 
 
+def test_a_call_echoed_under_another_output_rule_continues_the_mind(server: ServerProcess) -> None:
+    """An answer that called a tool comes back in a request whose own answer may call none (a
+    structured final answer, `response_format`, after the calls; Codex steered by `kvswap bench
+    coding`: a forced call, then `tool_choice: none` under a grammar): the next request still
+    continues the mind's own tokens, so it prefills only the tool's output and the glue.
+    Defect caught: the earlier answer was read with this request's parser, which then parses
+    no calls, so the echoed call never matched and was prefilled again (28-54 tokens a turn in
+    the bench)."""
+    base = {"tools": CHAT_TOOLS, "temperature": 0, "prompt_cache_key": "calls-then-a-schema"}
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": ASKS[0]},
+    ]
+    forced = {"type": "function", "function": {"name": "run_tests"}}
+    first = server.post(
+        "/v1/chat/completions",
+        {**base, "messages": messages, "tool_choice": forced, "max_tokens": 200},
+    )
+    assert first.status_code == 200, first.text
+    call = first.json()["choices"][0]["message"]
+    assert call["tool_calls"], call
+    usage = first.json()["usage"]
+    messages += [
+        call,
+        {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "ok"},
+    ]
+    schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    second = server.post(
+        "/v1/chat/completions",
+        {**base, "messages": messages, "response_format": schema, "max_tokens": 4},
+    )
+    assert second.status_code == 200, second.text
+    assert "x-kvswap-diverged-at" not in second.headers, dict(second.headers)
+    n_new = second.json()["usage"]["prompt_tokens"] - usage["prompt_tokens"]
+    n_new -= usage["completion_tokens"]
+    assert second.json()["timings"]["prompt_n"] <= n_new + 1, (second.json()["timings"], n_new)
+
+
 def test_a_forced_call_with_ignore_eos_ends_and_the_server_lives(server: ServerProcess) -> None:
     """A forced tool call under `ignore_eos`: once the call's grammar is complete it admits
     only the end of generation, which `ignore_eos` bans. The answer ends with the call (200),

@@ -77,6 +77,9 @@ class ChatPlan:
     shown: list[dict[str, Any]] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     n_front: int = 0
+    # How the conversation's earlier answers are read: tool calls parsed whenever the body
+    # lists tools, whatever this request's tool choice (an earlier one may have called).
+    history_spec: ParseSpec | None = None
 
 
 def _invalid(message: str) -> KvswapError:
@@ -165,8 +168,17 @@ def plan_chat(state: Serving, body: ChatCompletionRequest) -> ChatPlan:
         reasoning_in_content=reasoning_format == "deepseek-legacy",
     )
     name = fmt.name if fmt else ""
+    history_spec = replace(spec, tool_format=fmt)
     return ChatPlan(
-        prompt, constraint, spec, name, reasoning_format, messages, listed, shape.n_front
+        prompt,
+        constraint,
+        spec,
+        name,
+        reasoning_format,
+        messages,
+        listed,
+        shape.n_front,
+        history_spec,
     )
 
 
@@ -262,7 +274,7 @@ def prepare_chat(
         plan.prompt,
         last,
         lambda b: render_history(state, b),
-        ChatParser(plan.spec).parse_all,
+        lambda text: [ChatParser(s).parse_all(text) for s in _answer_specs(plan)],
     )
     prompt = tokens if tokens is not None else prompt_tokens(state, plan.prompt)
     side, opening = None, system_digest(body.messages)
@@ -272,6 +284,15 @@ def prepare_chat(
     if mind is not None and len(requests) == 1:
         requests = [replace(requests[0], turn_mark=turn_mark(body, plan.prompt, opening))]
     return ChatJob(body, plan, requests, side)
+
+
+def _answer_specs(plan: ChatPlan) -> list[ParseSpec]:
+    """How an earlier answer may have been read: as this request reads its own, and with the
+    body's tools parsed when this request's choice parses none."""
+    specs = [plan.spec]
+    if plan.history_spec is not None and plan.history_spec != plan.spec:
+        specs.append(plan.history_spec)
+    return specs
 
 
 def prefix_length(

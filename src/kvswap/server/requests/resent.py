@@ -9,8 +9,9 @@ the mind's tokens, then the tokens of what the template renders after the answer
 only while the conversation before the answer renders exactly as it did (the digest of the
 prompt text) and the echoed answer is the one the model gave: where the template renders the
 answer otherwise than generated (`KEPT`), the echoed message must say what the model's text
-parses to (the same text and tool calls; reasoning aside, which clients drop or hide), so that
-an answer the client edited is rendered as edited. A request that does not continue the answer
+parses to (the same text and tool calls, the calls read with the body's tools whatever this
+request's tool choice; reasoning aside, which clients drop or hide), so that an answer the
+client edited is rendered as edited. A request that does not continue the answer
 (the client changed it, or re-sent the same conversation) but whose conversation before it
 renders as it did keeps the mind's prompt tokens (earlier answers as the model wrote them) and
 tokenizes only the rest (`continue_prompt`). Otherwise the prompt is the whole render
@@ -128,15 +129,16 @@ def continued(
     prompt: str,
     last: LastTurn | None,
     render_history: RenderHistory,
-    answer_of: Callable[[str], ChatMsg],
+    answers_of: Callable[[str], Sequence[ChatMsg]],
 ) -> list[int] | None:
     """The turn's prompt tokens continuing mind's `last` turn, or None when the request does
     not continue it (see the module docstring). `prompt`: the request's rendered prompt;
-    `render_history(body)`: a body's messages rendered as history; `answer_of(text)`: the
-    model's text parsed as this request's answers are."""
+    `render_history(body)`: a body's messages rendered as history; `answers_of(text)`: the
+    model's text parsed as the answers of a request with this one's tools were (its tool choice
+    may have been another: an answer that called a tool, echoed under `tool_choice: none`)."""
     if last is None:
         return None
-    answered = _answer_continued(state, body, prompt, last, render_history, answer_of)
+    answered = _answer_continued(state, body, prompt, last, render_history, answers_of)
     if answered is not None:
         return answered
     kept = continue_prompt(last.tokens, last.position, full=prompt, **tokenizers(state))
@@ -149,7 +151,7 @@ def _answer_continued(
     prompt: str,
     last: LastTurn,
     render_history: RenderHistory,
-    answer_of: Callable[[str], ChatMsg],
+    answers_of: Callable[[str], Sequence[ChatMsg]],
 ) -> list[int] | None:
     """The mind's tokens with its answer, then the glue, when the body echoes that answer."""
     messages = body.messages
@@ -169,7 +171,7 @@ def _answer_continued(
         **tokenizers(state),
     )
     if cont.mode is ContinueMode.KEPT:
-        if not _same_answer(answer_of(last.content), messages[n]):
+        if not any(_same_answer(a, messages[n]) for a in answers_of(last.content)):
             return None
     elif cont.mode is not ContinueMode.INCREMENTAL:
         return None
