@@ -5,6 +5,7 @@ And llama-server's request log line, once per request."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,32 +111,33 @@ def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
 
 def test_yarn_and_override_kv_let_a_slot_hold_past_the_training_context(tmp_path: Path) -> None:
     """Context extension as llama-server takes it (the flags were accepted and ignored): the
-    tiny model is trained on 4,096 tokens; with `--override-kv llama.context_length=int:16384`
-    and YaRN (`--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 4096`) a slot holds 16,384
-    and a 6,000-token prompt is answered; without them the same prompt is a 400 naming the
-    training context."""
+    tiny model is trained on 4,096 tokens, so a 6,000-token prompt is a 400 naming the training
+    context and the flags that extend it; started with exactly those flags (YaRN, the training
+    context overridden), a slot holds 8,192 and the same prompt is answered. Defect caught: the
+    refusal said only a model trained on a longer context would do."""
     from kvswap.tiny import tiny_model_path
 
     model = str(tiny_model_path("llama", seed=7, vocab="tiny"))
-    base = ["-m", model, "-c", "16384", "-np", "1", "-t", "1", "-tb", "1", "-ub", "512"]
+    base = ["-m", model, "-np", "1", "-t", "1", "-tb", "1", "-ub", "512"]
     prompt = {"prompt": "one two three four five six " * 300, "n_predict": 2}
-    yarn = ["--rope-scaling", "yarn", "--rope-scale", "4", "--yarn-orig-ctx", "4096"]
-    extended = ServerProcess(
-        [*base, "--override-kv", "llama.context_length=int:16384", *yarn],
-        tmp_path / "extended.log",
+    plain = ServerProcess(base, tmp_path / "plain.log")
+    try:
+        refused = plain.post("/completion", prompt)
+        assert refused.status_code == 400 and "trained on 4096 tokens" in refused.text, refused.text
+    finally:
+        plain.stop()
+    advised = re.search(
+        r"start with (--rope-scaling .*?), or serve", refused.json()["error"]["message"]
     )
+    assert advised is not None, refused.text
+    assert "--override-kv llama.context_length=int:8192" in advised[1], advised[1]
+    extended = ServerProcess([*base, *advised[1].split()], tmp_path / "extended.log")
     try:
         props = extended.client.get("/props").json()
-        assert props["context_geometry"]["n_ctx_slot"] == 16384, props["context_geometry"]
+        assert props["context_geometry"]["n_ctx_slot"] == 8192, props["context_geometry"]
         answer = extended.post("/completion", prompt)
         assert answer.status_code == 200, answer.text
         assert answer.json()["tokens_evaluated"] > 5000
         assert "ignored" not in extended.log()
     finally:
         extended.stop()
-    plain = ServerProcess(base, tmp_path / "plain.log")
-    try:
-        refused = plain.post("/completion", prompt)
-        assert refused.status_code == 400 and "4096" in refused.text, refused.text
-    finally:
-        plain.stop()

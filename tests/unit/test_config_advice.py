@@ -6,7 +6,7 @@ advice is checked against the windows a server really has.
 
 from __future__ import annotations
 
-from kvswap.config.advice import exceeds_context_message
+from kvswap.config.advice import Trained, exceeds_context_message
 from kvswap.engine.plan.geometry import Geometry, resolve_geometry
 
 LLAMA_SERVER = (
@@ -33,7 +33,7 @@ def _geometry(
 def _refusal(geometry: Geometry, n_ctx_train: int = 8192) -> str:
     n_ctx_slot = geometry.n_ctx_slot(n_ctx_train)
     assert n_ctx_slot <= 2531  # each case is one the prompt does not fit
-    message = exceeds_context_message(2531, n_ctx_slot, geometry)
+    message = exceeds_context_message(2531, n_ctx_slot, geometry, Trained(n_ctx_train, "llama"))
     assert message.startswith(LLAMA_SERVER.format(n_ctx_slot) + ": "), message
     return message.split(": ", 1)[1]
 
@@ -66,10 +66,24 @@ def test_a_per_slot_cap_is_named() -> None:
     assert advice.startswith("--kv-unified-per-slot 2048 caps every slot")
 
 
-def test_the_training_context_is_not_a_flag() -> None:
+def test_the_training_context_is_extended_by_yarn_and_the_flags_named_fit_the_prompt() -> None:
+    """A slot capped by the training context is told llama-server's context extension (before:
+    "needs a model trained on a longer context", though the flags exist), with the override of
+    the model's own metadata key; the pool the advice names holds the prompt in one slot."""
     advice = _refusal(_geometry(8192, 1), n_ctx_train=2048)
     assert advice.startswith("the model was trained on 2048 tokens")
-    assert "-kvu" not in advice and "-c above" not in advice
-    # A per-slot cap above the training context does not bind: the training context does.
+    assert (
+        "extend it 2x by YaRN: start with --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 2048 "
+        "--override-kv llama.context_length=int:4096 -c 8192, or serve a model" in advice
+    )
+    assert _geometry(8192, 1).n_ctx_slot(4096) > 2531  # extended, the slot holds the prompt
+    # A split pool is told to unify it too; a per-slot cap above the training context does not
+    # bind, the training context does.
+    split = _refusal(_geometry(8192, 4), n_ctx_train=1024)
+    assert "--rope-scale 4" in split and "int:4096 -c 8192 -kvu," in split, split
+    assert _geometry(8192, 4, kvu=True).n_ctx_slot(4096) > 2531
     capped = _refusal(_geometry(8192, 1, per_slot=4096), n_ctx_train=2048)
     assert capped.startswith("the model was trained on 2048 tokens")
+    # -c at its default, the training context: both bind, and only the extension lifts them.
+    default = _refusal(_geometry(2048, 1), n_ctx_train=2048)
+    assert "extend it 2x by YaRN" in default and "int:4096 -c 4096," in default, default

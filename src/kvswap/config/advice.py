@@ -4,7 +4,9 @@ Owns `exceeds_context_message` and `WindowShape` (what it reads of a context geo
 engine's `Geometry` fits it). A slot's window is capped by whichever of four limits binds first,
 and each has its own remedy:
 
-- the model's training context (no flag lifts it: a model trained on longer contexts does);
+- the model's training context: llama-server's context extension lifts it (YaRN over the
+  RoPE, the training context overridden in the model's metadata), as a model trained on a
+  longer context does;
 - `--kv-unified-per-slot N`, a cap per slot;
 - `-np N` without `-kvu`: the pool `-c` is split into N fixed windows, so a mind can never grow
   past `-c / N` even while the other slots are empty (llama-server turns unified KV on only
@@ -18,7 +20,17 @@ and the `POST /reconfigure` fields for a live server. Pure: no I/O, no libllama.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What the model says of its training context: the length, and its metadata key's prefix
+    (`general.architecture`), which `--override-kv` names."""
+
+    n_ctx: int
+    arch: str
 
 
 class WindowShape(Protocol):
@@ -39,25 +51,26 @@ class WindowShape(Protocol):
     def n_ctx_seq(self) -> int: ...  # cells one sequence may use, as libllama computes it
 
 
-def exceeds_context_message(n_prompt: int, n_ctx_slot: int, shape: WindowShape | None) -> str:
+def exceeds_context_message(
+    n_prompt: int, n_ctx_slot: int, shape: WindowShape | None, trained: Trained | None = None
+) -> str:
     """The refusal of a prompt of `n_prompt` tokens in slots of `n_ctx_slot`; without a shape,
-    llama-server's sentence alone."""
+    llama-server's sentence alone. `trained`: the model's training context (its extension is
+    named when it binds)."""
     head = (
         f"request ({n_prompt} tokens) exceeds the available context size "
         f"({n_ctx_slot} tokens), try increasing it"
     )
     if shape is None:
         return head
-    return f"{head}: {_advice(n_prompt, n_ctx_slot, shape)}"
+    return f"{head}: {_advice(n_prompt, n_ctx_slot, shape, trained)}"
 
 
-def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape) -> str:
+def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape, trained: Trained | None) -> str:
     per_slot = shape.kv_unified_per_slot
+    arch = trained.arch if trained is not None else ""
     if n_ctx_slot < shape.n_ctx_seq() and not 0 < per_slot <= n_ctx_slot:
-        return (
-            f"the model was trained on {n_ctx_slot} tokens, the most one slot takes whatever "
-            "-c is; a longer conversation needs a model trained on a longer context"
-        )
+        return _extension(n_prompt, n_ctx_slot, shape, arch)
     if 0 < per_slot <= n_ctx_slot:
         return (
             f"--kv-unified-per-slot {per_slot} caps every slot; start with a larger value, "
@@ -70,12 +83,34 @@ def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape) -> str:
             f"whole pool, or with -c above {n_prompt * shape.n_parallel}; on this server: "
             f'POST /reconfigure {{"n_parallel": 1}} or a larger "n_ctx"'
         )
-    # The training context may bind here too (it may equal -c, the default): say so, since no
-    # -c lifts it.
+    if trained is not None and 0 < trained.n_ctx <= n_prompt:
+        # The training context binds too (it is -c's default): no -c lifts it.
+        return _extension(n_prompt, trained.n_ctx, shape, arch)
+    # The training context may bind here too when it is not known: say so.
     return (
         f"the whole KV pool is -c {shape.n_ctx} tokens; start with -c above {n_prompt}, or "
         f'on this server: POST /reconfigure {{"n_ctx": {_round_up(n_prompt + 1)}}}, if the '
         "model was trained on that many tokens (no slot takes more than its training context)"
+    )
+
+
+def _extension(n_prompt: int, n_train: int, shape: WindowShape, arch: str) -> str:
+    """A slot capped by the training context: the smallest power-of-two YaRN extension whose
+    window holds the prompt, as llama-server's flags say it."""
+    factor = 2
+    while n_train * factor <= n_prompt:
+        factor *= 2
+    n_ctx = n_train * factor
+    pool = max(shape.n_ctx, n_ctx)
+    if not shape.kv_unified and shape.n_parallel > 1:
+        pool_flags = f"-c {pool} -kvu"  # a split pool's windows are -c / -np
+    else:
+        pool_flags = f"-c {pool}"
+    return (
+        f"the model was trained on {n_train} tokens, the most one slot takes whatever -c is; "
+        f"extend it {factor}x by YaRN: start with --rope-scaling yarn --rope-scale {factor} "
+        f"--yarn-orig-ctx {n_train} --override-kv {arch or '<arch>'}.context_length=int:{n_ctx} "
+        f"{pool_flags}, or serve a model trained on a longer context"
     )
 
 

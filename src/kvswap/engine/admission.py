@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvswap.config.advice import WindowShape, exceeds_context_message
+from kvswap.config.advice import Trained, WindowShape, exceeds_context_message
 from kvswap.core.errors import ErrorKind
 from kvswap.core.types import EngineError, GenerationRequest
 
@@ -23,6 +23,7 @@ def check_request(
     n_adapters: int,
     valid_token: Callable[[int], bool],
     shape: WindowShape | None = None,
+    trained: Trained | None = None,
 ) -> EngineError | None:
     """The typed refusal of `req`, or None when it may wait for a slot; a prompt too long for
     the window is told which flags of `shape` would make it fit."""
@@ -35,7 +36,7 @@ def check_request(
         return EngineError(
             req_id,
             ErrorKind.EXCEED_CONTEXT,
-            exceeds_context_message(n, n_ctx_slot, shape),
+            exceeds_context_message(n, n_ctx_slot, shape, trained),
             {"n_prompt_tokens": n, "n_ctx": n_ctx_slot},
         )
     if any(not 0 <= i < n_adapters for i, _ in req.lora):

@@ -311,15 +311,12 @@ class Engine:
             self.waiting.add(Job(cmd.req_id, -1, _NO_TOKENS, cmd, mind=cmd.key))
 
     def _check_submit(self, cmd: Submit) -> EngineError | None:
+        rt = self.runtime
         return check_request(
-            cmd.req_id,
-            cmd.request,
-            n_slots=len(self.slots),
-            n_ctx_slot=self.runtime.n_ctx_slot,
-            n_adapters=len(self.adapters),
-            valid_token=self.vocab.valid,
-            shape=self.runtime.geometry,
-        )
+            cmd.req_id, cmd.request, n_slots=len(self.slots), n_ctx_slot=rt.n_ctx_slot,
+            n_adapters=len(self.adapters), valid_token=self.vocab.valid, shape=rt.geometry,
+            trained=rt.trained,
+        )  # fmt: skip
 
     # -- admission --------------------------------------------------------------------------
 

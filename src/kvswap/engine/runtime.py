@@ -19,6 +19,7 @@ from kvswap.backend.batch import Batch
 from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
+from kvswap.config.advice import Trained
 from kvswap.core.page import PageGeometry
 from kvswap.core.types import LoraSet
 from kvswap.engine.kv.checkpoints import CheckpointBudget
@@ -62,6 +63,12 @@ class EngineConfig:
 
 class Runtime:
     """See the module docstring. Attributes are valid between `install` and `close`."""
+
+    @property
+    def trained(self) -> Trained:
+        """The model's training context, as a refusal's advice names it."""
+        info = self.model.info
+        return Trained(info.n_ctx_train, info.architecture)
 
     def __init__(
         self,

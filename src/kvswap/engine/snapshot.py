@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvswap.config.advice import Trained
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.page import PageGeometry
 from kvswap.core.types import GenerationRequest
@@ -61,6 +62,7 @@ class EngineSnapshot:
     crashed: str | None = None  # the engine loop died: /health answers 500
     # Resident minds: (mind key, slot id, tokens held), for /pages.
     minds: tuple[tuple[PageKey, int, int], ...] = ()
+    trained: Trained | None = None  # the model's training context (a refusal's advice)
 
     @property
     def n_idle_slots(self) -> int:
@@ -141,4 +143,5 @@ def take_snapshot(
         n_waiting=n_waiting,
         crashed=crashed,
         minds=tuple((s.mind, s.id, len(s.tokens)) for s in slots if s.mind is not None),
+        trained=runtime.trained,
     )

@@ -61,6 +61,7 @@ def generation_requests(
             prompt_tokens=tokens,
             n_ctx_slot=snap.n_ctx_slot,
             shape=snap.geometry,
+            trained=snap.trained,
             max_n_predict=max_n_predict,
             n_parallel=len(snap.slots),
             n_vocab=state.vocab.n_tokens,

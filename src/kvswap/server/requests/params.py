@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from kvswap.config.advice import WindowShape, exceeds_context_message
+from kvswap.config.advice import Trained, WindowShape, exceeds_context_message
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.sampling import SAMPLER_ALIASES, SAMPLER_CHARS, SamplingParams
 from kvswap.core.types import GenerationRequest
@@ -281,6 +281,7 @@ def build_generation(
     tokenize: Tokenize | None = None,
     max_n_probs: int = MAX_N_PROBS,
     shape: WindowShape | None = None,
+    trained: Trained | None = None,
 ) -> GenerationRequest:
     """One engine request for one (tokenized) prompt of `body`.
 
@@ -298,7 +299,7 @@ def build_generation(
     if n_prompt >= n_ctx_slot:
         raise KvswapError(
             ErrorKind.EXCEED_CONTEXT,
-            exceeds_context_message(n_prompt, n_ctx_slot, shape),
+            exceeds_context_message(n_prompt, n_ctx_slot, shape, trained),
             n_prompt_tokens=n_prompt,
             n_ctx=n_ctx_slot,
         )
