@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from kvswap.agents.drive import YARN_16K
 from kvswap.agents.recorder import Exchange
 from kvswap.models import default_model_path
 from tests.cluster.upcluster import ClusterUp
 from tests.server.real_agents import (
-    YARN_16K,
     Count,
     Session,
     anthropic_count,

@@ -1,14 +1,8 @@
 """Claude Code and Codex sessions driven through a recording proxy, for the tests that run the
 real clients against kvswap (one server: tests/server/test_real_agents.py; a cluster:
-tests/cluster/test_real_agents_cluster.py).
-
-The proxy drives the random-weight model, never the protocol: every request samples greedily
-(`temperature: 0`); Claude Code's answers follow a grammar of 150 to 250 words (several hundred
-tokens, and an end: greedy SmolLM2 writes a story until the output cap, which the CLI reports
-as an error); Codex's first request forces one call of its argument-less `get_goal` tool (the
-"turn where the model called a tool"), with no parallel calls (greedy SmolLM2 repeats calls
-for as long as it may), then answers without tools. A tool choice is held by the grammar alone
-and the flag is the same on every request, so neither changes the prompt.
+tests/cluster/test_real_agents_cluster.py), steered as `kvswap.agents.drive` says (greedy, a
+150-250-word grammar, one forced `get_goal` call at the start of each Codex turn); and the token
+counts the tests assert on.
 """
 
 from __future__ import annotations
@@ -21,17 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from kvswap.agents.clis import ClaudeCode, Codex
+from kvswap.agents.drive import WORDS, codex_rewrite, greedy
 from kvswap.agents.recorder import Exchange, Recorder
 
 SLACK = 64  # tokens a turn may prefill beyond its new input (the issue's bound)
-WORDS = 'root ::= word (" " word){149,249} "."\nword ::= [a-zA-Z]{1,10}\n'
-# The server flags: SmolLM2 extended to 16k tokens by YaRN (Claude Code's prompt is 6.5k tokens
-# with no tools, Codex's 7k), one slot.
-YARN_16K = [
-    "-c", "16384", "-np", "1",
-    "--override-kv", "llama.context_length=int:16384",
-    "--rope-scaling", "yarn", "--rope-scale", "2", "--yarn-orig-ctx", "8192",
-]  # fmt: skip
 
 
 @dataclass
@@ -67,15 +54,6 @@ def assert_no_reprefill(counts: list[Count], what: str) -> None:
         before, now = counts[i - 1], counts[i]
         new_input = now.prompt - before.prompt - before.output
         assert now.prefilled <= max(new_input, 0) + SLACK, (what, i, counts)
-
-
-def greedy(every: dict[str, Any], first: dict[str, Any] | None = None) -> Any:
-    """Greedy sampling and `every` on each request, `first` over them on the first."""
-
-    def rewrite(i: int, body: dict[str, Any]) -> dict[str, Any]:
-        return {**body, "temperature": 0, **every, **((first or {}) if i == 0 else {})}
-
-    return rewrite
 
 
 _BILLING = re.compile(r"cc_version=([\d.]+)\.(\w+);")
@@ -126,15 +104,14 @@ def claude_session(
 def codex_session(url: str, home: Path, key: str) -> Session:
     """`codex exec` (one forced tool call, then an answer) then `codex exec resume --last`,
     each exiting 0."""
-    every = {"parallel_tool_calls": False, "tool_choice": "none"}
-    forced = {"tool_choice": {"type": "function", "name": "get_goal"}}
-    with Recorder(url, rewrite=greedy(every, first=forced)) as proxy:
+    with Recorder(url, rewrite=codex_rewrite()) as proxy:
         codex = Codex(proxy.url, home, api_key=key)
         first = codex.turn("What is the goal of this session?", timeout_s=400)
         assert first.returncode == 0, first
         turn1 = proxy.taken()
         called = [i for i in turn1[-1].json()["input"] if i.get("type") == "function_call"]
         assert called and called[0]["name"] == "get_goal", [x.json()["input"] for x in turn1]
+        proxy.rewrite = codex_rewrite()
         second = codex.next_turn("Say it again in one sentence.", timeout_s=400)
         assert second.returncode == 0, second
         return Session(turn1, proxy.taken())

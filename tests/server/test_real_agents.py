@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvswap.agents.drive import YARN_16K
 from tests.server.harness import ServerProcess
 from tests.server.real_agents import (
-    YARN_16K,
     anthropic_count,
     assert_no_reprefill,
     claude_session,

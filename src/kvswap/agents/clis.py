@@ -4,7 +4,8 @@
 `<cache>/agents/` (each package carries its own binary). `ClaudeCode` and `Codex` run one turn
 each (`turn`: a new session; `next_turn`: the client's own continuation of its last session:
 `claude -p --continue`, `codex exec resume --last`) in a scratch home of their own, offline, and
-return the exit status, output and wall time. The tests that run the real clients drive them.
+return the exit status, output and wall time. `agents.drive` runs sessions of them for
+`kvswap bench coding` and the tests that run the real clients.
 """
 
 from __future__ import annotations

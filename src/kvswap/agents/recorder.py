@@ -4,8 +4,8 @@
 came (method, path, headers, body) and streams the answer back chunk by chunk, so a streaming
 client sees its events as the server writes them. Each exchange is kept as an `Exchange`: the
 request's JSON body and headers, the status, and the answer's bytes (an SSE stream stays
-whole). The tests that run Claude Code and Codex use it to see what the clients send and
-to steer the random-weight model (`rewrite`); recordings stay in memory, never in the
+whole). `agents.drive` (for `kvswap bench coding` and the tests that run Claude Code and
+Codex) uses it to see what the clients send and to steer the random-weight model (`rewrite`); recordings stay in memory, never in the
 repository (the prompts are the clients' text).
 """
 

@@ -8,6 +8,7 @@ import sys
 # name -> what it measures (each bench's module is `kvswap.bench.<name>`, run by its `main`).
 BENCHES: dict[str, str] = {
     "agents": "chat agents with long system prompts at the default flags, against llama-server",
+    "coding": "Claude Code and Codex sessions captured from the real clients, replayed: vs llama-server",
     "minds": "minds that fit, exceed RAM, restart (SIGTERM, SIGKILL), grow long: vs llama-server",
     "startup": "process start to a first completion, beside llama-server (wall and CPU)",
     "flush": "what a SIGKILL loses, with and without --page-flush-seconds",
