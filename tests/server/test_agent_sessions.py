@@ -308,6 +308,44 @@ def test_a_call_echoed_under_another_output_rule_continues_the_mind(server: Serv
     assert second.json()["timings"]["prompt_n"] <= n_new + 1, (second.json()["timings"], n_new)
 
 
+def test_a_new_session_starts_from_its_tenants_sessions_in_ram(server: ServerProcess) -> None:
+    """Every session of an agent opens with the same system prompt and tools (Claude Code's
+    6-13k tokens): a new session's first turn reads that opening from the tenant's mind in RAM
+    that shares it, instead of prefilling it again; the mind it came from is left as it was.
+    Defect caught (`kvswap bench coding`): each new session prefilled the whole opening, where
+    llama-server's prompt cache found it."""
+    opening = [{"role": "system", "content": SYSTEM * 4}]
+
+    def first_turn(session: str, ask: str) -> dict[str, Any]:
+        body = {
+            "messages": [*opening, {"role": "user", "content": ask}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "prompt_cache_key": session,
+        }
+        resp = server.post("/v1/chat/completions", body)
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json())
+
+    one = first_turn("seed-one", ASKS[0])
+    moved = server.post("/minds/seed-one?action=page_out")
+    assert moved.status_code == 200 and moved.json()["tier"] == "ram", moved.text
+    seeds = _metric(server, "mind_seeds_total")
+    two = first_turn("seed-two", ASKS[1])
+    n_opening = 0.9 * one["usage"]["prompt_tokens"]  # the system prompt, and little more
+    assert two["timings"]["cache_n"] >= n_opening, (two["timings"], one["usage"])
+    assert _metric(server, "mind_seeds_total") == seeds + 1
+    again = first_turn("seed-one", ASKS[0])  # the page it seeded from is the same mind still
+    assert again["timings"]["cache_n"] == again["usage"]["prompt_tokens"] - 1, again["timings"]
+
+
+def _metric(server: ServerProcess, name: str) -> float:
+    for line in server.client.get("/metrics").text.splitlines():
+        if line.startswith(f"llamacpp:{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
 def test_a_forced_call_with_ignore_eos_ends_and_the_server_lives(server: ServerProcess) -> None:
     """A forced tool call under `ignore_eos`: once the call's grammar is complete it admits
     only the end of generation, which `ignore_eos` bans. The answer ends with the call (200),

@@ -116,6 +116,10 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
         "counter",
         "Anonymous cache saves skipped: no prepared buffer was ready",
     ),
+    "mind_seeds_total": (
+        "counter",
+        "New minds that started from the longest prefix another mind of their tenant held in RAM",
+    ),
 }
 
 

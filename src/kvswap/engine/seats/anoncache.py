@@ -46,6 +46,7 @@ from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import CacheRuntime
+from kvswap.engine.seats.mindprefix import best_mind_page
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -111,6 +112,7 @@ class AnonCache:
         self.spare = Spare(store, buffers, "anon-cache") if store is not None else None
         self.n_saved = 0
         self.n_hits = 0
+        self.n_mind_seeds = 0  # new minds begun from another mind's page (`mindprefix`)
         self.n_skipped = 0  # saves skipped: no prepared buffer was ready
         if self.idle_slots and self.enabled:
             cleared = " and cleared" if runtime.geometry.kv_unified else ""
@@ -189,8 +191,9 @@ class AnonCache:
     def seed(self, slot: Slot, request: GenerationRequest | None, mind: PageKey) -> None:
         """A new `mind` starts on `slot` (whose own state was saved) for `request` (None: a
         mind verb, which starts it empty): it begins with the longest prefix of its prompt that
-        the slot or its tenant's cache holds, copied in so the entry stays for the next mind (a
-        shared system prompt is prefilled once); the slot keeps nothing of another tenant's."""
+        the slot, its tenant's cache or its tenant's minds in RAM hold (`mindprefix`), copied
+        in so the entry or mind stays for the next one (a shared system prompt is prefilled
+        once); the slot keeps nothing of another tenant's."""
         if request is None or not request.cache_prompt:
             self.runtime.verbs.clear(slot)
             return
@@ -198,16 +201,24 @@ class AnonCache:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         n_slot = min(slot.prefix_for(prompt, namespace), len(prompt) - 1)
         best = self.best(prompt, namespace) if self.enabled else None
+        if self.store is not None:  # the tenant's other minds (`mindprefix`)
+            other = best_mind_page(self.store, prompt, namespace)
+            if other is not None and (best is None or other[1] > best[1]):
+                best = other
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
             key = best[0]
             try:
                 self.runtime.verbs.copy_in(slot, key)
             except KvswapError as err:  # another geometry's, or no room in a full pool now
-                log.warning("anonymous cache: %s could not seed a mind: %s", key, err.message)
+                log.warning("%s could not seed mind %s: %s", key, mind, err.message)
             else:
                 slot.namespace = namespace
-                self._entries[key].t_used = time.monotonic()
-                self.n_hits += 1
+                if key in self._entries:
+                    self._entries[key].t_used = time.monotonic()
+                    self.n_hits += 1
+                else:
+                    self.n_mind_seeds += 1
+                    log.info("mind %s starts from %s's first %d tokens", mind, key, best[1])
                 return
             n_slot = 0  # the slot was emptied by the failed load
         if n_slot == 0:
@@ -334,6 +345,7 @@ class AnonCache:
             "anon_cache_saved_total": float(self.n_saved),
             "anon_cache_hits_total": float(self.n_hits),
             "anon_cache_skipped_total": float(self.n_skipped),
+            "mind_seeds_total": float(self.n_mind_seeds),
         }
 
     def n_bytes(self) -> int:
