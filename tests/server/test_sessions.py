@@ -158,6 +158,28 @@ def test_a_new_session_mind_starts_from_the_cached_prefix(
     assert set(_minds(server)) == {"conv-new"}
 
 
+def test_a_new_session_starts_from_its_own_keys_sessions_only(
+    start: Callable[..., ServerProcess],
+) -> None:
+    """A new session's first turn reads the opening that another session of its own API key
+    holds in RAM (no anonymous request ran, so only a mind can hold it), and never another
+    key's: kb sending ka's system prompt under a new session reads 0 cached tokens."""
+    server = start("--api-key", "ka,kb")
+    ka, kb = {"Authorization": "Bearer ka"}, {"Authorization": "Bearer kb"}
+    system = {"role": "system", "content": STORY}
+    _chat(
+        server,
+        [system, {"role": "user", "content": "Count the waves."}],
+        {**ka, "X-Conversation-Id": "ka-1"},
+    )
+    other = [system, {"role": "user", "content": "Name the keeper."}]
+    theirs = _chat(server, other, {**kb, "X-Conversation-Id": "kb-1"})
+    assert theirs["timings"]["cache_n"] == 0, theirs["timings"]
+    mine = _chat(server, other, {**ka, "X-Conversation-Id": "ka-2"})
+    assert mine["timings"]["cache_n"] > 50, mine["timings"]  # ka-1's opening, from its page
+    assert mine["timings"]["cache_n"] < mine["usage"]["prompt_tokens"] - 1
+
+
 NOOP = {"type": "function", "function": {"name": "noop", "parameters": {"type": "object"}}}
 
 

@@ -110,6 +110,7 @@ class Engine:
             budget_bytes=config.cache_ram_bytes,
             buffers=self.buffers,
             cache_idle_slots=config.cache_idle_slots,
+            seed_from_minds=config.seed_from_minds,
         )
         self.seating = self._new_seating()
         self.reconfigurer = self._new_reconfigurer()

@@ -38,6 +38,9 @@ class EngineConfig:
 
     geometry: Geometry
     n_threads: int = 1
+    # A new mind may start from another mind's prefix in RAM (`seats.mindprefix`); off in a
+    # cluster, where a turn retried on another replica must write the same answer.
+    seed_from_minds: bool = True
     n_threads_batch: int = 1
     flash_attn: str = "auto"
     swa_full: bool = False

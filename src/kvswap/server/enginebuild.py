@@ -101,6 +101,7 @@ def engine_config(
         cache_idle_slots=config.paging.cache_idle_slots,
         spec=spec_config(config),
         page_ram_bytes=config.paging.page_ram_bytes,
+        seed_from_minds=config.cluster.shared_tier is None,
         fault_on_install=os.environ.get("KVSWAP_FAULT_RECONFIGURE") == "1",
         check_integrity=os.environ.get("KVSWAP_CHECK_INTEGRITY") == "1",
         warmup=config.model.warmup,

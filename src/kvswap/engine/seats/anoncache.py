@@ -100,12 +100,14 @@ class AnonCache:
         budget_bytes: int,
         buffers: BufferWorker,
         cache_idle_slots: bool = True,
+        seed_from_minds: bool = True,
     ) -> None:
         self.store = store
         self.runtime = runtime
         self.slots = slots
         self.budget_bytes = budget_bytes  # 0: off; -1: only the store's half
         self.idle_slots = cache_idle_slots  # --cache-idle-slots
+        self.seed_from_minds = seed_from_minds and store is not None  # off in a cluster
         self._entries: dict[PageKey, _Entry] = {}
         self._index: dict[bytes, set[PageKey]] = {}
         self._ids = itertools.count(1)
@@ -201,7 +203,8 @@ class AnonCache:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         n_slot = min(slot.prefix_for(prompt, namespace), len(prompt) - 1)
         best = self.best(prompt, namespace) if self.enabled else None
-        if self.store is not None:  # the tenant's other minds (`mindprefix`)
+        if self.seed_from_minds:  # the tenant's other minds (`mindprefix`)
+            assert self.store is not None
             other = best_mind_page(self.store, prompt, namespace)
             if other is not None and (best is None or other[1] > best[1]):
                 best = other

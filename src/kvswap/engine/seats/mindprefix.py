@@ -8,7 +8,9 @@ without this each new session prefilled that opening again, where llama-server's
 found it. `best_mind_page` finds the tenant's mind page in RAM that shares the most with the
 prompt; `AnonCache.seed` copies it into the new mind's slot (the page stays, as an anonymous
 entry does) and the turn keeps only the common prefix. Only the tenant's own minds: one key's
-minds never seed another's. Engine thread; a page the demoter drops meanwhile is skipped.
+minds never seed another's. Off in a cluster: a turn retried on another replica (after a
+miss, a failover) must write the same answer, and a prefix computed by another mind's prefill
+differs from a fresh one in its last bits, which greedy decoding may follow. Engine thread; a page the demoter drops meanwhile is skipped.
 """
 
 from __future__ import annotations
