@@ -189,3 +189,30 @@ def test_a_file_from_another_kv_type_is_refused(
 
 def test_props_advertise_pages(small_server: ServerProcess) -> None:
     assert small_server.client.get("/props").json()["slot_page_version"] == 1
+
+
+def test_the_anonymous_cache_gives_way_to_a_clients_pages(server_factory) -> None:  # type: ignore[no-untyped-def]
+    # The anonymous prompt cache may hold half the store; a client's pages may still fill the
+    # rest and what the cache holds: a cache is never why a page_out is refused.
+    server: ServerProcess = server_factory(
+        "-c", "1024", "-np", "3", "-t", "2", "--page-ram-bytes", "4M", "--metrics", fresh=True
+    )
+    for i in range(4):  # anonymous conversations on slot 2, each displacing the last
+        topic = f"number {i}: " + " ".join(f"w{i}{j}" for j in range(12))
+        _run(server, chat_prompt(("user", f"Describe a lighthouse, {topic}.")), slot=2)
+    cached = server.metrics()["llamacpp:anon_cache_bytes"]
+    names = ["a", "b", "c", "d", "e"]
+    for name in names:
+        first = _run(server, FIRST + name, slot=0)
+        out = _verb(server, 0, "page_out", name)
+        assert out.status_code == 200, (out.text, cached)
+    pages = server.client.get("/pages").json()
+    client_bytes = sum(p["n_bytes"] for p in pages["pages"] if p["name"] in names)
+    assert cached + client_bytes > pages["ceiling_bytes"]  # both could not have fit
+    assert server.metrics()["llamacpp:anon_cache_bytes"] < cached
+    # Each page is whole: it continues as the state it was paged out from.
+    assert _verb(server, 1, "page_in", "e").json()["n_tokens"] == out.json()["n_tokens"]
+    assert (
+        _run(server, FIRST + "e" + first["content"], slot=1)["timings"]["cache_n"]
+        >= out.json()["n_tokens"] - 1
+    )

@@ -9,6 +9,7 @@ at once on the test's thread; the store is the real PageStore.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -65,9 +66,12 @@ class _Runtime:
 
 
 def _cache(
-    ceiling: int = 1 << 20, budget: int = -1, worker: Worker | None = None
+    ceiling: int = 1 << 20,
+    budget: int = -1,
+    worker: Worker | None = None,
+    store: PageStore | None = None,
 ) -> tuple[AnonCache, PageStore]:
-    store = PageStore(ceiling)
+    store = store or PageStore(ceiling)
     cache = AnonCache(
         store=store,
         runtime=_Runtime(store),
@@ -162,6 +166,27 @@ def test_shed_frees_at_least_what_is_asked_oldest_first() -> None:
         is not None
     )
     assert cache.shed(10 * one) == one and cache.shed(1) == 0
+    cache.check_integrity()
+
+
+def test_a_shed_for_a_clients_page_frees_the_bytes_before_it_returns() -> None:
+    closes: list[tuple[mmap.mmap, Callable[[bool], None]]] = []  # a disposer that lags
+    store = PageStore(1 << 20, dispose=lambda buffer, done: closes.append((buffer, done)))
+    cache, _ = _cache(store=store)
+    for i in range(3):
+        _save(cache, _slot(_toks(B, start=1000 * i)))
+    usage = store.usage()
+    charged, page = usage.charged_bytes, usage.pages[0].n_bytes
+    one = plan_layout(B, 8 * B, GEOMETRY).n_bytes
+    assert cache.shed(one) == one
+    assert store.usage().charged_bytes == charged  # the demoter's shed: freed by the disposer
+    assert cache.shed(one, now=True) == one
+    assert store.usage().charged_bytes == charged - page  # a page_out retries on these bytes
+    for buffer, done in closes:
+        buffer.close()
+        done(True)
+    assert store.usage().charged_bytes == charged - 2 * page
+    store.check_integrity()
     cache.check_integrity()
 
 

@@ -89,6 +89,7 @@ class StoreFull(KvswapError):
             f"needs {n_bytes}",
         )
         self.n_bytes = n_bytes
+        self.short_bytes = charged_bytes + n_bytes - ceiling_bytes  # what would make it fit
 
 
 class StoreOff(KvswapError):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kvswap.backend.lora import Adapters
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, StoreFull
 from kvswap.core.keys import PageKey
 from kvswap.engine.commands import (
     Captured,
@@ -62,12 +62,14 @@ class Captures:
         adapters: Adapters,
         *,
         left: Callable[[Slot], PageKey | None],
+        shed: Callable[[int], int],
     ) -> None:
         self.runtime = runtime
         self.buffers = buffers
         self.store = store
         self.adapters = adapters
         self.left = left  # a page_out ended the slot's mind: the slot holds it no more
+        self.shed = shed  # the anonymous cache gives up this many bytes (`AnonCache.shed`)
         self._pending: dict[int, tuple[PendingCapture, Fail]] = {}
         self._ids = itertools.count(1)
 
@@ -117,9 +119,7 @@ class Captures:
         verbs, counters = self.runtime.verbs, self.runtime.counters
         try:
             pending = (
-                verbs.begin_page(slot, cmd.key)
-                if isinstance(cmd, PageOut)
-                else verbs.begin_copy(slot)
+                self._begin_page(cmd, slot) if isinstance(cmd, PageOut) else verbs.begin_copy(slot)
             )
         except KvswapError as err:
             counters.page_failed_total += isinstance(cmd, PageOut)
@@ -151,6 +151,16 @@ class Captures:
             cmd.reply(err)
 
         self._ask(pending, finish, fail)
+
+    def _begin_page(self, cmd: PageOut, slot: Slot) -> PendingCapture:
+        """Admit a client's page; the anonymous cache's states give way to it (a cache, never
+        the reason a client's page is refused)."""
+        verbs = self.runtime.verbs
+        try:
+            return verbs.begin_page(slot, cmd.key)
+        except StoreFull as err:
+            self.shed(err.short_bytes)  # then admitted, or refused as the store is now
+        return verbs.begin_page(slot, cmd.key)
 
     # -- the copy of every resident mind before exit ------------------------------------------
 

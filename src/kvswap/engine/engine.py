@@ -100,7 +100,12 @@ class Engine:
         self.slots = SlotTable(rt.geometry.n_parallel, rt.n_ctx_slot)
         # A client's slot verbs, and captures waiting for their buffer (the flush before exit).
         self.captures = Captures(
-            rt, self.buffers, self.store, self.adapters, left=lambda slot: self.seating.left(slot)
+            rt,
+            self.buffers,
+            self.store,
+            self.adapters,
+            left=lambda slot: self.seating.left(slot),
+            shed=lambda n_bytes: self.anon.shed(n_bytes, now=True),
         )
         self._stalled = False  # a full KV pool waits for a buffer: the next drain blocks
         self.anon = AnonCache(
@@ -208,7 +213,7 @@ class Engine:
                 if fitted is None:
                     self._stalled = True  # nothing fits until a move's buffer arrives
                 elif fitted.spans:
-                    self._apply(self.stepper.run(fitted, lora, self._frozen()))
+                    self._apply(self.stepper.run(fitted, lora, self.captures.frozen()))
                 finished = self.reconfigurer.tick(captures_pending=bool(self.captures))
                 if finished is not None:
                     self._reconfigured(finished)
@@ -253,10 +258,6 @@ class Engine:
         # Flags first: a read while the view is built asks for the next one.
         self._changed = self._read = False
         self._snapshot = self._make_snapshot()
-
-    def _frozen(self) -> set[int]:
-        """Slots whose capture waits for its buffer (their page layout is fixed)."""
-        return self.captures.frozen()
 
     def _drain(self, block: bool) -> bool:
         """Handle queued commands; False once asked to shut down."""

@@ -334,14 +334,15 @@ class PageStore:
 
     # -- leaving the store ------------------------------------------------------------------
 
-    def remove(self, key: PageKey, generation: int | None = None) -> bool:
-        """Drop the store's hold on `key` (only that generation, when given)."""
+    def remove(self, key: PageKey, generation: int | None = None, *, now: bool = False) -> bool:
+        """Drop the store's hold on `key` (only that generation, when given). `now`: a buffer
+        no one else holds is unmapped here, its charge gone on return (not by the disposer)."""
         with self._lock:
             page = self._pages.get(key)
             if page is None or (generation is not None and page.generation != generation):
                 return False
             del self._pages[key]
-            self._release_locked(page)
+            self._release_locked(page, now=now)
             return True
 
     def drop(self, key: PageKey) -> None:
@@ -372,7 +373,7 @@ class PageStore:
         with self._lock:
             self._release_locked(page)
 
-    def _release_locked(self, page: Page) -> None:
+    def _release_locked(self, page: Page, *, now: bool = False) -> None:
         page.owners -= 1
         listed = self._pages.get(page.key) is page
         if page.owners > 0:
@@ -386,7 +387,10 @@ class PageStore:
             return
         n_bytes = page.n_bytes
         self._closing += n_bytes
-        self._dispose(page.buffer, lambda closed: self._closed(n_bytes, closed))
+        if now:
+            close_now(page.buffer, lambda closed: self._closed_locked(n_bytes, closed))
+        else:
+            self._dispose(page.buffer, lambda closed: self._closed(n_bytes, closed))
 
     # -- the shelf (see the module docstring) -------------------------------------------------
 
@@ -446,11 +450,14 @@ class PageStore:
 
     def _closed(self, n_bytes: int, closed: bool) -> None:
         with self._lock:
-            self._closing -= n_bytes
-            if closed:
-                self._charged -= n_bytes
-            else:
-                self._leaked += n_bytes  # still mapped: still charged, and shown
+            self._closed_locked(n_bytes, closed)
+
+    def _closed_locked(self, n_bytes: int, closed: bool) -> None:
+        self._closing -= n_bytes
+        if closed:
+            self._charged -= n_bytes
+        else:
+            self._leaked += n_bytes  # still mapped: still charged, and shown
 
     def check_integrity(self) -> None:
         """Assert the one count is whole: charged = listed + held + reserved + closing +

@@ -107,13 +107,15 @@ class Spare:
             buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
         return buffer, self.store.trim(reservation, key, min(kept, reservation.n_bytes))
 
-    def give_back(self) -> None:
-        """Return the buffer in hand to the store's shelf (or closed, when it is full)."""
+    def give_back(self) -> int:
+        """Return the buffer in hand to the store's shelf (or closed, when it is full); its
+        bytes (0: none was in hand)."""
         if self._held is None:
-            return
+            return 0
         buffer, reservation = self._held
         self._held = None
         self.store.shelve(buffer, reservation)
+        return reservation.n_bytes
 
     def discard(self) -> None:
         """No more moves: give the buffer back (closed on the buffer worker), and one still

@@ -364,21 +364,25 @@ class AnonCache:
             self.drop(entry.key)
         return self.n_bytes() + n_bytes <= limit
 
-    def shed(self, n_bytes: int) -> int:
+    def shed(self, n_bytes: int, *, now: bool = False) -> int:
         """Drop least recently used states until `n_bytes` are freed (or none is left); the
-        bytes freed. The demoter asks this when the page store runs short of headroom."""
+        bytes freed. The demoter asks this when the page store runs short of headroom; a
+        client's page_out with `now` (the bytes are free on return, and the cache's spare
+        buffer goes back to the store's shelf too)."""
         freed = 0
         for entry in sorted(self._entries.values(), key=lambda e: e.t_used):
             if freed >= n_bytes:
                 break
-            self.drop(entry.key)
+            self.drop(entry.key, now=now)
             freed += entry.n_bytes
+        if now and freed < n_bytes and self.spare is not None:
+            freed += self.spare.give_back()
         return freed
 
-    def drop(self, key: PageKey) -> None:
+    def drop(self, key: PageKey, *, now: bool = False) -> None:
         store = self.store
         if store is not None:
-            store.remove(key)
+            store.remove(key, now=now)
         self._remove(key)
 
     def _remove(self, key: PageKey) -> None:
