@@ -245,6 +245,25 @@ def test_minds_over_half_the_page_store_take_turns_with_no_refusal(
     assert server.metrics()["llamacpp:page_failed_total"] == 0
 
 
+@pytest.mark.timeout(600)
+def test_a_budget_of_two_minds_keeps_the_other_mind_in_ram(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 32: the switch's spare buffer is the store's headroom, not a mind's worth beside
+    it. Two minds of ~17.5 MB take turns on one slot under a 40 MB store: the mind out of the
+    slot stays a RAM page (the demoter kept a free mind's room beside the spare, and spilled
+    it to disk: every return was a read)."""
+    server = start(*ONE_SLOT_ARGS, "--page-ram-bytes", "40M", save=tmp_path / "slots")
+    minds = Minds(server, 2, n_facts=36)  # ~760 tokens, ~17.5 MB each
+    for turn in range(4):
+        for m in range(2):
+            minds.turn(m, turn)
+    metrics = server.metrics()
+    assert metrics["llamacpp:mind_hits_ram_total"] == 6, metrics
+    assert metrics["llamacpp:mind_hits_disk_total"] == 0
+    assert metrics["llamacpp:mind_spills_total"] == 0
+
+
 @pytest.mark.timeout(300)
 def test_a_restart_with_other_kv_types_keeps_the_old_minds_files(
     start: Callable[..., ServerProcess], tmp_path: Path

@@ -264,7 +264,7 @@ class EngineSide:
         if isinstance(cmd, ShedCache):
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
-            slots = self.seating.flush_slots(cmd.keys)
+            slots = self.slots.idle_minds(cmd.keys)
             cmd.reply([(s.mind, self.runtime.verbs.copy_out(s)) for s in slots])
         elif isinstance(cmd, ForgetMind):
             cmd.reply(self.seating.forget(cmd.key))

@@ -10,10 +10,17 @@ import psutil
 import pytest
 
 from kvswap.core.errors import ErrorKind, KvswapError
-from kvswap.core.keys import PageKey, namespace_of, page_key
+from kvswap.core.keys import PageKey, namespace_of, page_key, spare_key
 from kvswap.core.page import PageGeometry, plan_layout
 from kvswap.engine.kv.buffers import new_buffer
-from kvswap.engine.kv.pagestore import SHELF_KEY, Page, PageStore, Reservation, close_now
+from kvswap.engine.kv.pagestore import (
+    SHELF_KEY,
+    SWITCH_KEY,
+    Page,
+    PageStore,
+    Reservation,
+    close_now,
+)
 
 MiB = 1 << 20
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=1024)
@@ -228,3 +235,19 @@ def test_a_returned_buffer_is_shelved_when_there_is_room_and_a_place() -> None:
     store.check_integrity()
     store.close()
     assert store.charged_bytes == 0
+
+
+def test_the_switch_spare_is_the_headroom_so_the_budget_pays_for_it_once() -> None:
+    """Defect caught (issue 32): the demoter kept a free mind's worth of headroom beside the
+    switch's prepared spare, so a budget of two minds and a little held no mind page beside the
+    spare (every page spilled to disk). The spare is the room a switch needs: a page and the
+    spare fill the store without the demoter having work; another spare does not count."""
+    store = PageStore(10 * MiB)
+    store.saw_mind_page(4 * MiB)  # the headroom: the largest mind page
+    _page(store, "a", 5 * MiB)
+    switch = store.reserve(SWITCH_KEY, 4 * MiB)
+    assert store.charged_bytes == 9 * MiB and not store.short_of_headroom
+    store.cancel(switch)
+    store.reserve(spare_key("anon-cache"), 4 * MiB)
+    assert store.short_of_headroom  # another purpose's spare is not the switch's room
+    store.check_integrity()

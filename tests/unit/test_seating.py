@@ -408,8 +408,8 @@ def test_the_flush_before_exit_copies_idle_minds_only() -> None:
     side.seated(1, bob, 5).running = object()  # type: ignore[assignment]
     side.seated(2, eve, 5)
     side.slots[3].tokens.replace(np.array(tokens(5), dtype=np.int32))
-    assert [s.mind for s in side.seating.flush_slots()] == [ann, eve]
-    assert [s.mind for s in side.seating.flush_slots(frozenset({eve}))] == [eve]
+    assert [s.mind for s in side.slots.idle_minds()] == [ann, eve]
+    assert [s.mind for s in side.slots.idle_minds(frozenset({eve}))] == [eve]
 
 
 def test_a_forgotten_mind_leaves_its_slot_and_its_page() -> None:

@@ -102,3 +102,20 @@ class SlotTable(Sequence[Slot]):
         """Idle slots that hold tokens, least recently used first."""
         idle = [s for s in self._slots if s.is_idle and len(s.tokens) > 0]
         return sorted(idle, key=lambda s: s.t_last_used)
+
+    def idle_minds(self, keys: frozenset[PageKey] | None = None) -> list[Slot]:
+        """The idle slots holding a mind with tokens (only those of `keys`, when given): what a
+        spill before exit or a scheduled flush copies out."""
+        return [
+            s
+            for s in self._slots
+            if s.mind is not None
+            and s.is_idle
+            and len(s.tokens) > 0
+            and (keys is None or s.mind in keys)
+        ]
+
+    def tokens_of(self, key: PageKey) -> npt.NDArray[np.int32] | None:
+        """A copy of the tokens of mind `key` when a slot holds it."""
+        slot = next((s for s in self._slots if s.mind == key), None)
+        return slot.tokens.view().copy() if slot is not None else None

@@ -24,7 +24,9 @@ Rules (docs/DESIGN.md, "Where a mind waits"):
 
 The store also keeps the headroom the demoter frees under the ceiling for the next mind switch,
 so that a switch stays a memcpy: a quarter of the store, or the largest mind page seen
-(`saw_mind_page`, told by the engine as a mind leaves its slot), whichever is larger.
+(`saw_mind_page`, told by the engine as a mind leaves its slot), whichever is larger. The
+switch's own prepared buffer (a reservation under `SWITCH_KEY`) is that room, so it counts as
+headroom: the budget pays for the next switch once, not for a free mind beside a spare one.
 
 A buffer freed by its last owner is not unmapped at once: up to `shelf_max` of them (the engine
 keeps `SHELF_MAX`) stay on a shelf, faulted in and still charged (a reservation under
@@ -69,6 +71,8 @@ Disposer = Callable[[mmap.mmap, Callable[[bool], None]], None]
 
 SHELF_MAX = 2  # freed buffers kept for reuse: a disk switch's read and the next spare
 SHELF_KEY = spare_key("recycled")  # the shelf's charge, shown among the spares
+SWITCH_PURPOSE = "mind-switch"  # the spare a mind switch copies the outgoing mind into
+SWITCH_KEY = spare_key(SWITCH_PURPOSE)  # its reservation: the headroom, prepared
 _SHELF_MIN_BYTES = 1 << 20  # smaller buffers are cheap to map again: not worth a shelf place
 
 
@@ -183,9 +187,10 @@ class PageStore:
 
     @property
     def in_use_bytes(self) -> int:
-        """The charge less the shelf's (a cache, given back when a reservation needs it)."""
+        """The charge less the shelf's (a cache, given back when a reservation needs it) and
+        the switch spare's (the headroom, prepared)."""
         with self._lock:
-            return self._charged - self._reserved[SHELF_KEY]
+            return self._charged - self._reserved[SHELF_KEY] - self._reserved[SWITCH_KEY]
 
     @property
     def n_pages(self) -> int:
@@ -219,7 +224,7 @@ class PageStore:
     @property
     def short_of_headroom(self) -> bool:
         """More than the ceiling less the headroom is charged (the shelf aside: it is given
-        back on demand): the demoter has work."""
+        back on demand; the switch spare aside: it is the headroom): the demoter has work."""
         return self.in_use_bytes > self.ceiling_bytes - self.headroom_bytes
 
     def reservations(self) -> list[tuple[PageKey, int]]:

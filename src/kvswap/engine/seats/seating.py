@@ -3,45 +3,39 @@
 Before any job starts on a slot, `seat` makes the slot right for it:
 - a slot holding another mind pages that mind out to its RAM page first (a memcpy into the
   page store), so no request, named or anonymous, and no restore or page_in ever destroys a
-  mind. A mind larger than the whole page store cannot have a page: with a disk tier it is
-  copied out and handed to the demoter, which writes it as the mind's spilled file (the
-  hand-off holds the copy until it is on disk, `minds.handoffs`); without one its state is
-  dropped, logged once
-  (a mind's state is a cache of the conversation its next request carries whole, so that
-  request re-prefills it), and the slot serves the waiting work;
-- `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is:
-  save copies it (the mind stays), erase and page_out end it (the caller then forgets its
-  spilled copy). A verb of another tenant is refused, naming no mind, as is one on a slot
-  whose anonymous prompt another tenant sent;
+  mind. A mind larger than the whole page store cannot have a page: with a disk tier a copy is
+  handed to the demoter, which writes it as the mind's spilled file (`minds.handoffs` holds
+  it until it is on disk); without one its state is dropped, logged once (a mind's state is a
+  cache of the conversation its next request carries whole, which then re-prefills it);
+- `save`, `erase` and `page_out` on a slot holding a mind act on the mind where it is: save
+  copies it, erase and page_out end it (the caller then forgets its spilled copy). A verb of
+  another tenant is refused, naming no mind, as is one on another tenant's anonymous prompt;
 - with `--cache-idle-slots` (on by default) in a unified pool, a request starting moves every
   other idle mind to its RAM page (`_idle_minds_out`), as the anonymous cache moves idle
   prompts: the pool then holds only work that runs, which libllama attends over;
-- a request naming a mind then finds it: resident (nothing to do), a RAM page (paged in), a
-  state read from disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind
-  starts from the longest prefix of its prompt its tenant's anonymous cache or the slot
-  holds, else empty: the slot choice gave a stored conversation's new mind the slot its first,
-  mind-less turn left). In a unified KV pool a returning mind needs cells for its state: the
-  least recently used idle residents move out first (`_make_cells`), as a full pool moves them
-  for a prefill; while running requests hold the cells the job waits.
+- a request naming a mind then finds it: resident, a RAM page (paged in), a state read from
+  disk by the HTTP side (`Submit.restore`, applied), or nothing (a new mind starts from the
+  longest prefix its tenant's anonymous cache, minds in RAM or the slot hold, else empty). In a
+  unified KV pool a returning mind needs cells: the least recently used idle residents move
+  out first (`_make_cells`); while running requests hold the cells the job waits.
 
 A switch copies into a spare buffer prepared ahead (`kv.spare`: reserved in the page store,
-mapped and faulted in by the buffer worker, a little larger than the largest mind page):
-faulting fresh memory in costs several times the copy, so it is done before the switch, never
-during it on the engine thread. A switch that finds no spare large enough waits for one (the
-job is retried when the buffer arrives), as it waits for room.
+mapped and faulted in by the buffer worker, a little larger than the largest mind page), never
+faulting fresh memory in on the engine thread; one that finds no spare large enough waits for
+one (the job is retried when the buffer arrives). The spare is the store's headroom; the
+demoter is woken, when the store is short of it, once the switch is done (the incoming mind's
+page freed, the next spare off the shelf), never between its halves.
 
-When the page store cannot take the evicted mind now, the job waits (`roomwait`): the demoter
-is woken to spill least recently used pages to disk, and answers each pass with a `RoomReport`;
-when a pass that ran after the switch began waiting could not make room (every other page is
-held: the incoming mind's own, when minds are over half the budget), the evicted mind goes
-straight to disk as one larger than the store does, or, with no disk tier, the job fails with
-its typed reason instead of waiting forever.
+When the page store cannot take the evicted mind now, the job waits (`roomwait`) for the
+demoter to spill least recently used pages to disk (each pass answers with a `RoomReport`);
+when a pass that ran after the wait began could not make room (every other page is held: the
+incoming mind's own, when minds are over half the budget), the evicted mind goes straight to
+disk as one larger than the store does, or, with no disk tier, the job fails, typed.
 
 `page_out_idle_resident` is the engine's answer to a full KV pool: the least recently used idle
 resident moves out (a mind to its own page; an anonymous slot's cached prompt into the
-anonymous cache, where it is found by its prefix and evicted like any entry, or, when the cache
-cannot take it, purged as llama-server purges idle slots), or the caller learns to wait for a
-buffer, or that nothing can move. Nothing made here is a page that lives forever.
+anonymous cache, or purged as llama-server purges idle slots when the cache cannot take it),
+or the caller learns to wait for a buffer, or that nothing can move.
 
 `seat` says how a request's mind came in (`Seat`: the tier, the switch's time); `served` adds
 what of the mind's history the request's prompt keeps: a prompt that does not extend it
@@ -74,7 +68,7 @@ from kvswap.engine.commands import (
     Submit,
 )
 from kvswap.engine.kv.buffers import BufferWorker
-from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.pagestore import SWITCH_PURPOSE, PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import SeatRuntime
 from kvswap.engine.seats.anoncache import AnonCache, Kept
@@ -114,13 +108,20 @@ class Seating:
         self.handoffs = handoffs
         self.anon = anon
         self.room = RoomWait()
-        self.spare = Spare(store, buffers, "mind-switch") if store is not None else None
+        self.spare = Spare(store, buffers, SWITCH_PURPOSE) if store is not None else None
+        self._moved = False  # a mind left its slot since the demoter was last considered
 
     def seat(self, slot: Slot, cmd: object) -> Seat | None:
         """Make `slot` ready for the job `cmd` (a Submit or a slot verb); for a job naming a
         mind, how its mind came into the slot.
 
         Raises NoRoomYet (the caller requeues the job) or KvswapError (the job fails)."""
+        try:
+            return self._seat(slot, cmd)
+        finally:
+            self._wake_demoter()
+
+    def _seat(self, slot: Slot, cmd: object) -> Seat | None:
         if isinstance(cmd, SlotCapture | SlotErase | PageOut):
             # These verbs act on the state the slot holds: the mind's, where it is (the engine
             # calls `left` after erase and page_out), or another key's prompt, never theirs.
@@ -324,8 +325,7 @@ class Seating:
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
         store.saw_mind_page(layout.n_bytes)
         self.ask_spare()  # the next switch's buffer, mapped meanwhile
-        if store.short_of_headroom:
-            self.handoffs.call_demoter()
+        self._moved = True  # the demoter is woken once the switch is done (`_wake_demoter`)
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
     def _too_large(self, slot: Slot, mind: PageKey, n_bytes: int) -> None:
@@ -388,7 +388,10 @@ class Seating:
         idle = self.slots.idle_residents()
         if not idle:
             return PagedOut.NOTHING
-        return self._move_out(idle[0])
+        try:
+            return self._move_out(idle[0])
+        finally:
+            self._wake_demoter()
 
     def _move_out(self, slot: Slot) -> PagedOut:
         """Free an idle resident's cells: a mind to its own page (`evict`), an anonymous
@@ -442,24 +445,19 @@ class Seating:
         if self.spare is not None and largest > 0:
             ask_quietly(self.spare, largest)
 
+    def _wake_demoter(self) -> None:
+        """A mind left its slot: wake the demoter if the store is short of headroom now that
+        the switch is done (the incoming mind's page freed, the next spare taken off the
+        shelf), not between its halves, where a pass would spill the page a moment
+        later would have had room for."""
+        if self._moved and self.store is not None and self.store.short_of_headroom:
+            self.handoffs.call_demoter()
+        self._moved = False
+
     def close(self) -> None:
         """Give the spare back (the engine is closing)."""
         if self.spare is not None:
             self.spare.close()
-
-    # -- the flush before exit --------------------------------------------------------------
-
-    def flush_slots(self, keys: frozenset[PageKey] | None = None) -> list[Slot]:
-        """The idle slots holding a mind with tokens (only those of `keys`, when given): what a
-        spill before exit or a scheduled flush copies out."""
-        return [
-            s
-            for s in self.slots
-            if s.mind is not None
-            and s.is_idle
-            and len(s.tokens) > 0
-            and (keys is None or s.mind in keys)
-        ]
 
     def forget(self, key: PageKey) -> bool:
         """Free the mind's slot of it (cleared) and drop its RAM page: another replica owns it
@@ -476,13 +474,11 @@ class Seating:
 
     def tokens_of(self, key: PageKey) -> npt.NDArray[np.int32] | None:
         """A copy of mind `key`'s tokens from its slot or its RAM page (`MindTokens`)."""
-        slot = next((s for s in self.slots if s.mind == key), None)
-        if slot is not None:
-            return slot.tokens.view().copy()
-        if self.store is not None and self.store.has(key):
+        held = self.slots.tokens_of(key)
+        if held is None and self.store is not None and self.store.has(key):
             page = self.store.get(key)
-            return read_tokens(page.view(), page.layout)
-        return None
+            held = read_tokens(page.view(), page.layout)
+        return held
 
     def check_integrity(self) -> None:
         """Assert the registry's residents are exactly the slots' minds, and a mind on its way
