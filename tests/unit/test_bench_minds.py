@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from kvswap.bench.minds_report import parts_lines, ratio_lines, table_lines
+import os
+
+from kvswap.bench.minds_report import memory_lines, parts_lines, ratio_lines, table_lines
 from kvswap.bench.minds_script import Case, Result, Turn, estimate
+from kvswap.bench.server import peak_rss_bytes
 
 
 def _turn(mind: int, rnd: int, content: str, *, lost_ms: float = 0.0, n_lost: int = 0) -> Turn:
@@ -63,3 +66,13 @@ def test_a_switch_from_disk_is_shown_in_parts_against_its_floor() -> None:
     rows = parts_lines([(CASE, {"kvswap": this, "kvswap baseline": base}, "load 1")])
     assert rows[2] == "| fit | kvswap | 100.0 | 60.0 | 20.0 | 1 of 2 | 12.0 | 6.0 | 4.0 | 1.80x |"
     assert rows[3] == "| fit | kvswap baseline | 100.0 | 60.0 | 0.0 | 0 of 1 | - | - | - | - |"
+
+
+def test_peak_rss_is_shown_beside_what_the_flags_mean_the_server_to_hold() -> None:
+    """Issue 32: the bench prints each server's peak RSS beside weights + KV pool + RAM budget,
+    so a copy of a mind nothing charged shows as MiB over."""
+    r = Result("fit", "kvswap")
+    r.peak_rss_bytes, r.rss_bound_bytes = 1536 << 20, 1024 << 20
+    [row] = memory_lines([(CASE, {"kvswap": r}, "")])[2:]
+    assert row == "| fit | kvswap | 1,536 | 1,024 | 512 |"
+    assert peak_rss_bytes(os.getpid()) > 0  # this process's, from /proc

@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvswap.bench.minds_report import parts_lines, plot, ratio_lines, table_lines
+from kvswap.bench.minds_report import memory_lines, parts_lines, plot, ratio_lines, table_lines
 from kvswap.bench.minds_script import (
     Case,
     Result,
@@ -51,7 +51,7 @@ from kvswap.bench.minds_script import (
     kvswap_probe,
     llama_probe,
 )
-from kvswap.bench.server import BenchServer
+from kvswap.bench.server import BenchServer, peak_rss_bytes
 from kvswap.models import default_model_path
 
 _GROWTH = 30  # tokens a turn adds to a mind, about (estimates only)
@@ -167,8 +167,19 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
                 result.turns += script.play(server, probe_of(server), later, extra, floor)
                 result.total_s = time.perf_counter() - t0
         finally:
+            result.peak_rss_bytes = peak_rss_bytes(server.proc.pid)
             server.stop()
+    result.rss_bound_bytes = _rss_bound(case, args)
     return result
+
+
+def _rss_bound(case: Case, args: list[str]) -> int:
+    """Weights (the model file) + the KV pool (`-c` cells at f16) + the RAM budget: the memory
+    a server of these flags is meant to hold; a peak RSS over it by more than a small margin
+    is a copy of a mind nothing charged."""
+    n_ctx = int(args[args.index("-c") + 1])
+    weights = Path(case.model).stat().st_size
+    return weights + kv_bytes_per_token(case.model) * n_ctx + case.budget_bytes
 
 
 def _would_take_s(first_round: Result, case: Case) -> float:
@@ -272,6 +283,8 @@ def main(argv: list[str]) -> int:
         *ratio_lines(results),
         "",
         *parts_lines(results),
+        "",
+        *memory_lines(results),
         "",
     ]
     out = Path(a.out)

@@ -130,3 +130,24 @@ def plot(results: Rows, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _mib(n_bytes: int) -> str:
+    return f"{n_bytes / (1 << 20):,.0f}"
+
+
+def memory_lines(results: Rows) -> list[str]:
+    """Each server's peak RSS beside what its flags mean it to hold (weights + KV pool + RAM
+    budget), and the difference."""
+    lines = [
+        "| case | server | peak RSS MiB | weights + KV pool + budget MiB | over MiB |",
+        "|---|---|---|---|---|",
+    ]
+    for case, by_server, _ in results:
+        for side, r in by_server.items():
+            over = r.peak_rss_bytes - r.rss_bound_bytes
+            lines.append(
+                f"| {case.name} | {side} | {_mib(r.peak_rss_bytes)} "
+                f"| {_mib(r.rss_bound_bytes)} | {_mib(over)} |"
+            )
+    return lines

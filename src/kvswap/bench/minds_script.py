@@ -83,6 +83,8 @@ class Result:
     total_s: float = 0.0
     restart_s: float = 0.0  # the restarted server's start to a first /health 200
     notes: list[str] = field(default_factory=list)
+    peak_rss_bytes: int = 0  # the server process's peak resident set (the later one's, restarted)
+    rss_bound_bytes: int = 0  # weights + KV pool + RAM budget: what the peak should stay near
 
     def rounds(self, first: int, last: int | None = None) -> list[Turn]:
         return [t for t in self.turns if t.round >= first and (last is None or t.round <= last)]

@@ -30,6 +30,14 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_bytes(pid: int) -> int:
+    """The peak resident set of process `pid` so far (Linux /proc: VmHWM); 0 if unknown."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 class BenchServer:
     """Starts `kvswap serve ARGS`, or `BIN ARGS` when `binary` is given; waits for /health."""
 
