@@ -140,6 +140,11 @@ class TokenVerbs:
             self.clear(slot)
         return PageMoved(slot.id, reservation.key, layout.n_tokens, 0, 0, 0, 0.0)
 
+    def share_prefix(self, src: Slot, dst: Slot, n_tokens: int) -> int:
+        dst.tokens.replace(src.tokens.view()[:n_tokens])
+        dst.lora = src.lora
+        return n_tokens
+
     def copy_out(self, slot: Slot) -> Captured:
         layout = layout_of(len(slot.tokens))
         buffer = new_buffer(layout.n_bytes)

@@ -133,6 +133,11 @@ class Context:
     def seq_clear(self, seq_id: int) -> None:
         llama_cpp.llama_memory_seq_rm(self.mem, seq_id, -1, -1)
 
+    def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
+        """Add sequence `dst` to the cells of `src` at positions [p0, p1): in one stream (a
+        unified pool) the cells are shared, no data copied."""
+        llama_cpp.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
     def seq_pos_min(self, seq_id: int) -> int:
         return int(llama_cpp.llama_memory_seq_pos_min(self.mem, seq_id))
 

@@ -45,6 +45,8 @@ class SlotMoves(Protocol):
 
     def copy_out(self, slot: Slot) -> Captured: ...
 
+    def share_prefix(self, src: Slot, dst: Slot, n_tokens: int) -> int: ...
+
     def capture_to_page(
         self,
         slot: Slot,

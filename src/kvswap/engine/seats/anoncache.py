@@ -46,7 +46,7 @@ from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import CacheRuntime
-from kvswap.engine.seats.mindprefix import best_mind_page
+from kvswap.engine.seats.mindprefix import best_mind_page, best_resident
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -208,6 +208,8 @@ class AnonCache:
             other = best_mind_page(self.store, prompt, namespace)
             if other is not None and (best is None or other[1] > best[1]):
                 best = other
+            if self._share(slot, prompt, mind, max(n_slot + BLOCK_TOKENS, best[1] if best else 0)):
+                return
         if best is not None and best[1] >= n_slot + BLOCK_TOKENS:
             key = best[0]
             try:
@@ -226,6 +228,24 @@ class AnonCache:
             n_slot = 0  # the slot was emptied by the failed load
         if n_slot == 0:
             self.runtime.verbs.clear(slot)
+
+    def _share(
+        self, slot: Slot, prompt: npt.NDArray[np.int32], mind: PageKey, n_least: int
+    ) -> bool:
+        """Seed new `mind` on `slot` from the tenant's resident slot sharing at least `n_least`
+        tokens of `prompt`, by sharing its cells (`SlotVerbs.share_prefix`); False when none
+        does or the pool cannot share."""
+        near = best_resident(self.slots, slot, prompt, mind.namespace)
+        if near is None or near[1] < n_least:
+            return False
+        donor, n_common = near
+        n_shared = self.runtime.verbs.share_prefix(donor, slot, n_common)
+        if n_shared == 0:
+            return False
+        slot.namespace = mind.namespace
+        self.n_mind_seeds += 1
+        log.info("mind %s shares slot %d's first %d tokens", mind, donor.id, n_shared)
+        return True
 
     def expect(self, slot: Slot) -> None:
         """An anonymous request ended on `slot`: have a buffer prepared that can hold its state,
