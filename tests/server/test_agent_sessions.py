@@ -10,7 +10,8 @@ model: its answers are whatever the tool grammar lets it write; only token count
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -434,3 +435,44 @@ def test_a_side_request_and_a_new_stamp_leave_the_session_whole(server: ServerPr
     assert again.headers.get("x-kvswap-mind") == side_mind, again.headers
     usage = again.parse().usage
     assert (usage.cache_read_input_tokens or 0) >= first_side.usage.input_tokens, usage
+
+
+def test_the_first_turn_after_a_restart_continues_the_last_answer(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A session's last answer (a tool call, which the chat template renders otherwise than
+    the model wrote it) comes back after the server restarted: its mind is read back from disk
+    and the echoed call still matches the model's own tokens, so the turn prefills only the
+    tool's output and the glue. Defect caught: the last turns lived in memory only, so the
+    first turn after a restart diverged where the answer began and prefilled it again."""
+    args = ("-m", str(tiny_model_path("llama", seed=7, vocab="tiny")), *ARGS)
+    server = start(*args, save=tmp_path / "slots")
+    base = {"tools": CHAT_TOOLS, "temperature": 0, "prompt_cache_key": "across-a-restart"}
+    messages: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": ASKS[0]},
+    ]
+    forced = {"type": "function", "function": {"name": "run_tests"}}
+    first = server.post(
+        "/v1/chat/completions",
+        {**base, "messages": messages, "tool_choice": forced, "max_tokens": 200},
+    )
+    assert first.status_code == 200, first.text
+    call = first.json()["choices"][0]["message"]
+    assert call["tool_calls"], call
+    usage = first.json()["usage"]
+    server.stop()  # SIGTERM: the mind goes to disk, its last turn beside it
+    again = start(*args, save=tmp_path / "slots")
+    messages += [
+        call,
+        {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "ok"},
+    ]
+    second = again.post(
+        "/v1/chat/completions",
+        {**base, "messages": messages, "tool_choice": forced, "max_tokens": 4},
+    )
+    assert second.status_code == 200, second.text
+    assert "x-kvswap-diverged-at" not in second.headers, dict(second.headers)
+    n_new = second.json()["usage"]["prompt_tokens"] - usage["prompt_tokens"]
+    n_new -= usage["completion_tokens"]
+    assert second.json()["timings"]["prompt_n"] <= n_new + 1, (second.json()["timings"], n_new)

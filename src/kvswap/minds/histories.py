@@ -66,6 +66,11 @@ class MindHistories:
         position = Position(len(tokens), len(prompt), mark.prompt_chars, mark.prompt_digest)
         self.put(key, LastTurn(tokens, position, mark.n_messages, done.content, mark.opening))
 
+    def items(self) -> list[tuple[PageKey, LastTurn]]:
+        """Every mind's last turn, least recently recorded first."""
+        with self._lock:
+            return list(self._turns.items())
+
     def put(self, key: PageKey, turn: LastTurn) -> None:
         """Mind `key`'s last turn is `turn` (its earlier one replaced); the least recently
         used go while the entries hold more than the budget."""

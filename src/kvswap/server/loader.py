@@ -39,6 +39,7 @@ from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
 from kvswap.minds.stored.replicated import ReplicatedRecords
 from kvswap.minds.stored.store import StoredRecords
+from kvswap.minds.turnfile import load_turns, save_turns
 from kvswap.server.enginebuild import Built, build_engine
 from kvswap.server.prefetch import ModelPrefetch, target_params, target_path
 from kvswap.server.requests.lora import LoraScales
@@ -216,6 +217,11 @@ def _drain(state: ServerState) -> None:
     state.demoter.close(engine_alive=state.snapshot.crashed is None)
     if state.shared is not None:
         state.shared.drain()
+    elif state.save_dir is not None:  # each mind's last turn, for its first one after a restart
+        try:
+            save_turns(state.minds.histories, state.save_dir)
+        except OSError as err:
+            log.error("the minds' last turns could not be written: %s", err)
 
 
 def open_state_store(config: ServerConfig) -> StoredRecords:
@@ -269,6 +275,7 @@ def build_state(
         read_back=_mind_reader(minds_files, client),
         shared=shared_minds,
     )
+    load_turns(minds.histories, save_dir if shared is None else None)  # (the last exit's)
     # A cluster's stored conversations live in the shared tier's log.
     store = _replicated(config, shared) if shared is not None else state_store
     chains = StoredChains(store, session=minds, client=client, io=io) if store is not None else None
