@@ -280,28 +280,39 @@ def test_a_call_echoed_under_another_output_rule_continues_the_mind(server: Serv
     no calls, so the echoed call never matched and was prefilled again (28-54 tokens a turn in
     the bench)."""
     base = {"tools": CHAT_TOOLS, "temperature": 0, "prompt_cache_key": "calls-then-a-schema"}
+    messages, usage = _forced_call(server, base)
+    schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
+    _assert_only_new_input(server, {**base, "messages": messages, "response_format": schema}, usage)
+
+
+FORCED = {"type": "function", "function": {"name": "run_tests"}}
+
+
+def _forced_call(server: ServerProcess, base: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """A first turn that calls a tool (forced), and the conversation the client then sends:
+    the call echoed back and the tool's output; with the first turn's usage."""
     messages: list[Any] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": ASKS[0]},
     ]
-    forced = {"type": "function", "function": {"name": "run_tests"}}
     first = server.post(
         "/v1/chat/completions",
-        {**base, "messages": messages, "tool_choice": forced, "max_tokens": 200},
+        {**base, "messages": messages, "tool_choice": FORCED, "max_tokens": 200},
     )
     assert first.status_code == 200, first.text
     call = first.json()["choices"][0]["message"]
     assert call["tool_calls"], call
-    usage = first.json()["usage"]
     messages += [
         call,
         {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "ok"},
     ]
-    schema = {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}
-    second = server.post(
-        "/v1/chat/completions",
-        {**base, "messages": messages, "response_format": schema, "max_tokens": 4},
-    )
+    return messages, first.json()["usage"]
+
+
+def _assert_only_new_input(server: ServerProcess, body: dict[str, Any], usage: dict) -> None:
+    """The next turn `body` continues the mind: no divergence, and it prefills only what the
+    conversation added after the first turn's prompt and answer (`usage`)."""
+    second = server.post("/v1/chat/completions", {**body, "max_tokens": 4})
     assert second.status_code == 200, second.text
     assert "x-kvswap-diverged-at" not in second.headers, dict(second.headers)
     n_new = second.json()["usage"]["prompt_tokens"] - usage["prompt_tokens"]
@@ -448,31 +459,7 @@ def test_the_first_turn_after_a_restart_continues_the_last_answer(
     args = ("-m", str(tiny_model_path("llama", seed=7, vocab="tiny")), *ARGS)
     server = start(*args, save=tmp_path / "slots")
     base = {"tools": CHAT_TOOLS, "temperature": 0, "prompt_cache_key": "across-a-restart"}
-    messages: list[Any] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": ASKS[0]},
-    ]
-    forced = {"type": "function", "function": {"name": "run_tests"}}
-    first = server.post(
-        "/v1/chat/completions",
-        {**base, "messages": messages, "tool_choice": forced, "max_tokens": 200},
-    )
-    assert first.status_code == 200, first.text
-    call = first.json()["choices"][0]["message"]
-    assert call["tool_calls"], call
-    usage = first.json()["usage"]
+    messages, usage = _forced_call(server, base)
     server.stop()  # SIGTERM: the mind goes to disk, its last turn beside it
     again = start(*args, save=tmp_path / "slots")
-    messages += [
-        call,
-        {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "ok"},
-    ]
-    second = again.post(
-        "/v1/chat/completions",
-        {**base, "messages": messages, "tool_choice": forced, "max_tokens": 4},
-    )
-    assert second.status_code == 200, second.text
-    assert "x-kvswap-diverged-at" not in second.headers, dict(second.headers)
-    n_new = second.json()["usage"]["prompt_tokens"] - usage["prompt_tokens"]
-    n_new -= usage["completion_tokens"]
-    assert second.json()["timings"]["prompt_n"] <= n_new + 1, (second.json()["timings"], n_new)
+    _assert_only_new_input(again, {**base, "messages": messages, "tool_choice": FORCED}, usage)

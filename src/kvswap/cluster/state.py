@@ -31,10 +31,10 @@ Owns the file format and its atomic write; no process logic.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Final
+
+from kvswap.files.replace import replace_file
 
 STATE_FILE: Final = "cluster.json"
 ENV_VAR: Final = "KVSWAP_CLUSTER_STATE"  # set for every replica: where this file is
@@ -47,22 +47,7 @@ class StateError(RuntimeError):
 
 def write_state(path: Path, doc: dict[str, Any]) -> None:
     """Replace `path` with `doc` atomically (see the module docstring)."""
-    text = json.dumps({"version": VERSION, **doc}, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=".cluster-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(path, json.dumps({"version": VERSION, **doc}, indent=2) + "\n", ".cluster-")
 
 
 def pid_alive(pid: int | None) -> bool:

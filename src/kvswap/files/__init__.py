@@ -16,6 +16,7 @@ Modules, each owning one thing:
 - `stage`    stage folders, roll forward, the stage sweep
 - `reader`   reading and verifying one generation
 - `publish`  `Publisher`: publish, read, list, remove
+- `replace`  one small document replaced whole, crash-safely (kvswap's own, not slot files)
 
 Callers use `Publisher` from worker threads; the codecs (`seqfile`, `sidecar`, `names`) are pure
 and usable from any thread.

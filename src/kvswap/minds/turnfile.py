@@ -16,14 +16,13 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
 
 from kvswap.core.keys import PageKey, PageKind
+from kvswap.files.replace import replace_file
 from kvswap.minds.continuation import Position
 from kvswap.minds.histories import LastTurn, MindHistories
 
@@ -37,22 +36,7 @@ def save_turns(histories: MindHistories, save_dir: Path) -> int:
     """Write every mind's last turn under `save_dir` (atomically); how many were written."""
     turns = histories.items()
     doc = {"version": _VERSION, "turns": [_entry(key, turn) for key, turn in turns]}
-    path = save_dir / TURNS_FILE
-    fd, tmp = tempfile.mkstemp(prefix=".kvswap-turns-", dir=save_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(save_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(save_dir / TURNS_FILE, json.dumps(doc), ".kvswap-turns-")
     return len(turns)
 
 
