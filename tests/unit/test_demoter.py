@@ -139,6 +139,32 @@ def test_headroom_spills_the_least_recently_used_idle_minds_until_it_is_free(
     d.close(engine_alive=False)
 
 
+def test_a_page_already_current_on_disk_leaves_ram_without_a_write(tmp_path: Path) -> None:
+    """Decision (issue 32): a mind page whose disk copy already holds its state (written
+    behind by a flush, nothing changed since) is dropped for room without being written again:
+    at a gigabyte a page that write and its fsync cost seconds. A changed page is written."""
+    side = _side()
+    old, mid, new, newest = _in_ram(side, "old", "mid", "new", "newest")
+    d = _demoter(side, tmp_path)
+    assert d.publisher is not None
+    page = side.store.hold(old)  # old's flush: its page written as it is
+    try:
+        publish_state(d.publisher, file_name(old), page.buffer, page.layout)
+    finally:
+        side.store.release(page)
+    side.registry.record_disk(old, DiskCopy(PAGE, N, time.time()))
+    side.flushes.flushed(old, time.time())
+    written = _files(d)[file_name(old)]
+    side.store.saw_mind_page(2 * PAGE)
+    assert d.run_pass().refused == ""
+    files = _files(d)
+    assert files[file_name(old)] == written  # not written again
+    assert file_name(mid) in files  # changed since its last copy: written
+    assert not side.store.has(old) and not side.store.has(mid)
+    assert side.store.has(new) and side.store.has(newest)
+    d.close(engine_alive=False)
+
+
 def test_the_anonymous_cache_gives_way_before_any_mind_is_spilled(tmp_path: Path) -> None:
     """Decision: cached anonymous prompts are dropped (never written) before a mind's page is
     spilled; a pass whose shed frees the headroom spills nothing."""

@@ -430,7 +430,8 @@ class Demoter:
 
     def _spill(self, store: PageStore, key: PageKey, *, drop: bool, bounded: bool) -> int:
         """Write mind `key`'s RAM page to disk; `drop` then frees it from RAM (unless a request
-        holds the mind meanwhile). 1 when written, 0 when refused or failed."""
+        holds the mind meanwhile; a page whose disk copy is current is freed unwritten). 1 when
+        written (or current), 0 when refused or failed."""
         assert self.publisher is not None
         reg = self.registry
         try:
@@ -438,6 +439,12 @@ class Demoter:
         except KvswapError:
             return 1  # paged in (or spilled) meanwhile
         try:
+            if drop and self._is_current(key):
+                # Its disk copy holds this very state (written behind): only RAM is freed.
+                if reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
+                    self.settle(key)
+                reg.count(spills_total=1)
+                return 1
             if bounded and not self._disk_room(key, page.n_bytes):
                 return 0
             t_held = time.time()
