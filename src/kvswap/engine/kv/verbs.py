@@ -76,16 +76,14 @@ class SlotVerbs:
         self.mover.clear_draft(slot)
 
     def share_prefix(self, src: Slot, dst: Slot, n_tokens: int) -> int:
-        """Start `dst` from the first `n_tokens` of what `src` holds (at most what its cells
-        hold now: a running slot's last sampled token has none yet), sharing `src`'s cells:
+        """Start `dst` from the first `n_tokens` (at most all) of what `src` holds, sharing
+        `src`'s cells (a slot's tokens are its cells', a running request's sampled token aside):
         possible only in a unified pool of a plain KV cache without a draft model. The tokens
         `dst` now holds (0: not possible here; `dst` untouched)."""
         mover = self.mover
         if not mover.plain_kv or mover.draft is not None or mover.geometry.n_stream != 1:
             return 0
-        n_tokens = min(n_tokens, self.ctx.seq_pos_max(src.seq_id) + 1)
-        if n_tokens <= 0:
-            return 0
+        n_tokens = min(n_tokens, len(src.tokens))
         self.clear(dst)
         self.ctx.seq_cp(src.seq_id, dst.seq_id, 0, n_tokens)
         dst.tokens.replace(src.tokens.view()[:n_tokens])
