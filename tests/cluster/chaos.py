@@ -121,7 +121,8 @@ class Chatters:
 class Report:
     n_turns: int
     n_failed: int
-    n_text_differs: int
+    differs: tuple[str, ...]  # answers that diverged from the fault-free run's (`agree`)
+    n_after_near_tie: int  # turns not compared: their conversation diverged at a near tie
     n_retried: int  # turns whose client sent more than one request
     n_reprefilled_tokens: int  # prompt tokens prefilled again that the fault-free run had cached
     max_reprefilled_tokens: int  # ... in one turn
@@ -138,12 +139,37 @@ class Report:
             return baseline[(key[0], key[2])]
 
         lost = [max(0, calm(k).cache_n - r.cache_n) for k, r in chatters.results.items()]
+        differs, n_after_tie = _compared(chatters.results, baseline)
         return cls(
             n_turns=len(chatters.results),
             n_failed=len(chatters.failed),
-            n_text_differs=sum(r.text != calm(k).text for k, r in chatters.results.items()),
+            differs=tuple(differs),
+            n_after_near_tie=n_after_tie,
             n_retried=sum(r.n_attempts > 1 for r in chatters.results.values()),
             n_reprefilled_tokens=sum(lost),
             max_reprefilled_tokens=max(lost, default=0),
             strikes=tuple(strikes),
         )
+
+
+def _compared(
+    results: dict[tuple[int, int, int], TurnResult], baseline: dict[tuple[int, int], TurnResult]
+) -> tuple[list[str], int]:
+    """Each conversation's answers against the fault-free run's, in turn order (`agree`): the
+    divergences, and how many turns were left uncompared after a near tie."""
+    by_conversation: dict[tuple[int, int], list[tuple[int, TurnResult]]] = {}
+    for (index, round_, turn), result in results.items():
+        by_conversation.setdefault((index, round_), []).append((turn, result))
+    differs: list[str] = []
+    n_after_tie = 0
+    for (index, _), turns in by_conversation.items():
+        tied = False
+        for turn, result in sorted(turns, key=lambda t: t[0]):
+            if tied:
+                n_after_tie += 1
+                continue
+            try:
+                tied = not workload.agree(result, baseline[(index, turn)], prompt_may_differ=True)
+            except AssertionError as err:
+                differs.append(str(err))
+    return differs, n_after_tie

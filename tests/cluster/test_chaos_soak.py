@@ -5,7 +5,9 @@ replica past its lease (then SIGCONT), or SIGKILL of Redis (`cluster up` restart
 Redis comes back from its append-only file).
 
 Checks: no turn fails once the client's retries (backing off, honouring Retry-After) are
-spent; every answer's text equals the fault-free run of its conversation; the tokens a fault
+spent; every answer's tokens equal the fault-free run's of its conversation, but for a
+divergence at a near tie (`workload.agree`: a mind prefilled again computes in a prompt batch
+the KV its decode steps had computed, and floats differ by ~0.01); the tokens a fault
 made a turn prefill again stay within the RPO bound (`--shared-tier-rpo-tokens`, 2048 by
 default); and the soak reports them (docs/RELIABILITY.md). CI runs `KVSWAP_CHAOS_S` = 90
 seconds; the long soak is `KVSWAP_CHAOS_S=600 pytest -s tests/cluster/test_chaos_soak.py`.
@@ -69,10 +71,5 @@ def test_chaos_soak(up: ClusterUp) -> None:
     assert report.strikes, "no fault struck"
     assert report.n_failed == 0, chatters.failed
     assert report.n_turns >= N_MINDS * min(N_TURNS, DURATION_S / PACE_S) / 2
-    differs = [
-        (k, r.text, baseline[(k[0], k[2])].text)
-        for k, r in chatters.results.items()
-        if r.text != baseline[(k[0], k[2])].text
-    ]
-    assert report.n_text_differs == 0, differs
+    assert not report.differs, report.differs
     assert report.max_reprefilled_tokens <= RPO_TOKENS

@@ -230,7 +230,10 @@ def test_an_owner_cut_off_from_redis_but_not_from_haproxy(
     wait_until(lambda: r.get(_keys(name).lease) is None, 30, "the owner's lease to lapse")
     gen_before = _gen(r, name)
     taken = workload.chat_turn(ChatClient(cluster.replicas[other_id].url), chat.conv, 3)
-    assert taken.replica == other_id and taken.text == baseline[(index, 3)].text
+    assert taken.replica == other_id
+    # turn 2 never reached the tier: the new owner prefilled it again, its answer rendered
+    # from the text the client sent (no record of the model's own tokens reached the tier)
+    same = workload.agree(taken, baseline[(index, 3)], prompt_may_differ=True)
     assert _owner_of(cluster, name) == other_id and _gen(r, name) > gen_before
     proxy.set(Mode.PASS)
     # the owner, back, finds its lease gone: it lets the mind go (any write it tries is
@@ -239,7 +242,9 @@ def test_an_owner_cut_off_from_redis_but_not_from_haproxy(
         lambda: all(h["mind"] != name for h in owner.shared()["held"]), 30, "the owner to let go"
     )
     done = chat.turn(4)  # forwarded to the new owner (then handed back, with no re-prefill)
-    assert done.replica == other_id and done.text == baseline[(index, 4)].text
+    assert done.replica == other_id
+    if same:  # (after a near tie the conversation is its own)
+        workload.agree(done, baseline[(index, 4)])
     record = manifest.decode(r.hget(_keys(name).manifest, "body") or b"")
     assert record.replica_id == other_id  # nothing of the old owner's landed
     threads = owner.http.get("/health").json()["threads"]  # and its tier's threads kept going

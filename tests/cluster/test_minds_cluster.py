@@ -11,7 +11,7 @@ replicas on a tiny model behind HAProxy, Redis between them.
   two turns; SIGCONT: the old owner's writes are refused by the fence (counted), the mind's
   generation only grows, and two replicas never held its lease at once (the fence log).
 - A flipped byte or a deleted chunk in Redis: a counted miss, a fallback (re-prefill), the
-  same text as a cold prefill of the turn.
+  same tokens as the fault-free run but at a near tie (`workload.agree`).
 """
 
 from __future__ import annotations
@@ -261,9 +261,9 @@ def test_a_damaged_chunk_is_a_counted_miss_and_the_text_is_unchanged(
     before = taker.shared()["fetches"]["misses"].get(reason, 0)
     done = workload.chat_turn(workload.ChatClient(taker.url), conv, 3)
     assert taker.shared()["fetches"]["misses"].get(reason, 0) == before + 1
-    want = baseline[(index, 3)]
     assert done.replica == taker_id and done.cache_n == 0  # the fallback: a re-prefill
-    assert done.text == want.text
+    # (of answers the fault-free run's decode steps computed: a near tie may tell)
+    same = workload.agree(done, baseline[(index, 3)])
     # its next publication was whole: a third replica resumes it from the tier
     given = taker.http.post("/cluster/handoff", json={"mind": conv.name})
     assert given.json()["handed_off"] is True
@@ -271,8 +271,10 @@ def test_a_damaged_chunk_is_a_counted_miss_and_the_text_is_unchanged(
     hits = third.shared()["fetches"]["n_hits"]
     done = workload.chat_turn(workload.ChatClient(third.url), conv, 4)
     want = baseline[(index, 4)]
-    assert (done.text, done.cache_n, done.prompt_n) == (want.text, want.cache_n, want.prompt_n)
     assert third.shared()["fetches"]["n_hits"] == hits + 1
+    if same:  # (after a near tie the conversation is its own)
+        assert (done.cache_n, done.prompt_n) == (want.cache_n, want.prompt_n)
+        workload.agree(done, want)
 
 
 def test_a_forwarded_turn_is_never_forwarded_again(cluster: Cluster, baseline: Results) -> None:

@@ -5,6 +5,13 @@ under other names, on other replicas, after a kill, is compared turn by turn wit
 without faults. Greedy, 8 tokens a turn, sent by the OpenAI client: a turn that breaks (the
 connection cut, HAProxy's 502, a 503) is retried once, after the client's back-off, as a client
 does after its replica died.
+
+A mind keeps the model's own tokens for its answers, whose KV its decode steps computed; a
+mind prefilled again after a fault computes them in a prompt batch, and llama.cpp's float
+results differ by ~0.01 between the two. So two runs agree token for token (`agree`) except
+at a near tie: a divergence where the fault-free run's two best tokens were within `NEAR_TIE`
+nats of each other is that noise (printed), and the conversation then goes its own way; one
+anywhere else is a defect (stale or wrong KV).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import httpx
 import openai
 
 N_PREDICT = 8
+NEAR_TIE = 0.02  # nats between the two best tokens: a divergence there is float noise
 
 
 def opening(index: int) -> str:
@@ -44,6 +52,42 @@ class TurnResult:
     # while one that replica answered just before may still be read after its death
     t_sent: float = 0.0
     tier_before: str = ""  # where its mind's state was (X-Kvswap-Tier-Before)
+    tokens: tuple[bytes, ...] = ()  # the answer's tokens (their bytes)
+    margins: tuple[float, ...] = ()  # each token's lead over the next best (nats)
+
+
+def agree(got: TurnResult, want: TurnResult, *, prompt_may_differ: bool = False) -> bool:
+    """True when `got` answered `want`'s tokens; False when it diverged from them at a near
+    tie (see the module docstring: printed, and later turns of the conversation differ too);
+    an AssertionError names a divergence anywhere else. `prompt_may_differ`: a fault may have
+    lost the mind's last turn with its tokens (Redis away when it was written), so the prompt
+    renders that answer's text anew instead of continuing the model's tokens; a prompt of
+    another length is then no divergence either (its answer is its own)."""
+    if got.tokens == want.tokens:
+        return True
+    n_got, n_want = got.cache_n + got.prompt_n, want.cache_n + want.prompt_n
+    if prompt_may_differ and n_got != n_want:
+        print(f"mind {got.index} turn {got.turn}: a prompt of {n_got} tokens, not {n_want}")
+        return False
+    at = next(
+        (i for i, (a, b) in enumerate(zip(got.tokens, want.tokens, strict=False)) if a != b),
+        min(len(got.tokens), len(want.tokens)),
+    )
+    margin = want.margins[at] if at < len(want.margins) else float("inf")
+    where = f"mind {got.index} turn {got.turn} diverged at token {at} (top-2 margin {margin:.4f})"
+    assert margin < NEAR_TIE, f"{where}: {got} against {want}"
+    print(f"{where}: a near tie")
+    return False
+
+
+def _logprobs(entries: Sequence[Any]) -> tuple[tuple[bytes, ...], tuple[float, ...]]:
+    """The tokens and margins of an answer's `logprobs.content` entries."""
+    tokens, margins = [], []
+    for entry in entries:
+        tokens.append(bytes(entry.bytes or entry.token.encode()))
+        top = [t.logprob for t in entry.top_logprobs or []]
+        margins.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+    return tuple(tokens), tuple(margins)
 
 
 @dataclass
@@ -94,6 +138,8 @@ def _send(
         messages=messages,
         max_tokens=n_predict,
         temperature=0,
+        logprobs=True,
+        top_logprobs=2,
         stream=stream,
         extra_headers={"X-Mind-Id": conv.name},
     )
@@ -114,10 +160,12 @@ def chat_turn(
     text = done.choices[0].message.content or ""
     timings = (done.model_extra or {})["timings"]
     conv.messages = [*messages, {"role": "assistant", "content": text}]
+    logprobs = done.choices[0].logprobs
+    tokens, margins = _logprobs(logprobs.content or [] if logprobs is not None else [])
     return TurnResult(
         conv.index, turn, text, raw.headers["x-kvswap-replica"], int(timings["cache_n"]),
         int(timings["prompt_n"]), client.n_sent - n_sent, t_sent=t_sent,
-        tier_before=raw.headers.get("x-kvswap-tier-before", ""),
+        tier_before=raw.headers.get("x-kvswap-tier-before", ""), tokens=tokens, margins=margins,
     )  # fmt: skip
 
 
@@ -139,7 +187,7 @@ def stream_turn(
     for attempt in range(2 if resend else 1):
         if attempt:
             time.sleep(CLIENT_BACKOFF_S)
-        text, timings, replica = "", {}, ""
+        text, timings, replica, entries = "", {}, "", []
         t_sent = time.monotonic()
         try:
             raw = _send(client, conv, messages, n_predict, stream=True)
@@ -147,6 +195,8 @@ def stream_turn(
             for chunk in raw.parse():
                 if chunk.choices and chunk.choices[0].delta.content:
                     text += chunk.choices[0].delta.content
+                if chunk.choices and chunk.choices[0].logprobs is not None:
+                    entries += chunk.choices[0].logprobs.content or []
                 timings = (chunk.model_extra or {}).get("timings", timings)
                 if on_first is not None:
                     on_first()
@@ -155,9 +205,10 @@ def stream_turn(
             errors.append(f"{type(err).__name__}: {err}")
             continue
         conv.messages = [*messages, {"role": "assistant", "content": text}]
+        tokens, margins = _logprobs(entries)
         return TurnResult(
             conv.index, turn, text, replica, int(timings["cache_n"]), int(timings["prompt_n"]),
-            client.n_sent - n_sent, t_sent=t_sent,
+            client.n_sent - n_sent, t_sent=t_sent, tokens=tokens, margins=margins,
         )  # fmt: skip
     raise BrokenTurn(f"mind {conv.name} turn {turn}: {errors}")
 

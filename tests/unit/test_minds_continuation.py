@@ -15,6 +15,7 @@ from kvswap.minds.continuation import (
 )
 
 END = 1000  # "<E>"
+END_OF_TEXT = 1001  # "<T>", another end of generation
 
 
 def tokenize(text: str, add_special: bool = False) -> np.ndarray:
@@ -23,6 +24,9 @@ def tokenize(text: str, add_special: bool = False) -> np.ndarray:
         if text.startswith("<E>", i):
             out.append(END)
             i += 3
+        elif text.startswith("<T>", i):
+            out.append(END_OF_TEXT)
+            i += 3
         else:
             out.append(ord(text[i]))
             i += 1
@@ -30,7 +34,8 @@ def tokenize(text: str, add_special: bool = False) -> np.ndarray:
 
 
 def detokenize(tokens: np.ndarray) -> str:
-    return "".join("<E>" if t == END else chr(t) for t in tokens.tolist() if t != 1)
+    names = {END: "<E>", END_OF_TEXT: "<T>"}
+    return "".join(names.get(t, chr(t)) for t in tokens.tolist() if t != 1)
 
 
 def render(turns: list[tuple[str, str]], gen: bool, closing: str = "<E>\n") -> str:
@@ -148,6 +153,28 @@ def test_an_answer_rendered_otherwise_but_ended_by_its_turn_token_is_kept() -> N
     )
     assert cont.mode is ContinueMode.KEPT and "kept" in cont.reason
     assert cont.tokens.tolist() == tokens.tolist() + tokenize("\n[user]x<E>\n[assistant]").tolist()
+
+
+def test_an_answer_ended_by_another_end_token_is_kept_and_closed_as_the_template_does() -> None:
+    """A model that ended its answer with an end of text where the template closes a turn
+    with an end of turn: the answer's tokens are kept, its own end token (never in the KV) is
+    replaced by the template's. Defect caught: such an answer (a tiny model's tool call, in
+    its own spacing) was rendered anew and prefilled again every turn."""
+    tokens, pos = _after_first_turn('{"response": "hello"}<T>')
+    turns = [("user", "hi"), ("assistant", "hello"), ("user", "x")]
+    full = render(turns, True)
+    cont = continue_chain(
+        tokens,
+        pos,
+        full=full,
+        history=render(turns[:2], False),
+        tokenize=tokenize,
+        detokenize=detokenize,
+        ends_turn=lambda t: t in (END, END_OF_TEXT),
+    )
+    assert cont.mode is ContinueMode.KEPT
+    glue = tokenize("<E>\n[user]x<E>\n[assistant]").tolist()
+    assert cont.tokens.tolist() == tokens[:-1].tolist() + glue
 
 
 def test_an_answer_the_client_changed_keeps_the_prompts_own_tokens() -> None:

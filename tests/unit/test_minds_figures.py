@@ -17,11 +17,19 @@ import numpy as np
 from kvswap.core.errors import ErrorKind
 from kvswap.core.keys import PageKey, mind_key, namespace_of
 from kvswap.core.sampling import SamplingParams
-from kvswap.core.types import Completion, EngineError, GenerationRequest, StopType, Timings
+from kvswap.core.types import (
+    Completion,
+    EngineError,
+    GenerationRequest,
+    StopType,
+    Timings,
+    TurnMark,
+)
 from kvswap.core.vocab import ResumeSource
 from kvswap.minds import figures as fig
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.shared import SharedMinds
+from kvswap.minds.turnrecord import decode_record
 from kvswap.tiers.shared.replica import Resumed
 
 KEY = mind_key(namespace_of("k"), "alice")
@@ -111,11 +119,15 @@ class FakeTier:
 
     lost: bool = False
     ends: list[tuple[PageKey, str, list[int]]] = field(default_factory=list)
+    chats: list[bytes] = field(default_factory=list)
     forgotten: list[PageKey] = field(default_factory=list)
     counted: list[dict[str, float]] = field(default_factory=list)
 
-    def end_turn(self, key: PageKey, turn_id: str, tokens: np.ndarray) -> str | None:
+    def end_turn(
+        self, key: PageKey, turn_id: str, tokens: np.ndarray, chat: bytes = b""
+    ) -> str | None:
         self.ends.append((key, turn_id, [int(t) for t in tokens]))
+        self.chats.append(chat)
         return "this replica lost the mind to another one during the turn" if self.lost else None
 
     def forget(self, key: PageKey) -> None:
@@ -125,9 +137,12 @@ class FakeTier:
         self.counted.append(deltas)
 
 
-def _turn_done(tier: FakeTier, source: ResumeSource) -> Completion | EngineError:
+def _turn_done(
+    tier: FakeTier, source: ResumeSource, mark: TurnMark | None = None
+) -> Completion | EngineError:
     shared = SharedMinds(tier)  # type: ignore[arg-type]
-    request = GenerationRequest(prompt_tokens=tuple(int(t) for t in PROMPT), mind=KEY)
+    prompt = tuple(int(t) for t in PROMPT)
+    request = GenerationRequest(prompt_tokens=prompt, mind=KEY, turn_mark=mark)
     try:
         return asyncio.run(
             shared.turn_done(
@@ -151,6 +166,22 @@ def test_a_turns_end_is_written_and_a_takeover_counted_once() -> None:
     held_tier = FakeTier()
     _turn_done(held_tier, ResumeSource.HELD)
     assert held_tier.counted == []
+
+
+def test_a_chat_turns_end_carries_its_last_turn_for_the_next_owner() -> None:
+    """Decision: a chat turn's end writes, with its tokens, the record from which any replica
+    continues the mind's own answer (its last token, never in the KV, carried in it); a turn
+    that is no chat turn writes none, and the tier drops the previous one."""
+    tier = FakeTier()
+    _turn_done(tier, ResumeSource.HELD, TurnMark(3, 500, "digest", "opening"))
+    ((_, turn_id, written),) = tier.ends
+    got = decode_record(tier.chats[0], np.asarray(written, dtype=np.int32), turn_id)
+    assert got is not None and got.tokens.tolist() == [*range(132), 500, 501, 502]
+    assert (got.position.n_prompt, got.position.prompt_chars, got.n_messages) == (132, 500, 3)
+    assert (got.content, got.opening) == ("abc", "opening")
+    raw = FakeTier()
+    _turn_done(raw, ResumeSource.HELD)
+    assert raw.chats == [b""]
 
 
 def test_a_mind_lost_during_its_turn_answers_503_and_drops_its_copies() -> None:

@@ -28,6 +28,7 @@ from kvswap.tiers.shared.keys import MindKeys
 from kvswap.tiers.shared.lease import Incarnation, Lease
 from kvswap.tiers.shared.resume import Resumer
 from kvswap.tiers.shared.store import Fetched
+from kvswap.tiers.shared.token_log import LogRead
 
 KEY = mind_key(namespace_of("k"), "alice")
 GEOMETRY = PageGeometry("model", "f16", "f16", n_stream=1, n_ctx_slot=4096)
@@ -73,10 +74,10 @@ class Store:
 class TokenLog:
     away: bool = False
 
-    def read_with_turn(self, keys: MindKeys) -> tuple[np.ndarray, str]:
+    def read_log(self, keys: MindKeys) -> LogRead:
         if self.away:
             raise TierUnavailable("token log read: connection refused")
-        return LOG_TOKENS, "t7"
+        return LogRead(LOG_TOKENS, "t7", b"t7's chat record")
 
 
 @dataclass
@@ -149,6 +150,7 @@ def test_a_takeover_restores_the_tiers_page_and_forgets_the_local_copies() -> No
     assert bytes(out.state.target) == b"\x07" * 64
     assert list(out.page_tokens) == list(PAGE_TOKENS)
     assert list(out.tokens_known) == list(LOG_TOKENS) and out.last_turn == "t7"
+    assert out.chat == b"t7's chat record"  # the next prompt continues the last answer
     assert (out.fetch_s, out.verify_s) == (0.25, 0.05)
     assert (record.n_published, record.published_gen, record.published_seq) == (6, 9, 0)
     assert not record.resumed  # audit A6: resumed once a turn ran on it, not before

@@ -113,11 +113,15 @@ class Store:
 class TokenLog:
     fail: list[Exception] = field(default_factory=list)
     appends: list[tuple[str, int, list[int]]] = field(default_factory=list)
+    chats: list[bytes] = field(default_factory=list)  # each append's chat record
 
-    def append(self, lease: Lease, turn_id: str, n_base: int, new: np.ndarray) -> None:
+    def append(
+        self, lease: Lease, turn_id: str, n_base: int, new: np.ndarray, chat: bytes = b""
+    ) -> None:
         if self.fail:
             raise self.fail.pop(0)
         self.appends.append((turn_id, n_base, [int(t) for t in new]))
+        self.chats.append(chat)
 
 
 @dataclass
@@ -245,18 +249,19 @@ def test_a_lease_that_only_expired_is_taken_again_and_the_write_made_once_more()
 def test_redis_away_never_holds_a_turns_answer_and_the_log_catches_up_whole() -> None:
     """Defect caught: every turn waiting on an unreachable Redis, or the turns of the outage
     missing from the log afterwards: the mind is marked behind, and its next publication
-    appends the whole log first."""
+    appends the whole log first, with the last turn's chat record."""
     p = Parts()
     p.health.failed("lease renewal", RuntimeError("down"))
     record = p.hold(tokens=tokens(1))
     writer = p.writer()
-    assert writer.end_turn(KEY, "t2", tokens(1, 2, 3)) is None
+    assert writer.end_turn(KEY, "t2", tokens(1, 2, 3), b"t2's chat record") is None
     assert p.log.appends == [] and p.store.published == []
     assert record.log_behind and record.dirty_since is not None
     p.health.ok()
     p.local.n_tokens = 3
     assert writer.publish(record) is Outcome.DONE
     assert p.log.appends == [("t2", 0, [1, 2, 3])]
+    assert p.log.chats == [b"t2's chat record"]  # the next owner continues its answer too
     assert not record.log_behind and len(p.store.published) == 1
 
 

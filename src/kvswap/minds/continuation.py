@@ -24,7 +24,10 @@ common prefix with the mind's KV. One exception to the third check: an answer th
 renders otherwise than the model wrote it (kvswap's own tool-call JSON for a template with no
 tool syntax, whose spacing the model chose under the grammar), but that ends with the turn's
 end token the rendered answer also closes with, keeps the model's tokens (`KEPT`): the mind's
-tokens are the truth, and the glue is whatever the template renders after that end token.
+tokens are the truth, and the glue is whatever the template renders after that end token. An
+answer ended by another end token (an end of text where the template closes the turn with an
+end of turn) keeps its tokens but that last one, which the KV never held, and the glue starts
+with the template's end token.
 Pure: rendering and tokenizing are the caller's functions.
 """
 
@@ -106,7 +109,7 @@ def continue_chain(
     rest = full[n_chars + len(answer) :]
     if not history.startswith(answer, n_chars):
         mode = ContinueMode.KEPT
-        kept = _after_kept_answer(tokens, position, history, full, detokenize, ends_turn)
+        kept = _after_kept_answer(tokens, position, history, full, tokenize, detokenize, ends_turn)
         if kept is None:
             return rendered(
                 full,
@@ -114,7 +117,8 @@ def continue_chain(
                 ContinueMode.RENDERED,
                 "the template renders the last answer differently from the generated tokens",
             )
-        rest = kept
+        n_kept, rest = kept
+        tokens = tokens[:n_kept]
     glue = tokenize(rest, False)
     if len(tokens) and not _joins_cleanly(tokens[-1], rest, glue, tokenize, detokenize):
         return rendered(
@@ -138,20 +142,30 @@ def _after_kept_answer(
     position: Position,
     history: str,
     full: str,
+    tokenize: Tokenize,
     detokenize: Detokenize,
     ends_turn: Callable[[int], bool] | None,
-) -> str | None:
-    """What follows the answer in `full` when the answer, rendered otherwise than generated,
-    ends with the turn's end token the template also closes it with: the text after that
-    token's last occurrence in the rendered answer. None when the end cannot be found."""
+) -> tuple[int, str] | None:
+    """How many of the mind's tokens the prompt keeps, and what follows them in `full`, when
+    the answer, rendered otherwise than generated, ended with a turn's end token: the text
+    after the last occurrence of that token in the rendered answer. A model that ended with
+    another end token than the one the template closes the answer with (an end of text where
+    the template writes an end of turn) keeps its answer without its own, which its KV never
+    held (the last sampled token is not decoded), and the prompt closes the answer as the
+    template does. None when no end can be found."""
     if ends_turn is None or position.n_prompt >= len(tokens) or not ends_turn(int(tokens[-1])):
         return None
-    end_text = detokenize(tokens[-1:])
     n_chars = position.prompt_chars
-    at = history.rfind(end_text, n_chars)
-    if not end_text or at < 0:
+    end_text = detokenize(tokens[-1:])
+    at = history.rfind(end_text, n_chars) if end_text else -1
+    if at >= 0:
+        return len(tokens), full[at + len(end_text) :]
+    closing = [t for t in tokenize(history[n_chars:], False).tolist() if ends_turn(t)]
+    close_text = detokenize(np.asarray(closing[-1:], dtype=np.int32)) if closing else ""
+    at = history.rfind(close_text, n_chars) if close_text else -1
+    if at < 0 or position.n_prompt >= len(tokens) - 1:
         return None
-    return full[at + len(end_text) :]
+    return len(tokens) - 1, full[at:]
 
 
 def _joins_cleanly(

@@ -23,6 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +45,35 @@ class LastTurn:
     content: str  # the answer's text as generated (tool calls in the model's syntax)
     opening: str = ""  # its system prompt's digest: another one on the key is a side request
 
+    def fields(self) -> dict[str, Any]:
+        """What the turn is besides its tokens, as JSON takes it (`of_fields` reads it)."""
+        pos = self.position
+        return {
+            "position": [pos.n_tokens, pos.n_prompt, pos.prompt_chars, pos.prompt_digest],
+            "n_messages": self.n_messages,
+            "content": self.content,
+            "opening": self.opening,
+        }
+
+    @classmethod
+    def of_fields(cls, tokens: npt.NDArray[np.int32], e: dict[str, Any]) -> LastTurn:
+        """The turn `fields` wrote, over its `tokens`; ValueError, KeyError or TypeError for
+        fields that do not read or do not fit the tokens."""
+        n_tokens, n_prompt, prompt_chars, digest = e["position"]
+        position = Position(int(n_tokens), int(n_prompt), int(prompt_chars), str(digest))
+        if position.n_tokens != len(tokens) or not 0 <= position.n_prompt <= position.n_tokens:
+            raise ValueError("a turn's position does not fit its tokens")
+        return cls(tokens, position, int(e["n_messages"]), str(e["content"]), str(e["opening"]))
+
+
+def last_turn(prompt: Sequence[int], done: Completion, mark: TurnMark) -> LastTurn:
+    """The chat turn `mark` that ran `prompt` and answered `done`."""
+    tokens = np.concatenate(
+        [np.asarray(prompt, dtype=np.int32), np.asarray(done.tokens, dtype=np.int32)]
+    )
+    position = Position(len(tokens), len(prompt), mark.prompt_chars, mark.prompt_digest)
+    return LastTurn(tokens, position, mark.n_messages, done.content, mark.opening)
+
 
 class MindHistories:
     """See the module docstring."""
@@ -60,11 +90,7 @@ class MindHistories:
 
     def record(self, key: PageKey, prompt: Sequence[int], done: Completion, mark: TurnMark) -> None:
         """Mind `key`'s chat turn (`mark`) ran `prompt` and answered `done`."""
-        tokens = np.concatenate(
-            [np.asarray(prompt, dtype=np.int32), np.asarray(done.tokens, dtype=np.int32)]
-        )
-        position = Position(len(tokens), len(prompt), mark.prompt_chars, mark.prompt_digest)
-        self.put(key, LastTurn(tokens, position, mark.n_messages, done.content, mark.opening))
+        self.put(key, last_turn(prompt, done, mark))
 
     def items(self) -> list[tuple[PageKey, LastTurn]]:
         """Every mind's last turn, least recently recorded first."""

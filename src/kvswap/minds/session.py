@@ -9,7 +9,8 @@ verb; both yield a `HeldMind`:
    descriptor per mind); a mind another server holds is a 503, one made by another model or
    KV types a 400 (its file is kept);
 3. in a cluster, a turn is placed (`shared.SharedMinds.place`: serve, forward, wait the lease
-   out and take over; a mind taken over is resumed from the shared tier);
+   out and take over; a mind taken over is resumed from the shared tier, and its last chat
+   turn read from there into `histories`: `minds.turnrecord`);
 4. `restore(held)`, asked once by the turn before it goes to the engine: the state the engine
    applies with it (`Submit.restore`): a fork's seed (another mind's state, `HeldMind.seed`),
    the shared tier's page, else the mind's disk copy when it lives there only (read on an I/O
@@ -42,7 +43,7 @@ from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.page import SlotState
 from kvswap.core.types import Completion, EngineError, GenerationRequest, MindServed
-from kvswap.core.vocab import MindSource, MindTier
+from kvswap.core.vocab import MindSource, MindTier, ResumeSource
 from kvswap.engine.commands import Command, Nudge
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.seats.registry import MindRegistry, MindView
@@ -51,6 +52,7 @@ from kvswap.files import FilesError, WrongModelError
 from kvswap.minds.histories import DEFAULT_BUDGET_TOKENS, MindHistories
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.shared import SharedMinds
+from kvswap.minds.turnrecord import decode_record
 from kvswap.tiers.shared.replica import Resumed
 from kvswap.tiers.slotfiles import ReadState, files_error
 
@@ -117,9 +119,9 @@ class MindSession:
         self.io = io
         self.read_back = read_back
         self.shared = shared
-        # Each mind's last chat turn, for its next one. Not in a cluster: the next turn may run
-        # on another replica, which must make the same prompt (the turn records stay local).
-        self.histories = MindHistories(DEFAULT_BUDGET_TOKENS if shared is None else 0)
+        # Each mind's last chat turn, for its next one (in a cluster, read from the shared
+        # tier when a replica takes the mind over: `minds.turnrecord`).
+        self.histories = MindHistories(DEFAULT_BUDGET_TOKENS)
         # A lock per mind, with how many requests hold or await it (dropped at 0).
         self._locks: dict[PageKey, tuple[asyncio.Lock, int]] = {}
 
@@ -146,11 +148,20 @@ class MindSession:
         async with self.exclusive(key), self._claimed(key):
             if place and self.shared is not None:
                 held.resumed, held.lease_wait_s = await self.shared.place(key, held.facts)
+                self._take_last_turn(key, held.resumed)
             held.on_disk_only = self.registry.begin_use(key, store.has)
             try:
                 yield held
             finally:
                 await self._let_go(held)
+
+    def _take_last_turn(self, key: PageKey, resumed: Resumed) -> None:
+        """A mind taken over continues from the last turn its previous owner recorded in the
+        shared tier (a mind held here already has its own, as current)."""
+        if resumed.taken_over or resumed.source is ResumeSource.NEW:
+            turn = decode_record(resumed.chat, resumed.tokens_known, resumed.last_turn)
+            if turn is not None:
+                self.histories.put(key, turn)
 
     async def restore(self, held: HeldMind) -> SlotState | None:
         """The state the engine applies with the held mind's turn, if it needs one (asked

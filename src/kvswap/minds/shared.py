@@ -9,8 +9,8 @@ pool of worker threads and adds what a turn needs around them:
 - the forwarder's questions: is the owner a turn went to still the owner (`watch_owner`), a
   forward's outcome counted, a hand-off asked after a forwarded turn (`expect_handoff`);
 - the owner's side: a hand-off (`hand_off`), a mind ended by a slot verb (`ended`);
-- after a turn (`turn_done`, before its answer goes out): the token log written through and
-  the page published past the RPO bound; a mind lost meanwhile fails the turn (503) and its
+- after a turn (`turn_done`, before its answer goes out): the token log written through with
+  the chat turn's record (`minds.turnrecord`) and the page published past the RPO bound; a mind lost meanwhile fails the turn (503) and its
   copies here are dropped; a takeover's costs are counted (`figures.takeover_figures`).
 
 Owns the worker threads and the pending hand-offs. Redis away: `MindUnavailable` (503 with
@@ -31,7 +31,9 @@ from kvswap.core.errors import ErrorKind, MindUnavailable
 from kvswap.core.keys import PageKey
 from kvswap.core.types import Completion, EngineError, GenerationRequest
 from kvswap.minds import figures, placement
+from kvswap.minds.histories import last_turn
 from kvswap.minds.placement import Owner, TurnFacts
+from kvswap.minds.turnrecord import encode_record
 from kvswap.tiers.shared.errors import TierUnavailable
 from kvswap.tiers.shared.replica import Holder, Placement, Resumed, SharedTier, TierView
 
@@ -175,7 +177,12 @@ class SharedMinds:
         prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
         tokens = figures.kv_tokens(prompt, completion)
         this_turn = figures.turn_id(facts, tokens)
-        error = await self._run(self.tier.end_turn, key, this_turn, tokens)
+        mark = request.turn_mark
+        chat = b""
+        if mark is not None and not completion.cancelled:
+            turn = last_turn(request.prompt_tokens, completion, mark)
+            chat = encode_record(this_turn, turn, len(tokens))
+        error = await self._run(self.tier.end_turn, key, this_turn, tokens, chat)
         if resumed is not None and resumed.taken_over:
             taken = figures.takeover_figures(
                 resumed,

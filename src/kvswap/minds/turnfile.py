@@ -23,7 +23,6 @@ import numpy as np
 
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.files.replace import replace_file
-from kvswap.minds.continuation import Position
 from kvswap.minds.histories import LastTurn, MindHistories
 
 log = logging.getLogger("kvswap.minds")
@@ -60,24 +59,15 @@ def load_turns(histories: MindHistories, save_dir: Path | None) -> int:
 
 
 def _entry(key: PageKey, turn: LastTurn) -> dict[str, Any]:
-    pos = turn.position
     return {
         "namespace": key.namespace,
         "name": key.name,
         "tokens": base64.b64encode(np.asarray(turn.tokens, dtype="<i4").tobytes()).decode(),
-        "position": [pos.n_tokens, pos.n_prompt, pos.prompt_chars, pos.prompt_digest],
-        "n_messages": turn.n_messages,
-        "content": turn.content,
-        "opening": turn.opening,
+        **turn.fields(),
     }
 
 
 def _turn(e: dict[str, Any]) -> tuple[PageKey, LastTurn]:
     tokens = np.frombuffer(base64.b64decode(e["tokens"]), dtype="<i4").astype(np.int32)
-    n_tokens, n_prompt, prompt_chars, digest = e["position"]
-    position = Position(int(n_tokens), int(n_prompt), int(prompt_chars), str(digest))
-    if position.n_tokens != len(tokens) or not 0 <= position.n_prompt <= position.n_tokens:
-        raise ValueError("a turn's position does not fit its tokens")
     key = PageKey(PageKind.MIND, str(e["namespace"]), str(e["name"]))
-    turn = LastTurn(tokens, position, int(e["n_messages"]), str(e["content"]), str(e["opening"]))
-    return key, turn
+    return key, LastTurn.of_fields(tokens, e)

@@ -84,6 +84,7 @@ class Held:
     log_behind: bool = False  # the token log in Redis lags `tokens` (an append failed)
     turn_id: str = ""  # the last turn id, appended to the token log or waiting to be
     turn_id_logged: str = ""  # the last turn id Redis acknowledged
+    chat: bytes = b""  # the last turn's chat record, written with its tokens (`token_log`)
     seq: int = 0  # turns ended here since it was taken
     published_seq: int = -1  # the turn its published page follows (-1: none since taken)
     n_published: int = 0  # tokens of the page in the tier (what a successor restores)

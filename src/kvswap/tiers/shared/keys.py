@@ -12,6 +12,7 @@ break the tag.
     kv:{h}:manifest   hash: gen, fence, body (JSON: the page's commit record, `manifest`)
     kv:{h}:tokens     the token log, int32 little-endian, appended per turn
     kv:{h}:turns      list of the latest applied turn ids (a replayed turn applies once)
+    kv:{h}:chat       the last chat turn, for the next one's prompt (`minds.turnrecord`)
     kv:{h}:g<gen>:<i> chunk i of generation gen's blob (`chunks`)
 
 The tier's own keys (byte budget and LRU, `budget`) share the tag `{tier}`:
@@ -98,6 +99,10 @@ class MindKeys:
     @property
     def turns(self) -> str:
         return self._key("turns")
+
+    @property
+    def chat(self) -> str:
+        return self._key("chat")
 
     def chunk(self, gen: int, index: int) -> str:
         return self._key(f"g{gen}:{index}")

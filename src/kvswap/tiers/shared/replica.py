@@ -287,8 +287,10 @@ class SharedTier:
         assert placement.held is not None, "resume a placement that is ours"
         return self.resumer.resume(placement.held, self.geometry())
 
-    def end_turn(self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
-        return self.writer.end_turn(key, turn_id, tokens)
+    def end_turn(
+        self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32], chat: bytes = b""
+    ) -> str | None:
+        return self.writer.end_turn(key, turn_id, tokens, chat)
 
     def forget(self, key: PageKey) -> None:
         """Drop the local copies of a mind lost during its turn (the turn has ended)."""

@@ -47,7 +47,7 @@ from kvswap.tiers.shared.holdings import Held, Holdings
 from kvswap.tiers.shared.local import LocalMinds
 from kvswap.tiers.shared.manifest import Manifest
 from kvswap.tiers.shared.store import Fetched, SharedStore
-from kvswap.tiers.shared.token_log import TokenLog
+from kvswap.tiers.shared.token_log import LogRead, TokenLog
 
 log = logging.getLogger("kvswap.shared")
 
@@ -63,6 +63,7 @@ class Resumed:
     state: SlotState | None = None  # the tier's page, to apply with the turn
     tokens_known: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     last_turn: str = ""  # the token log's last turn id (this very turn's, when it is a retry)
+    chat: bytes = b""  # that turn's chat record (`minds.turnrecord`), for the next prompt
     page_tokens: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros(0, np.int32))
     miss: str = ""  # why the tier's page was not used, when it had one
     fetch_s: float = 0.0
@@ -129,12 +130,13 @@ class Resumer:
             return Resumed(ResumeSource.HELD, tokens_known=held.tokens)
         keys = held.lease.keys
         try:
-            tokens, last_turn = self.token_log.read_with_turn(keys)
+            read = self.token_log.read_log(keys)
         except TierUnavailable as err:
             self.health.failed("token log read", err)
-            tokens, last_turn = np.zeros(0, np.int32), ""
+            read = LogRead(np.zeros(0, np.int32), "", b"")
             self.holdings.update(held, log_behind=True)
-        self.holdings.update(held, tokens=tokens, turn_id_logged=last_turn)
+        tokens, last_turn = read.tokens, read.turn_id
+        self.holdings.update(held, tokens=tokens, turn_id_logged=last_turn, chat=read.chat)
         record = self.store.read_manifest(keys)
         if self._unchanged(held, record, last_turn):
             # released here while idle, and nobody wrote it since: its copies here are current
@@ -149,15 +151,20 @@ class Resumer:
             # the tier never held it: a new mind, or one this replica holds from before the
             # cluster (its copies here serve it, as without a shared tier)
             self.holdings.update(held, resumed=True)
-            return Resumed(ResumeSource.NEW, tokens_known=tokens, last_turn=last_turn)
-        return self._fetch(held, geometry, tokens, last_turn)
+            return Resumed(
+                ResumeSource.NEW, tokens_known=tokens, last_turn=last_turn, chat=read.chat
+            )
+        return self._fetch(held, geometry, read)
 
-    def _fetch(
-        self, held: Held, geometry: PageGeometry, tokens: npt.NDArray[np.int32], last_turn: str
-    ) -> Resumed:
+    def _fetch(self, held: Held, geometry: PageGeometry, read: LogRead) -> Resumed:
         """The tier's page for the turn, or the fallback after a miss."""
+        tokens, last_turn = read.tokens, read.turn_id
         out = Resumed(
-            ResumeSource.TIER, tokens_known=tokens, last_turn=last_turn, store=self.local.store
+            ResumeSource.TIER,
+            tokens_known=tokens,
+            last_turn=last_turn,
+            chat=read.chat,
+            store=self.local.store,
         )
         keys = held.lease.keys
         fetched = self.store.fetch(keys, fingerprint=geometry.file_fingerprint(), alloc=out.alloc)
@@ -191,7 +198,10 @@ class Resumer:
             published_gen=fetched.gen,
             publish_whole=fetched.reason in _CHUNK_MISSES,
         )
-        return Resumed(source, tokens_known=tokens, last_turn=last_turn, miss=fetched.reason.value)
+        return Resumed(
+            source, tokens_known=tokens, last_turn=last_turn, chat=read.chat,
+            miss=fetched.reason.value,
+        )  # fmt: skip
 
     def _unchanged(self, held: Held, record: Manifest | Miss, last_turn: str) -> bool:
         """Released here while idle, with copies here, and nobody wrote it since."""

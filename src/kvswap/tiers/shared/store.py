@@ -328,7 +328,7 @@ class SharedStore:
     def _degrade(self, keys: MindKeys) -> int | None:
         """Make room: a mind with chunks becomes tokens-only (its manifest marked, its chunks
         unlinked, in one script); a tokens-only mind nobody holds leaves the tier (manifest,
-        token log, turn ids). What it still costs (0: nothing), or None when it was left alone
+        token log, turn ids, chat record). What it still costs (0: nothing), or None when it was left alone
         (the manifest changed under every attempt, or a replica holds it)."""
         for _ in range(_MAX_ATTEMPTS):
             with translating("budget eviction"):
@@ -338,7 +338,7 @@ class SharedStore:
                     return 0  # a stale charge
                 if current.tokens_only:
                     reply = self._evict_script(
-                        keys=[keys.lease, keys.manifest, keys.tokens, keys.turns],
+                        keys=[keys.lease, keys.manifest, keys.tokens, keys.turns, keys.chat],
                         args=[current.gen],
                     )
                     outcome = int(reply[0])
@@ -459,7 +459,15 @@ class SharedStore:
         chunks = chunk_keys(keys, current) if isinstance(current, mf.Manifest) else []
         with translating("drop"):
             reply = self._drop(
-                keys=[keys.lease, keys.fence, keys.manifest, keys.tokens, keys.turns, *chunks],
+                keys=[
+                    keys.lease,
+                    keys.fence,
+                    keys.manifest,
+                    keys.tokens,
+                    keys.turns,
+                    keys.chat,
+                    *chunks,
+                ],
                 args=[lease.holder.value, lease.fence],
             )
         if int(reply[0]) != lua.DONE:

@@ -76,7 +76,8 @@ for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
 return {1}
 """
 
-# KEYS lease, fence, tokens, turns; ARGV holder, fence, turn id, n_base, int32 LE bytes
+# KEYS lease, fence, tokens, turns, chat; ARGV holder, fence, turn id, n_base, int32 LE bytes,
+# the turn's chat record ("": none, the key goes)
 # -> {1, n} appended | {2, n} duplicate turn | {3, n} gap | {0}
 APPEND_TOKENS: Final = (
     OWNS_LUA
@@ -96,11 +97,12 @@ end
 local n = redis.call('APPEND', KEYS[3], ARGV[5])
 redis.call('LPUSH', KEYS[4], ARGV[3])
 redis.call('LTRIM', KEYS[4], 0, 63)
+if ARGV[6] == '' then redis.call('DEL', KEYS[5]) else redis.call('SET', KEYS[5], ARGV[6]) end
 return {1, n / 4}
 """
 )
 
-# KEYS lease, fence, manifest, tokens, turns, then every chunk key; ARGV holder, fence
+# KEYS lease, fence, manifest, tokens, turns, chat, then every chunk key; ARGV holder, fence
 # -> {1} | {0}   (the mind leaves the tier; the lease stays with its holder until released)
 DROP: Final = (
     OWNS_LUA
@@ -111,12 +113,13 @@ return {1}
 """
 )
 
-# KEYS lease, manifest, tokens, turns; ARGV the manifest's generation -> {1} | {0} held | {-1}
-# (budget eviction of a tokens-only mind nobody holds: its manifest, token log and turn ids
-# go; its fence and generation counter stay, so a later owner's fence only grows)
+# KEYS lease, manifest, tokens, turns, chat; ARGV the manifest's generation
+# -> {1} | {0} held | {-1}
+# (budget eviction of a tokens-only mind nobody holds: its manifest, token log, turn ids and
+# chat record go; its fence and generation counter stay, so a later owner's fence only grows)
 EVICT: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0} end
 if tonumber(redis.call('HGET', KEYS[2], 'gen') or '0') ~= tonumber(ARGV[1]) then return {-1} end
-redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4])
+redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return {1}
 """

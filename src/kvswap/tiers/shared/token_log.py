@@ -7,6 +7,8 @@ shorter, the append is refused (`TokenLogGap`: the caller rewrites the log from 
 carries a turn id (the client's `X-Request-Id`, else a hash of the request); the latest 64 ids
 are kept, and a replayed id changes nothing, so a client that retries a turn whose answer it
 lost applies it once. Every append is one script that checks the lease and fence first.
+A chat turn's append also sets `kv:{h}:chat`, its record for the next turn's prompt
+(`minds.turnrecord`, naming the turn id it belongs to); any other turn's removes it.
 
 The page published with the log (`store`) records how many of these tokens its KV holds;
 a replica resuming the mind prefills only `log[n_tokens:]`.
@@ -44,6 +46,16 @@ class TokenLogCounters:
     n_gaps: int = 0
 
 
+@dataclass(frozen=True)
+class LogRead:
+    """A mind's token log as read, with the id of the last turn applied to it ("" when none)
+    and that turn's chat record (b"" when none)."""
+
+    tokens: npt.NDArray[np.int32]
+    turn_id: str
+    chat: bytes
+
+
 class TokenLog:
     """Fenced, idempotent appends to minds' token logs."""
 
@@ -61,14 +73,17 @@ class TokenLog:
         with self._lock:
             setattr(self._counters, name, getattr(self._counters, name) + 1)
 
-    def append(self, lease: Lease, turn_id: str, n_base: int, tokens: npt.ArrayLike) -> TokenAppend:
-        """The log becomes its first `n_base` tokens followed by `tokens` (once per turn id)."""
+    def append(
+        self, lease: Lease, turn_id: str, n_base: int, tokens: npt.ArrayLike, chat: bytes = b""
+    ) -> TokenAppend:
+        """The log becomes its first `n_base` tokens followed by `tokens` (once per turn id),
+        and the mind's chat record `chat` (b"": none)."""
         data = np.ascontiguousarray(tokens, dtype="<i4").tobytes()
         keys = lease.keys
         with translating("token append"):
             reply = self._append(
-                keys=[keys.lease, keys.fence, keys.tokens, keys.turns],
-                args=[lease.holder.value, lease.fence, turn_id, n_base, data],
+                keys=[keys.lease, keys.fence, keys.tokens, keys.turns, keys.chat],
+                args=[lease.holder.value, lease.fence, turn_id, n_base, data, chat],
             )
         outcome = int(reply[0])
         if outcome == lua.NOT_OWNER:
@@ -83,14 +98,16 @@ class TokenLog:
 
     def read(self, keys: MindKeys) -> npt.NDArray[np.int32]:
         """The mind's token log (empty when none)."""
-        return self.read_with_turn(keys)[0]
+        return self.read_log(keys).tokens
 
-    def read_with_turn(self, keys: MindKeys) -> tuple[npt.NDArray[np.int32], str]:
-        """The mind's token log and the id of the last turn applied to it ("" when none)."""
+    def read_log(self, keys: MindKeys) -> LogRead:
+        """The mind's token log, its last turn id and that turn's chat record, read at once."""
         with translating("token read"):
             pipe = self._client.pipeline(transaction=True)
             pipe.get(keys.tokens)
             pipe.lindex(keys.turns, 0)
-            data, turn = pipe.execute()
+            pipe.get(keys.chat)
+            data, turn, chat = pipe.execute()
         tokens = np.frombuffer(as_bytes(data) or b"", dtype="<i4").astype(np.int32)
-        return tokens, (as_bytes(turn) or b"").decode("utf-8", "replace")
+        turn_id = (as_bytes(turn) or b"").decode("utf-8", "replace")
+        return LogRead(tokens, turn_id, as_bytes(chat) or b"")

@@ -131,9 +131,12 @@ class MindWriter:
 
     # -- a turn's end ------------------------------------------------------------------------
 
-    def end_turn(self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32]) -> str | None:
-        """Write the turn's tokens through (and its page, past the RPO bound); a message when
-        the turn must fail: its mind was lost to another replica meanwhile."""
+    def end_turn(
+        self, key: PageKey, turn_id: str, tokens: npt.NDArray[np.int32], chat: bytes = b""
+    ) -> str | None:
+        """Write the turn's tokens through with its chat record (and its page, past the RPO
+        bound); a message when the turn must fail: its mind was lost to another replica
+        meanwhile."""
         held = self.holdings.get(key)
         if held is None:
             return "this replica lost the mind to another one during the turn"
@@ -141,13 +144,13 @@ class MindWriter:
             # Redis away: the turn is written when it answers again (no wait on it now)
             self._count(n_log_failed=1)
             self.holdings.update(
-                held, tokens=tokens, turn_id=turn_id, seq=held.seq + 1, log_behind=True,
+                held, tokens=tokens, turn_id=turn_id, chat=chat, seq=held.seq + 1, log_behind=True,
                 dirty_since=held.dirty_since or time.monotonic(), last_used=time.monotonic(),
                 resumed=True,
             )  # fmt: skip
             return None
         try:
-            self._fenced(held, lambda: self._append(held, turn_id, tokens))
+            self._fenced(held, lambda: self._append(held, turn_id, tokens, chat))
         except StaleOwner:
             self._lost(held)
             return "this replica lost the mind to another one during the turn"
@@ -159,6 +162,7 @@ class MindWriter:
             held,
             tokens=tokens,
             turn_id=turn_id,
+            chat=chat,
             seq=held.seq + 1,
             dirty_since=held.dirty_since or time.monotonic(),
             last_used=time.monotonic(),
@@ -172,13 +176,13 @@ class MindWriter:
                 return "this replica lost the mind to another one during the turn"
         return None
 
-    def _append(self, held: Held, turn_id: str, tokens: npt.NDArray[np.int32]) -> None:
+    def _append(self, held: Held, turn_id: str, tokens: npt.NDArray[np.int32], chat: bytes) -> None:
         """The token log becomes `tokens` (appending past the common prefix when it can)."""
         n_base = 0 if held.log_behind else _common_prefix(held.tokens, tokens)
         try:
-            self.token_log.append(held.lease, turn_id, n_base, tokens[n_base:])
+            self.token_log.append(held.lease, turn_id, n_base, tokens[n_base:], chat)
         except TokenLogGap:  # the log lost tokens (Redis lost data): rewrite it
-            self.token_log.append(held.lease, turn_id, 0, tokens)
+            self.token_log.append(held.lease, turn_id, 0, tokens, chat)
         self.health.ok()
         self.holdings.update(held, log_behind=False, turn_id_logged=turn_id)
 
@@ -192,7 +196,9 @@ class MindWriter:
                 return Outcome.CLEAN
             try:
                 if held.log_behind:
-                    self._fenced(held, lambda: self._append(held, held.turn_id, held.tokens))
+                    self._fenced(
+                        held, lambda: self._append(held, held.turn_id, held.tokens, held.chat)
+                    )
                 copy = self.local.copy(held.key)
             except StaleOwner:
                 self._lost(held)
