@@ -63,3 +63,42 @@ def test_a_read_that_fails_gives_its_buffer_back(tmp_path: Path) -> None:
     assert _shelved(store) == store.charged_bytes == 3 * MiB
     store.check_integrity()
     store.close()
+
+
+def test_a_mapped_read_back_is_the_files_state_and_leaves_the_file_alone(tmp_path: Path) -> None:
+    """Decision: a mind's own file is mapped, its pages read in, and the state set_data takes
+    is a view of the mapping (no buffer faulted in, no second copy): the same bytes a plain
+    read gives, nothing taken off the shelf, the file unchanged by the prefix written before
+    the payload (a private mapping), and the mapping gone once the state is closed."""
+    publisher = _published(tmp_path, 200_000)
+    before = (tmp_path / "mind").read_bytes()
+    store = PageStore(64 * MiB, shelf_max=2)
+    store.shelve(new_buffer(3 * MiB), None)
+    mapped = read_state(publisher, "mind", GEOMETRY, store, mapped=True)
+    read = read_state(Publisher(tmp_path), "mind", GEOMETRY)
+    assert bytes(mapped.state.target) == bytes(read.state.target)
+    assert np.array_equal(mapped.state.tokens, read.state.tokens)
+    assert mapped.buffers is not None and mapped.buffers.taken == []  # the shelf is untouched
+    maps = list(mapped.generation._maps)
+    assert len(maps) == 1 and len(maps[0]) == len(before)  # the file itself, mapped
+    mapped.close()
+    read.close()
+    assert all(m.closed for m in maps)
+    assert (tmp_path / "mind").read_bytes() == before
+    assert _shelved(store) == 3 * MiB
+    store.close()
+
+
+def test_a_damaged_file_mapped_is_refused_and_unmapped(tmp_path: Path) -> None:
+    """Defect caught: a mapped read trusting the file: a flipped byte fails its checksum, the
+    typed error is raised, and nothing is charged."""
+    publisher = _published(tmp_path, 200_000)
+    data = bytearray((tmp_path / "mind").read_bytes())
+    data[-100] ^= 0xFF
+    (tmp_path / "mind").write_bytes(bytes(data))
+    store = PageStore(64 * MiB, shelf_max=2)
+    with pytest.raises(CorruptFileError, match="checksum"):
+        read_state(publisher, "mind", GEOMETRY, store, mapped=True)
+    assert store.charged_bytes == 0
+    store.check_integrity()
+    store.close()

@@ -253,11 +253,13 @@ class Publisher:
         *,
         alloc: Alloc | None = None,
         max_bytes: int | None = None,
+        mapped: bool = False,
     ) -> Generation:
         """Read and verify generation `name` (see `reader`); completes a pending one first.
 
         `alloc(n)` supplies the buffers (default: anonymous maps the `Generation` owns);
-        `max_bytes` refuses a generation larger than that before allocating anything.
+        `max_bytes` refuses a generation larger than that before allocating anything; `mapped`:
+        `F`'s state a view of the file mapped (a folder no other program writes).
         Raises `InvalidNameError`, `NotFoundError`, `UnsafePathError`, `CorruptFileError` (F
         fails its record's size/checksum, or its structure), `WrongModelError`,
         `TooLargeError`, `FilesIOError`.
@@ -279,6 +281,7 @@ class Publisher:
                             alloc,
                             executor,
                             max_bytes,
+                            mapped,
                         )
                 self._complete(key, name)
         raise FilesIOError(f"slot file {name!r} keeps being republished; try again")

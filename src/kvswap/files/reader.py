@@ -7,7 +7,10 @@ reasons: a file mapping faults pages in lazily, which would move disk I/O onto t
 at `set_data` time; and a file truncated in place while mapped (llama-server rewrites `F` in
 place) raises SIGBUS, which kills the process, where a read returns an error. An anonymous map
 is released by `Generation.close()` (which fails loudly while a caller still holds a view)
-rather than whenever the last reference dies.
+rather than whenever the last reference dies. The one exception, asked by a caller that owns
+every name in its folder (the minds' own copies, `mapped=True`): `F` is mapped with its pages
+read in on the calling I/O thread first (`mapping`), so the engine copies the state straight
+out of the page cache, with no buffer to fault in and no second copy.
 
 With a commit record, every file's size and CRC-32 are checked against it while it is read
 (one pass): a bad `F` is a `CorruptFileError` and is never applied; a missing, torn or
@@ -40,6 +43,7 @@ from kvswap.files.errors import (
     UnsafePathError,
     WrongModelError,
 )
+from kvswap.files.mapping import map_populated
 from kvswap.files.osio import OsAdapter, is_symlink_refusal
 from kvswap.files.paths import SaveRoot
 from kvswap.files.types import SIDECAR_SUFFIXES, Suffix
@@ -167,16 +171,7 @@ def _read_seq(
     max_bytes: int | None,
 ) -> tuple[seqfile.Tokens, bool, memoryview, int]:
     size = osio.fstat(fd).st_size
-    entry = record.file("") if record is not None else None
-    if max_bytes is not None:
-        n_sidecars = sum(e.n_bytes for e in record.files if e.suffix) if record else 0
-        if size + n_sidecars > max_bytes:
-            raise TooLargeError(f"{size + n_sidecars} bytes, more than the limit of {max_bytes}")
-    if entry is not None and size != entry.n_bytes:
-        raise CorruptFileError(
-            f"{size} bytes, its commit record says {entry.n_bytes}: torn, or rewritten by "
-            "another program since kvswap published it"
-        )
+    entry = _checked_size(size, record, max_bytes)
     head = memoryview(bytearray(seqfile.FIXED_HEADER_BYTES))
     if size >= len(head):
         _read_exact(osio, fd, head, crc)
@@ -190,6 +185,75 @@ def _read_seq(
     _read_exact(osio, fd, state[seqfile.STATE_PREFIX_BYTES :], crc)
     if entry is not None and checksum.to_text(crc.value()) != entry.checksum:
         raise CorruptFileError("checksum does not match its commit record")
+    return tokens, packed, state, size
+
+
+def _seq(
+    osio: OsAdapter,
+    fd: int,
+    record: CommitRecord | None,
+    bufs: _Buffers,
+    executor: Executor | None,
+    max_bytes: int | None,
+    mapped: bool,
+) -> tuple[seqfile.Tokens, bool, memoryview, int]:
+    """`F` mapped when asked and it can be (`_map_seq`), else read (`_read_seq`)."""
+    if mapped and record is not None:
+        got = _map_seq(osio, fd, record, bufs, checksum.StreamCrc(executor), max_bytes)
+        if got is not None:
+            return got
+    return _read_seq(osio, fd, record, bufs, checksum.StreamCrc(executor), max_bytes)
+
+
+def _checked_size(
+    size: int, record: CommitRecord | None, max_bytes: int | None
+) -> FileEntry | None:
+    """`F`'s entry in its commit record, once its `size` is the record's and, with its
+    sidecars, within `max_bytes`."""
+    entry = record.file("") if record is not None else None
+    if max_bytes is not None:
+        n_sidecars = sum(e.n_bytes for e in record.files if e.suffix) if record else 0
+        if size + n_sidecars > max_bytes:
+            raise TooLargeError(f"{size + n_sidecars} bytes, more than the limit of {max_bytes}")
+    if entry is not None and size != entry.n_bytes:
+        raise CorruptFileError(
+            f"{size} bytes, its commit record says {entry.n_bytes}: torn, or rewritten by "
+            "another program since kvswap published it"
+        )
+    return entry
+
+
+def _map_seq(
+    osio: OsAdapter,
+    fd: int,
+    record: CommitRecord,
+    bufs: _Buffers,
+    crc: checksum.StreamCrc,
+    max_bytes: int | None,
+) -> tuple[seqfile.Tokens, bool, memoryview, int] | None:
+    """`_read_seq` through a mapping of `F` (`mapping.map_populated`): the state is a view of
+    the mapping, its prefix written over the word before the payload; None when the kernel
+    cannot map it so (the caller reads it)."""
+    size = osio.fstat(fd).st_size
+    entry = _checked_size(size, record, max_bytes)
+    if entry is None or size < seqfile.FIXED_HEADER_BYTES:
+        return None
+    m = map_populated(fd, size)
+    if m is None:
+        return None
+    bufs.maps.append(m)
+    view = memoryview(m)
+    n_words = seqfile.parse_fixed_header(view[: seqfile.FIXED_HEADER_BYTES], size)
+    at = seqfile.FIXED_HEADER_BYTES + 4 * n_words
+    if at > size:
+        raise CorruptFileError(f"sequence file of {size} bytes is truncated")
+    tokens, packed = seqfile.parse_words(bytearray(view[seqfile.FIXED_HEADER_BYTES : at]))
+    for offset in range(0, size, checksum.CHUNK_BYTES):
+        crc.feed(view[offset : offset + checksum.CHUNK_BYTES])
+    if checksum.to_text(crc.value()) != entry.checksum:
+        raise CorruptFileError("checksum does not match its commit record")
+    state = view[at - seqfile.STATE_PREFIX_BYTES :]  # the header's 12 bytes are before it
+    seqfile.write_state_prefix(state)  # over the last word or the header, in memory only
     return tokens, packed, state, size
 
 
@@ -231,11 +295,11 @@ def read_locked(
     alloc: Alloc | None = None,
     executor: Executor | None = None,
     max_bytes: int | None = None,
+    mapped: bool = False,
 ) -> Generation:
     """Read generation `name` (caller holds its name lock shared and rolled it forward).
-
-    `max_bytes` bounds F plus its sidecars, checked before any buffer is allocated.
-    """
+    `max_bytes` bounds F plus its sidecars, checked before any buffer is allocated; `mapped`:
+    `F`'s state a view of the file mapped (`_map_seq`), not a buffer read."""
     osio = root.osio
     t0 = time.perf_counter()
     if record is not None and record.fingerprint != expected_fingerprint:
@@ -246,8 +310,9 @@ def read_locked(
         if fd is None:
             raise NotFoundError(f"slot file {name!r} not found")
         try:
-            crc = checksum.StreamCrc(executor)
-            tokens, packed, state, n_read = _read_seq(osio, fd, record, bufs, crc, max_bytes)
+            tokens, packed, state, n_read = _seq(
+                osio, fd, record, bufs, executor, max_bytes, mapped
+            )
         except CorruptFileError as e:
             raise CorruptFileError(f"slot file {name!r}: {e}") from None
         finally:

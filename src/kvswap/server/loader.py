@@ -330,15 +330,16 @@ def _demoter(
 def _mind_reader(
     minds_files: Publisher | None, client: EngineClient
 ) -> Callable[[PageKey], ReadState] | None:
-    """A mind's disk copy read back (on an I/O worker) under the engine's live page layout, into
-    buffers off the page store's shelf (`tiers.slotfiles.ReadBuffers`)."""
+    """A mind's disk copy read back (on an I/O worker) under the engine's live page layout: its
+    file mapped, its pages read in (`files.mapping`: the minds' folder is kvswap's alone), its
+    sidecars into buffers off the page store's shelf (`tiers.slotfiles.ReadBuffers`)."""
     if minds_files is None:
         return None
 
     def read(key: PageKey) -> ReadState:
         geometry = client.snapshot.page_geometry
         t0 = time.perf_counter()
-        state = read_state(minds_files, file_name(key), geometry, client.pages.store)
+        state = read_state(minds_files, file_name(key), geometry, client.pages.store, mapped=True)
         client.pages.registry.count(
             read_ms_total=(time.perf_counter() - t0) * 1e3, read_bytes_total=state.n_bytes_read
         )

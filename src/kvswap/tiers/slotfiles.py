@@ -172,10 +172,16 @@ def readable_bytes() -> int:
 
 
 def read_state(
-    publisher: Publisher, filename: str, geometry: PageGeometry, store: PageStore | None = None
+    publisher: Publisher,
+    filename: str,
+    geometry: PageGeometry,
+    store: PageStore | None = None,
+    *,
+    mapped: bool = False,
 ) -> ReadState:
     """Read and verify one generation of `filename` (a foreign file has no fingerprint), into
-    buffers off `store`'s shelf when given (`ReadBuffers`).
+    buffers off `store`'s shelf when given (`ReadBuffers`); `mapped`: its state a view of the
+    file mapped instead (`files.mapping`: a folder whose names only kvswap writes).
 
     A missing, torn or malformed sidecar restores that part cold, with a warning.
     """
@@ -186,6 +192,7 @@ def read_state(
             geometry.file_fingerprint(),
             alloc=buffers.get if buffers is not None else None,
             max_bytes=readable_bytes(),
+            mapped=mapped,
         )
     except BaseException as err:
         drop_frames(err)  # (a traceback's frames would keep views of the buffers alive)

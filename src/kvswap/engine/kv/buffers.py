@@ -30,15 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvswap.engine.kv.pagestore import close_now
+from kvswap.files.mapping import MADV_POPULATE_WRITE, madvise
 
 log = logging.getLogger("kvswap.engine")
 
 _MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-_MADV_POPULATE_WRITE = 23  # Linux 5.14+
 _CHUNK_BYTES = 2 << 20
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_LIBC.madvise.restype = ctypes.c_int
 
 
 def new_buffer(n_bytes: int) -> mmap.mmap:
@@ -50,7 +47,7 @@ def new_buffer(n_bytes: int) -> mmap.mmap:
         use_madvise = True
         for offset in range(0, size, _CHUNK_BYTES):
             n = min(_CHUNK_BYTES, size - offset)
-            if use_madvise and _LIBC.madvise(address + offset, n, _MADV_POPULATE_WRITE) == 0:
+            if use_madvise and madvise(address + offset, n, MADV_POPULATE_WRITE) == 0:
                 continue
             use_madvise = False  # not supported here: write the zeros ourselves
             ctypes.memset(address + offset, 0, n)
