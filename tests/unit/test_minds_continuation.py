@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvswap.minds.continuation import (
+    Continuation,
     ContinueMode,
     Position,
     continue_chain,
@@ -135,22 +136,28 @@ def test_a_template_that_rewrites_history_renders_anew() -> None:
     assert cont.mode is ContinueMode.RENDERED and "history" in cont.reason
 
 
+def _kept_answer(answer: str) -> tuple[np.ndarray, Continuation]:
+    """The mind's tokens after `answer`, which the history renders as "hello", and the next
+    turn's continuation (both end tokens end a turn)."""
+    tokens, pos = _after_first_turn(answer)
+    turns = [("user", "hi"), ("assistant", "hello"), ("user", "x")]
+    cont = continue_chain(
+        tokens,
+        pos,
+        full=render(turns, True),
+        history=render(turns[:2], False),
+        tokenize=tokenize,
+        detokenize=detokenize,
+        ends_turn=lambda t: t in (END, END_OF_TEXT),
+    )
+    return tokens, cont
+
+
 def test_an_answer_rendered_otherwise_but_ended_by_its_turn_token_is_kept() -> None:
     """Decision: the mind's tokens are the truth. An answer the history renders otherwise than
     the model wrote it (kvswap's tool JSON and its spacing) but that ended with the turn's end
     token keeps the model's tokens, and the glue starts after that token's rendering."""
-    tokens, pos = _after_first_turn('{"response": "hello"}<E>')
-    turns = [("user", "hi"), ("assistant", "hello"), ("user", "x")]
-    full = render(turns, True)
-    cont = continue_chain(
-        tokens,
-        pos,
-        full=full,
-        history=render(turns[:2], False),
-        tokenize=tokenize,
-        detokenize=detokenize,
-        ends_turn=lambda t: t == END,
-    )
+    tokens, cont = _kept_answer('{"response": "hello"}<E>')
     assert cont.mode is ContinueMode.KEPT and "kept" in cont.reason
     assert cont.tokens.tolist() == tokens.tolist() + tokenize("\n[user]x<E>\n[assistant]").tolist()
 
@@ -160,18 +167,7 @@ def test_an_answer_ended_by_another_end_token_is_kept_and_closed_as_the_template
     with an end of turn: the answer's tokens are kept, its own end token (never in the KV) is
     replaced by the template's. Defect caught: such an answer (a tiny model's tool call, in
     its own spacing) was rendered anew and prefilled again every turn."""
-    tokens, pos = _after_first_turn('{"response": "hello"}<T>')
-    turns = [("user", "hi"), ("assistant", "hello"), ("user", "x")]
-    full = render(turns, True)
-    cont = continue_chain(
-        tokens,
-        pos,
-        full=full,
-        history=render(turns[:2], False),
-        tokenize=tokenize,
-        detokenize=detokenize,
-        ends_turn=lambda t: t in (END, END_OF_TEXT),
-    )
+    tokens, cont = _kept_answer('{"response": "hello"}<T>')
     assert cont.mode is ContinueMode.KEPT
     glue = tokenize("<E>\n[user]x<E>\n[assistant]").tolist()
     assert cont.tokens.tolist() == tokens[:-1].tolist() + glue
