@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 from kvswap.bench.minds_report import memory_lines, parts_lines, ratio_lines, table_lines
 from kvswap.bench.minds_script import Case, Result, Turn, estimate
-from kvswap.bench.server import peak_rss_bytes
+from kvswap.bench.server import RssPeaks, peak_rss_bytes
 
 
 def _turn(mind: int, rnd: int, content: str, *, lost_ms: float = 0.0, n_lost: int = 0) -> Turn:
@@ -73,6 +76,31 @@ def test_peak_rss_is_shown_beside_what_the_flags_mean_the_server_to_hold() -> No
     so a copy of a mind nothing charged shows as MiB over."""
     r = Result("fit", "kvswap")
     r.peak_rss_bytes, r.rss_bound_bytes = 1536 << 20, 1024 << 20
+    r.peak_anon_bytes, r.anon_bound_bytes, r.peak_file_bytes = 1100 << 20, 1000 << 20, 436 << 20
     [row] = memory_lines([(CASE, {"kvswap": r}, "")])[2:]
-    assert row == "| fit | kvswap | 1,536 | 1,024 | 512 |"
+    assert row == "| fit | kvswap | 1,536 | 1,024 | 512 | 1,100 | 1,000 | 100 | 436 |"
     assert peak_rss_bytes(os.getpid()) > 0  # this process's, from /proc
+
+
+def test_the_anonymous_peak_is_sampled_apart_from_mapped_files(tmp_path: Path) -> None:
+    """A mind's file mapped while it is restored is page cache, not memory the server holds:
+    the sampler keeps the anonymous and the file-backed peaks apart (here a child process
+    that touches 64 MiB of anonymous memory, then maps and reads a 32 MiB file)."""
+    path = tmp_path / "file"
+    path.write_bytes(b"\1" * (32 << 20))
+    child = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(path)], stdin=subprocess.PIPE)
+    peaks = RssPeaks(child.pid, every_s=0.005)
+    child.communicate(b"go", timeout=60)
+    peaks.stop()
+    assert peaks.anon_bytes >= 64 << 20 and peaks.file_bytes >= 32 << 20, vars(peaks)
+
+
+_TOUCHER = """
+import mmap, sys, time
+anon = b"\\1" * (64 << 20)
+with open(sys.argv[1], "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+    total = sum(m[i] for i in range(0, len(m), 4096))
+sys.stdin.read()
+time.sleep(0.2)
+"""

@@ -169,14 +169,17 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
         finally:
             result.peak_rss_bytes = peak_rss_bytes(server.proc.pid)
             server.stop()
+            result.peak_anon_bytes = server.rss.anon_bytes
+            result.peak_file_bytes = server.rss.file_bytes
+            # a peak over this by more than a small margin is a copy of a mind nothing charged
+            result.anon_bound_bytes = server.anon_at_ready_bytes + case.budget_bytes
     result.rss_bound_bytes = _rss_bound(case, args)
     return result
 
 
 def _rss_bound(case: Case, args: list[str]) -> int:
     """Weights (the model file) + the KV pool (`-c` cells at f16) + the RAM budget: the memory
-    a server of these flags is meant to hold; a peak RSS over it by more than a small margin
-    is a copy of a mind nothing charged."""
+    a server of these flags is meant to hold."""
     n_ctx = int(args[args.index("-c") + 1])
     weights = Path(case.model).stat().st_size
     return weights + kv_bytes_per_token(case.model) * n_ctx + case.budget_bytes

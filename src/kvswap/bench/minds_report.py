@@ -138,16 +138,23 @@ def _mib(n_bytes: int) -> str:
 
 def memory_lines(results: Rows) -> list[str]:
     """Each server's peak RSS beside what its flags mean it to hold (weights + KV pool + RAM
-    budget), and the difference."""
+    budget), and the difference; then its anonymous part's peak (sampled every 20 ms) beside
+    what it held at start (the KV pool, compute buffers, the runtime) + the budget, and its
+    file-backed part's (the weights, a mind's file mapped while it is restored: page cache the
+    kernel may drop)."""
     lines = [
-        "| case | server | peak RSS MiB | weights + KV pool + budget MiB | over MiB |",
-        "|---|---|---|---|---|",
+        "| case | server | peak RSS MiB | weights + KV pool + budget MiB | over MiB "
+        "| peak anonymous MiB | anonymous at start + budget MiB | anonymous over MiB "
+        "| peak file-backed MiB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for case, by_server, _ in results:
         for side, r in by_server.items():
             over = r.peak_rss_bytes - r.rss_bound_bytes
+            anon_over = r.peak_anon_bytes - r.anon_bound_bytes
             lines.append(
                 f"| {case.name} | {side} | {_mib(r.peak_rss_bytes)} "
-                f"| {_mib(r.rss_bound_bytes)} | {_mib(over)} |"
+                f"| {_mib(r.rss_bound_bytes)} | {_mib(over)} | {_mib(r.peak_anon_bytes)} "
+                f"| {_mib(r.anon_bound_bytes)} | {_mib(anon_over)} | {_mib(r.peak_file_bytes)} |"
             )
     return lines

@@ -85,6 +85,9 @@ class Result:
     notes: list[str] = field(default_factory=list)
     peak_rss_bytes: int = 0  # the server process's peak resident set (the later one's, restarted)
     rss_bound_bytes: int = 0  # weights + KV pool + RAM budget: what the peak should stay near
+    peak_anon_bytes: int = 0  # ... its anonymous part's peak (`bench.server.RssPeaks`)
+    peak_file_bytes: int = 0  # ... its file-backed part's peak (weights, mapped minds)
+    anon_bound_bytes: int = 0  # anonymous at start (KV pool, compute buffers) + RAM budget
 
     def rounds(self, first: int, last: int | None = None) -> list[Turn]:
         return [t for t in self.turns if t.round >= first and (last is None or t.round <= last)]

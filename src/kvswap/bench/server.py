@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,45 @@ def peak_rss_bytes(pid: int) -> int:
     return 0
 
 
+class RssPeaks:
+    """The peaks of a process's anonymous and file-backed resident memory, sampled on a thread
+    every `every_s` until `stop` (Linux /proc). The kernel's VmHWM keeps only their sum's peak,
+    and a file's pages the process maps (the weights, a mind's file being restored) are page
+    cache the kernel may drop, not memory the process holds; anonymous memory is."""
+
+    def __init__(self, pid: int, every_s: float = 0.02) -> None:
+        self.pid = pid
+        self.anon_bytes = 0
+        self.file_bytes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                anon, file = self.now()
+            except OSError:
+                return  # the process has ended
+            self.anon_bytes = max(self.anon_bytes, anon)
+            self.file_bytes = max(self.file_bytes, file)
+
+    def now(self) -> tuple[int, int]:
+        """The process's anonymous and file-backed resident bytes now."""
+        lines = Path(f"/proc/{self.pid}/status").read_text().splitlines()
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        return _kib(fields.get("RssAnon")), _kib(fields.get("RssFile"))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _kib(field: str | None) -> int:
+    """Bytes of a /proc status field such as " 1024 kB" (0 when absent)."""
+    return int(field.split()[0]) * 1024 if field else 0
+
+
 class BenchServer:
     """Starts `kvswap serve ARGS`, or `BIN ARGS` when `binary` is given; waits for /health."""
 
@@ -59,6 +99,7 @@ class BenchServer:
             stderr=subprocess.STDOUT,
             env=env,
         )
+        self.rss = RssPeaks(self.proc.pid)
         self.client = httpx.Client(base_url=self.url, timeout=3600)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -73,6 +114,8 @@ class BenchServer:
                 raise TimeoutError(f"server not ready; see {self.log.name}")
             time.sleep(_POLL_S)
         self.ready_s = time.perf_counter() - t0
+        # what it holds before any work: the KV pool, compute buffers, the runtime
+        self.anon_at_ready_bytes = self.rss.now()[0]
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         resp = self.client.post("/completion", json=body)
@@ -82,6 +125,7 @@ class BenchServer:
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 60) -> None:
         """End the process with `sig` (SIGKILL after `timeout_s` if it lingers)."""
+        self.rss.stop()
         self.client.close()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
