@@ -27,7 +27,9 @@ the median run (by total time).
 virtual environment), taking turns with this one, so a before/after of the same case shares the
 machine's load. For kvswap's later turns a second table splits a switch from disk into its
 parts (the read, the restore, the prefill) beside the floor of the first two: the mind's file
-read from the page cache into a buffer already in memory, plus the restore.
+read from the page cache into a buffer already in memory, plus the restore; with `--cold`,
+each later turn's mind file leaves the page cache first (`posix_fadvise(DONTNEED)`), and the
+floor reads it from the disk too.
 """
 
 from __future__ import annotations
@@ -103,16 +105,37 @@ def _wait_written_behind(server: BenchServer, n_minds: int) -> float:
     return time.perf_counter() - t0
 
 
-def read_floor_ms(save: Path, mind: str) -> float:
-    """The floor of reading mind `mind` back (ms): its newest file read from the page cache
-    into a buffer already in memory (no checksum, no page faults); 0 when none is found."""
+def mind_file(save: Path, mind: str) -> Path | None:
+    """Mind `mind`'s newest file under the save path (None: none yet)."""
     suffix = "~" + mind.encode("utf-8").hex()
     # The minds' folder (this tree), or the save path itself (older trees); never a stage.
     homes = (save, save / ".kvswap-minds")
     files = [p for p in save.rglob(f"*{suffix}") if p.is_file() and p.parent in homes]
-    if not files:
+    return max(files, key=lambda p: p.stat().st_mtime_ns) if files else None
+
+
+def drop_cached(save: Path, mind: str) -> None:
+    """Mind `mind`'s file leaves the page cache (`posix_fadvise(DONTNEED)`; its pages are
+    clean once written and fsynced): its next read is from the disk."""
+    path = mind_file(save, mind)
+    if path is None:
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def read_floor_ms(save: Path, mind: str, *, cold: bool = False) -> float:
+    """The floor of reading mind `mind` back (ms): its newest file read into a buffer already
+    in memory (no checksum, no page faults), from the page cache, or from the disk when `cold`;
+    0 when none is found."""
+    path = mind_file(save, mind)
+    if path is None:
         return 0.0
-    path = max(files, key=lambda p: p.stat().st_mtime_ns)
+    if cold:
+        drop_cached(save, mind)
     size = path.stat().st_size
     view = memoryview(bytearray(size))  # zeroed, so every page is in memory before the read
     t0 = time.perf_counter()
@@ -145,12 +168,19 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
             (lambda m: {"mind": f"mind-{m}"}) if kvswap else (lambda m: {})
         )
         probe_of = kvswap_probe if kvswap else llama_probe
-        floor = (lambda m: read_floor_ms(Path(save), f"mind-{m}")) if kvswap else None
+        floor, before = None, None
+        if kvswap:
+            floor = lambda m: read_floor_ms(Path(save), f"mind-{m}", cold=a.cold)  # noqa: E731
+            if a.cold:
+                before = lambda m: drop_cached(Path(save), f"mind-{m}")  # noqa: E731
         server = BenchServer(args, binary=binary, env=env)
         try:
             script.fit_to(server)
             t0 = time.perf_counter()
-            result.turns = script.play(server, probe_of(server), range(1), extra)
+            in_use: list[int] = []  # anonymous memory once the first mind is resident
+            result.turns = script.play(
+                server, probe_of(server), range(1), extra, before=_first_resident(server, in_use)
+            )
             if case.restart is not None:
                 if case.restart == signal.SIGKILL:
                     waited = _wait_written_behind(server, case.n_minds) if kvswap else 1.0
@@ -164,17 +194,35 @@ def run_case(case: Case, a: argparse.Namespace, side: str) -> Result:
                 result.notes.append("later rounds estimated from its measured prefill rate")
                 result.total_s = sum(t.wall_ms for t in result.turns) / 1e3
             else:
-                result.turns += script.play(server, probe_of(server), later, extra, floor)
+                result.turns += script.play(server, probe_of(server), later, extra, floor, before)
                 result.total_s = time.perf_counter() - t0
         finally:
             result.peak_rss_bytes = peak_rss_bytes(server.proc.pid)
             server.stop()
-            result.peak_anon_bytes = server.rss.anon_bytes
-            result.peak_file_bytes = server.rss.file_bytes
-            # a peak over this by more than a small margin is a copy of a mind nothing charged
-            result.anon_bound_bytes = server.anon_at_ready_bytes + case.budget_bytes
+            _memory(result, server, case, in_use)
     result.rss_bound_bytes = _rss_bound(case, args)
     return result
+
+
+def _first_resident(server: BenchServer, in_use: list[int]) -> Callable[[int], None]:
+    """Before the second mind's first turn: the server's anonymous memory with the first mind
+    resident (the KV pool and the compute buffers in use, no page yet), into `in_use`."""
+
+    def before(m: int) -> None:
+        if m == 1 and not in_use:
+            in_use.append(server.rss.now()[0])
+
+    return before
+
+
+def _memory(result: Result, server: BenchServer, case: Case, in_use: list[int]) -> None:
+    """The server's memory peaks, and what its anonymous memory is meant to stay near: what it
+    held with the first mind resident (at start, for a restarted server) + the RAM budget; a
+    peak over that by more than a small margin is a copy of a mind nothing charged."""
+    result.peak_anon_bytes = server.rss.anon_bytes
+    result.peak_file_bytes = server.rss.file_bytes
+    held = in_use[0] if in_use and case.restart is None else server.anon_at_ready_bytes
+    result.anon_bound_bytes = held + case.budget_bytes
 
 
 def _rss_bound(case: Case, args: list[str]) -> int:
@@ -250,6 +298,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="llama-server's later long rounds run for real below this, else estimated")  # fmt: skip
     p.add_argument("--cases", default="fit,exceed,restart-term,restart-kill,long")
     p.add_argument("--runs", type=int, default=1, help="runs of each case (median by total time)")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="each later turn's mind file leaves the page cache first (and its floor reads cold)",
+    )
     p.add_argument("--llama-server", default="", metavar="BIN", help="the pinned llama-server")
     p.add_argument(
         "--baseline-src",

@@ -139,12 +139,12 @@ def _mib(n_bytes: int) -> str:
 def memory_lines(results: Rows) -> list[str]:
     """Each server's peak RSS beside what its flags mean it to hold (weights + KV pool + RAM
     budget), and the difference; then its anonymous part's peak (sampled every 20 ms) beside
-    what it held at start (the KV pool, compute buffers, the runtime) + the budget, and its
-    file-backed part's (the weights, a mind's file mapped while it is restored: page cache the
-    kernel may drop)."""
+    what it held with one mind resident (the KV pool and compute buffers in use, the runtime)
+    + the budget, and its file-backed part's (the weights, a mind's file mapped while it is
+    restored: page cache the kernel may drop)."""
     lines = [
         "| case | server | peak RSS MiB | weights + KV pool + budget MiB | over MiB "
-        "| peak anonymous MiB | anonymous at start + budget MiB | anonymous over MiB "
+        "| peak anonymous MiB | anonymous with one mind + budget MiB | anonymous over MiB "
         "| peak file-backed MiB |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

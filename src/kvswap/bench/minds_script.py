@@ -87,7 +87,7 @@ class Result:
     rss_bound_bytes: int = 0  # weights + KV pool + RAM budget: what the peak should stay near
     peak_anon_bytes: int = 0  # ... its anonymous part's peak (`bench.server.RssPeaks`)
     peak_file_bytes: int = 0  # ... its file-backed part's peak (weights, mapped minds)
-    anon_bound_bytes: int = 0  # anonymous at start (KV pool, compute buffers) + RAM budget
+    anon_bound_bytes: int = 0  # anonymous with one mind resident (pool, compute) + RAM budget
 
     def rounds(self, first: int, last: int | None = None) -> list[Turn]:
         return [t for t in self.turns if t.round >= first and (last is None or t.round <= last)]
@@ -233,13 +233,17 @@ class Script:
         rounds: range,
         extra: Callable[[int], dict[str, Any]],
         floor: Callable[[int], float] | None = None,
+        before: Callable[[int], None] | None = None,
     ) -> list[Turn]:
         """Play `rounds` (every mind once a round); `extra(m)` adds the request's own fields;
-        `floor(m)`, when given, measures mind `m`'s read floor after a turn that read it back."""
+        `floor(m)`, when given, measures mind `m`'s read floor after a turn that read it back;
+        `before(m)` runs before mind `m`'s turn (`--cold`: its file leaves the page cache)."""
         turns = []
         n_turns = len(rounds) * len(self.prompts)
         for i, (r, m) in enumerate((r, m) for r in rounds for m in self.prompts):
             progress(self.label, i, n_turns)
+            if before is not None:
+                before(m)
             probe()
             body = {"prompt": self.prompts[m], "n_predict": self.n_predict, "temperature": 0}
             t = time.perf_counter()
