@@ -12,6 +12,10 @@ the engine thread then copies pages already mapped. Only for files whose names n
 writes (the minds' own copies, never truncated in place: a new generation is a new file): a
 file truncated while mapped would raise SIGBUS on access. A kernel without the advice answers
 `None`, and the caller reads the file instead.
+
+Also the anonymous buffers a read of any other file fills (and the engine's page buffers,
+`engine.kv.buffers`): `new_buffer` faults them in ahead with the GIL released, where a read into
+fresh memory would fault page by page (0.4-1.5 GB/s here against 3 GB/s).
 """
 
 from __future__ import annotations
@@ -25,10 +29,31 @@ from typing import Final
 MADV_POPULATE_READ: Final = 22  # Linux 5.14+
 MADV_POPULATE_WRITE: Final = 23
 _STEP_BYTES: Final = 8 << 20
+_CHUNK_BYTES: Final = 2 << 20  # a new buffer's pages are faulted in this much at a time
+_ANONYMOUS: Final = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 LIBC.madvise.restype = ctypes.c_int
+
+
+def new_buffer(n_bytes: int) -> mmap.mmap:
+    """An anonymous mapping of `n_bytes`, its pages faulted in with the GIL released (in 2 MiB
+    steps, the address-space lock given back between them)."""
+    buffer = mmap.mmap(-1, max(1, n_bytes), flags=_ANONYMOUS)
+    anchor = ctypes.c_char.from_buffer(buffer)  # an export: released before returning
+    try:
+        address, size = ctypes.addressof(anchor), len(buffer)
+        use_madvise = True
+        for offset in range(0, size, _CHUNK_BYTES):
+            n = min(_CHUNK_BYTES, size - offset)
+            if use_madvise and madvise(address + offset, n, MADV_POPULATE_WRITE) == 0:
+                continue
+            use_madvise = False  # not supported here: write the zeros ourselves
+            ctypes.memset(address + offset, 0, n)
+    finally:
+        del anchor
+    return buffer
 
 
 def madvise(address: int, n_bytes: int, advice: int) -> int:

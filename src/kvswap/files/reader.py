@@ -43,7 +43,7 @@ from kvswap.files.errors import (
     UnsafePathError,
     WrongModelError,
 )
-from kvswap.files.mapping import map_populated
+from kvswap.files.mapping import map_populated, new_buffer
 from kvswap.files.osio import OsAdapter, is_symlink_refusal
 from kvswap.files.paths import SaveRoot
 from kvswap.files.types import SIDECAR_SUFFIXES, Suffix
@@ -113,7 +113,7 @@ class _Buffers:
             if len(view) < n_bytes or view.readonly:
                 raise ValueError(f"alloc gave {len(view)} bytes, needs {n_bytes} writable")
             return view[:n_bytes]
-        m = mmap.mmap(-1, max(n_bytes, 1))
+        m = new_buffer(n_bytes)  # faulted in ahead: a read into fresh memory faults per page
         self.maps.append(m)
         return memoryview(m)[:n_bytes]
 

@@ -37,6 +37,7 @@ from kvswap.core.page import (
 )
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
+from kvswap.files.mapping import new_buffer
 from kvswap.files.seqfile import file_parts
 
 log = logging.getLogger("kvswap.files")
@@ -134,7 +135,7 @@ class ReadBuffers:
             buffer, res = got
             store.cancel(res)
         else:
-            buffer = mmap.mmap(-1, max(1, n_bytes))
+            buffer = new_buffer(n_bytes)  # faulted in ahead: a read faults no page
         self.taken.append(buffer)
         return memoryview(buffer)
 

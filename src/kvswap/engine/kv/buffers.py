@@ -10,9 +10,10 @@ also done here, so freeing a large page never stalls decoding either.
 The fault-in must not hold the GIL: CPython's `mmap.mmap` keeps it through the `mmap` call, so
 `MAP_POPULATE` would stall the engine thread and the event loop for the whole fault-in (measured:
 another Python thread blocked for 1.3-2.3 s while 400 MB were populated). `new_buffer` maps
-plainly and then faults the pages in through libc (`madvise(MADV_POPULATE_WRITE)`, or `memset`
-where the kernel lacks it) in 2 MiB chunks, with the GIL released and the address-space lock
-given back between chunks (the other thread's worst pause: tens of ms, the machine's noise).
+plainly and then faults the pages in through libc (`files.mapping.new_buffer`:
+`madvise(MADV_POPULATE_WRITE)`, or `memset` where the kernel lacks it) in 2 MiB chunks, with the
+GIL released and the address-space lock given back between chunks (the other thread's worst
+pause: tens of ms, the machine's noise).
 
 Owns one thread. `allocate` answers through `post` (the engine's inbox) with a `BufferReady`
 that names its receiver, so each internal move (a page_out, a mind switch's spare, the
@@ -21,7 +22,6 @@ anonymous cache's spare, a reconfigure's moves, the flush before exit) gets its 
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
 import queue
@@ -30,30 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvswap.engine.kv.pagestore import close_now
-from kvswap.files.mapping import MADV_POPULATE_WRITE, madvise
+from kvswap.files.mapping import new_buffer
 
 log = logging.getLogger("kvswap.engine")
-
-_MAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-_CHUNK_BYTES = 2 << 20
-
-
-def new_buffer(n_bytes: int) -> mmap.mmap:
-    """An anonymous mapping of `n_bytes`, its pages faulted in with the GIL released."""
-    buffer = mmap.mmap(-1, max(1, n_bytes), flags=_MAP_FLAGS)
-    anchor = ctypes.c_char.from_buffer(buffer)  # an export: released before returning
-    try:
-        address, size = ctypes.addressof(anchor), len(buffer)
-        use_madvise = True
-        for offset in range(0, size, _CHUNK_BYTES):
-            n = min(_CHUNK_BYTES, size - offset)
-            if use_madvise and madvise(address + offset, n, MADV_POPULATE_WRITE) == 0:
-                continue
-            use_madvise = False  # not supported here: write the zeros ourselves
-            ctypes.memset(address + offset, 0, n)
-    finally:
-        del anchor
-    return buffer
 
 
 @dataclass(frozen=True)
