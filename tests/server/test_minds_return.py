@@ -321,3 +321,32 @@ def test_idle_minds_reach_disk_on_schedule_so_a_sigkill_keeps_them(
     for m in (1, 2):
         out = _ask(again, prompts[m], {"X-Mind-Id": f"k{m}"})
         assert out["timings"]["cache_n"] == len_prompt(firsts[m]), m
+
+
+@pytest.mark.timeout(600)
+def test_a_mind_grown_past_every_page_so_far_still_switches_in_a_full_store(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 32 (the server wedged): a store holding two mind pages and the switch's spare,
+    with a few hundred KB to spare, and a mind grown in its slot past every page so far. The
+    switch needs a larger spare than the one it has; the demoter, sizing its headroom by the
+    largest page seen, found it met and freed nothing, and the spare was asked again and again
+    at the old size (a livelock: `bench minds --cases exceed` hung on its third later turn).
+    The outgoing mind's size now counts before the switch waits: every turn is answered."""
+
+    def turns(server: ServerProcess, rounds: range) -> Minds:
+        minds = Minds(server, 3, n_facts=36)
+        for turn in rounds:
+            for m in range(3):
+                minds.turn(m, turn)
+        return minds
+
+    roomy = start(*ONE_SLOT_ARGS, "--page-ram-bytes", "200M", save=tmp_path / "roomy")
+    turns(roomy, range(1))
+    sizes = [m["n_bytes"] for m in roomy.client.get("/pages").json()["minds"] if m["n_bytes"]]
+    roomy.stop()
+    assert len(sizes) == 2, sizes  # two pages in RAM, the third mind in the slot
+    budget = sum(sizes) + max(sizes) + (256 << 10)  # grows past it in one turn
+    tight = start(*ONE_SLOT_ARGS, "--page-ram-bytes", str(budget), save=tmp_path / "tight")
+    turns(tight, range(3))  # every turn answered (at the parent: no answer, ever)
+    assert tight.metrics()["llamacpp:mind_hits_disk_total"] > 0

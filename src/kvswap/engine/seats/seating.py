@@ -290,6 +290,10 @@ class Seating:
         if layout.n_bytes > store.ceiling_bytes or self.handoffs.handing(mind):
             self._too_large(slot, mind, layout.n_bytes)
             return
+        # The headroom the demoter keeps and the next spare are sized by the largest mind
+        # page: this one's, grown in its slot past every page so far, counts before it waits
+        # (else the demoter, its headroom met, would free nothing for a page that fits no spare).
+        store.saw_mind_page(layout.n_bytes)
         spare = self.spare
         assert spare is not None
         took = spare.take(mind, layout.n_bytes)
@@ -323,7 +327,6 @@ class Seating:
         self.room.made()
         self._left(slot, mind)
         self.registry.count(demotions_total=1, switch_ms_total=(time.perf_counter() - t0) * 1e3)
-        store.saw_mind_page(layout.n_bytes)
         self.ask_spare()  # the next switch's buffer, mapped meanwhile
         self._moved = True  # the demoter is woken once the switch is done (`_wake_demoter`)
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
