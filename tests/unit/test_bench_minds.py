@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from kvswap.bench.minds_report import memory_lines, parts_lines, ratio_lines, table_lines
@@ -85,22 +86,38 @@ def test_peak_rss_is_shown_beside_what_the_flags_mean_the_server_to_hold() -> No
 def test_the_anonymous_peak_is_sampled_apart_from_mapped_files(tmp_path: Path) -> None:
     """A mind's file mapped while it is restored is page cache, not memory the server holds:
     the sampler keeps the anonymous and the file-backed peaks apart (here a child process
-    that touches 64 MiB of anonymous memory, then maps and reads a 32 MiB file)."""
+    that touches 64 MiB of anonymous memory, then maps and reads a 32 MiB file, and holds both
+    until the sampler has seen them)."""
     path = tmp_path / "file"
     path.write_bytes(b"\1" * (32 << 20))
-    child = subprocess.Popen([sys.executable, "-c", _TOUCHER, str(path)], stdin=subprocess.PIPE)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _TOUCHER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None and child.stdin is not None
     peaks = RssPeaks(child.pid, every_s=0.005)
-    child.communicate(b"go", timeout=60)
+    assert child.stdout.readline() == "ready\n"
+
+    def both_seen() -> bool:
+        return peaks.anon_bytes >= 64 << 20 and peaks.file_bytes >= 32 << 20
+
+    deadline = time.monotonic() + 30
+    while not both_seen() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    child.communicate("go", timeout=60)
     peaks.stop()
-    assert peaks.anon_bytes >= 64 << 20 and peaks.file_bytes >= 32 << 20, vars(peaks)
+    assert both_seen(), vars(peaks)
+    assert peaks.anon_bytes < (64 + 32) << 20, vars(peaks)  # the file is not counted as held
 
 
 _TOUCHER = """
-import mmap, sys, time
+import mmap, sys
 anon = b"\\1" * (64 << 20)
 with open(sys.argv[1], "rb") as f:
     m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
     total = sum(m[i] for i in range(0, len(m), 4096))
+print("ready", flush=True)
 sys.stdin.read()
-time.sleep(0.2)
 """
