@@ -323,11 +323,11 @@ def test_one_tenants_floors_never_take_another_tenants_share(tmp_path: Path) -> 
     d.close(engine_alive=False)
 
 
-def test_a_disk_held_by_requests_refuses_the_spill_with_a_reason(tmp_path: Path) -> None:
-    """Decision (audit F1: the switch waited for a reason that never came): with
-    --page-disk-drop-lru and nothing the budget may drop (every copy held by a request), the
-    pass reports a reason naming --page-disk-bytes, which the waiting switch answers as a 503;
-    the page stays in RAM."""
+def test_a_disk_held_by_requests_lets_the_idle_mind_in_ram_go_instead(tmp_path: Path) -> None:
+    """Decision (minds waiting for a slot hold their spilled copies, so a switch behind them
+    was refused while the flag allowed dropping an idle mind): with --page-disk-drop-lru and
+    every copy on disk held by a request, the least recently used idle mind in RAM goes instead
+    of a copy (its page and any older copy, counted as a drop), and the pass makes its room."""
     side = _side()
     minds = open_minds(tmp_path)
     held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
@@ -336,9 +336,34 @@ def test_a_disk_held_by_requests_refuses_the_spill_with_a_reason(tmp_path: Path)
     bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
     d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
     old, *_ = _in_ram(side, "old", "mid", "new", "newest")
+    assert d.run_pass().refused == ""
+    assert not side.store.has(old) and side.registry.disk_copy(old) is None
+    assert side.registry.last_used().get(old) is None  # forgotten: it lives nowhere
+    assert set(_files(d)) == {file_name(k) for k in held}  # the held copies are kept
+    assert _counts(side)["mind_disk_dropped_total"] >= 1
+    d.close(engine_alive=False)
+
+
+def test_a_disk_held_by_requests_and_floored_minds_in_ram_refuse_with_a_reason(
+    tmp_path: Path,
+) -> None:
+    """Decision (audit F1: the switch waited for a reason that never came): with
+    --page-disk-drop-lru and nothing that may go (every copy held by a request, every idle
+    mind in RAM kept by a retention floor), the pass reports a reason naming
+    --page-disk-bytes, which the waiting switch answers as a 503; the pages stay in RAM."""
+    side = _side()
+    minds = open_minds(tmp_path)
+    held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
+    for key in held:
+        side.registry.set_busy(key, True)
+    bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
+    d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
+    in_ram = _in_ram(side, "old", "mid", "new", "newest")
+    for key in in_ram:
+        side.registry.retain(key, 300)
     refused = d.run_pass().refused
     assert f"--page-disk-bytes {bound}" in refused and "in use by a request" in refused
-    assert side.store.has(old) and set(_files(d)) == {file_name(k) for k in held}
+    assert all(side.store.has(k) for k in in_ram) and set(_files(d)) == {file_name(k) for k in held}
     assert _counts(side)["mind_disk_refused_total"] >= 1
     d.close(engine_alive=False)
 

@@ -108,5 +108,16 @@ class MindUnavailable(KvswapError):
         self.retry_after_s = retry_after_s
 
 
+class MindMovedToDisk(KvswapError):
+    """The mind went to disk (a switch moved it straight there, the page store being full)
+    after its request looked for it: the request reads it back and is sent again. Never
+    answered to a client."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            ErrorKind.UNAVAILABLE, f"mind {name!r} moved to disk while its request waited"
+        )
+
+
 class ContextInitError(RuntimeError):
     """libllama could not build a context with the requested geometry."""

@@ -220,4 +220,12 @@ class EngineError:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class MindOnDisk:
+    """A mind's request did not run: its mind went to disk after the request looked for it
+    (`MindMovedToDisk`). The request's last event; it is sent again with the state read."""
+
+    req_id: int
+
+
 Event = MindSeated | PromptProgress | TokenEvent | Completion | EngineError

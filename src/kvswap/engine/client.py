@@ -19,7 +19,7 @@ from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.core.errors import KvswapError
 from kvswap.core.page import SlotState
-from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.core.types import Completion, EngineError, Event, GenerationRequest, MindOnDisk
 from kvswap.engine.commands import Cancel, Command, Reply, Submit
 from kvswap.engine.engine import Engine
 from kvswap.engine.handle import PagesHandle
@@ -45,9 +45,9 @@ class _Outbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue[Event], Event]] = []
+        self._items: list[tuple[asyncio.Queue[Event | MindOnDisk], Event | MindOnDisk]] = []
 
-    def put(self, queue: asyncio.Queue[Event], event: Event) -> None:
+    def put(self, queue: asyncio.Queue[Event | MindOnDisk], event: Event | MindOnDisk) -> None:
         """Deliver `event` to `queue` (any thread)."""
         with self._lock:
             self._items.append((queue, event))
@@ -116,23 +116,25 @@ class EngineClient:
         self._engine.post(cmd)
 
     async def stream(
-        self, request: GenerationRequest, restore: SlotState | None = None
-    ) -> AsyncGenerator[Event, None]:
-        """Run a request and yield its events; the last is a Completion or an EngineError.
-        `restore` is a mind's state read back from disk, applied before the prompt."""
+        self, request: GenerationRequest, restore: SlotState | None = None, disk_read: bool = False
+    ) -> AsyncGenerator[Event | MindOnDisk, None]:
+        """Run a request and yield its events; the last is a Completion, an EngineError or,
+        for a mind that went to disk after its request looked, a MindOnDisk. `restore` is a
+        mind's state read back from disk, applied before the prompt (`disk_read`: the disk
+        copy was read for this request)."""
         req_id = self.new_id()
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events: asyncio.Queue[Event | MindOnDisk] = asyncio.Queue()
         outbox = self._outbox
 
-        def sink(event: Event) -> None:
+        def sink(event: Event | MindOnDisk) -> None:
             outbox.put(events, event)
 
-        self.post(Submit(req_id, request, sink, restore))
+        self.post(Submit(req_id, request, sink, restore, disk_read))
         finished = False
         try:
             while True:
                 event = await events.get()
-                if isinstance(event, Completion | EngineError):
+                if isinstance(event, Completion | EngineError | MindOnDisk):
                     finished = True
                 yield event
                 if finished:

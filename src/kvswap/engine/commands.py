@@ -18,16 +18,17 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.core.errors import KvswapError
+from kvswap.core.errors import KvswapError, MindMovedToDisk
 from kvswap.core.keys import PUBLIC_NAMESPACE, PageKey
 from kvswap.core.page import PageLayout, SlotState
-from kvswap.core.types import EngineError, Event, GenerationRequest
+from kvswap.core.types import EngineError, Event, GenerationRequest, MindOnDisk
 from kvswap.core.vocab import MindMove
 from kvswap.engine.plan.geometry import Geometry, ReconfigureSpec
 
 T = TypeVar("T")
 Reply = Callable[[T | KvswapError], None]  # called once with a result or a KvswapError
-Sink = Callable[[Event], None]  # called per event; the last is a Completion or an EngineError
+# Called per event; the last is a Completion, an EngineError or a MindOnDisk.
+Sink = Callable[[Event | MindOnDisk], None]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Submit:
     sink: Sink
     # A mind read back from disk: applied to the slot before the prompt (minds only).
     restore: SlotState | None = None
+    # The caller read the mind's disk copy for it (`restore`; None: it could not be loaded).
+    disk_read: bool = False
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ class MindVerb:
     action: MindMove
     reply: Reply[int]
     restore: SlotState | None = None  # to_slot: the state read from disk (a mind on disk only)
+    disk_read: bool = False  # as Submit's
 
 
 SlotVerb = SlotCapture | SlotApply | SlotErase | PageOut | PageIn
@@ -298,11 +302,18 @@ class Answer:
         return self._done.wait(timeout_s)
 
 
+def unread(cmd: object) -> bool:
+    """A mind's job sent without its disk copy read: the mind was in a slot or RAM then."""
+    return isinstance(cmd, Submit | MindVerb) and cmd.restore is None and not cmd.disk_read
+
+
 def refuse(cmd: object, error: KvswapError) -> None:
     """Answer a command that will not run with `error`: a stream gets it as an EngineError
     event, a command with a reply gets it as its result; a barrier is released, a shed frees
     nothing; a Cancel or a report needs no answer."""
-    if isinstance(cmd, Submit):
+    if isinstance(cmd, Submit) and isinstance(error, MindMovedToDisk):
+        cmd.sink(MindOnDisk(cmd.req_id))
+    elif isinstance(cmd, Submit):
         cmd.sink(EngineError(cmd.req_id, error.kind, error.message, error.extra))
     elif isinstance(cmd, Nudge):
         if cmd.reply is not None:

@@ -17,7 +17,7 @@ from kvswap.backend.lora import AdapterInfo
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey
 from kvswap.core.page import read_tokens
-from kvswap.core.types import Completion, EngineError, Event, GenerationRequest
+from kvswap.core.types import Completion, EngineError, Event, GenerationRequest, MindOnDisk
 from kvswap.engine.commands import PageIn, PageMoved, Submit
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.verbs import PageCounters
@@ -62,7 +62,7 @@ def reprefill_request(
     t0 = time.perf_counter()
     n_discarded = len(slot.tokens)
 
-    def done(event: Event) -> None:
+    def done(event: Event | MindOnDisk) -> None:  # (no mind: never a MindOnDisk)
         if not isinstance(event, Completion | EngineError):
             return
         if isinstance(event, Completion) and not event.cancelled:

@@ -173,10 +173,16 @@ class MindSession:
         resumed = held.resumed
         if resumed is not None and resumed.state is not None:
             return resumed.state
-        if held.on_disk_only:
-            t0 = time.perf_counter()
-            held.read = await self._read(held.key)
-            held.read_ms = (time.perf_counter() - t0) * 1e3
+        return await self.read_again(held) if held.on_disk_only else None
+
+    async def read_again(self, held: HeldMind) -> SlotState | None:
+        """The held mind's disk copy read back for its turn: a mind on disk only, or one a
+        switch moved straight to disk while its turn waited (`MindOnDisk`: sent again)."""
+        assert held.read is None and held.seed is None, "a turn reads its mind once"
+        held.on_disk_only = True
+        t0 = time.perf_counter()
+        held.read = await self._read(held.key)
+        held.read_ms = (time.perf_counter() - t0) * 1e3
         return held.read.state if held.read is not None else None
 
     def served(self, held: HeldMind, served: MindServed) -> MindServed:

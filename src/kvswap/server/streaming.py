@@ -41,7 +41,7 @@ from collections.abc import (
     Iterable,
     Sequence,
 )
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
@@ -55,6 +55,7 @@ from kvswap.core.types import (
     EngineError,
     Event,
     GenerationRequest,
+    MindOnDisk,
     MindSeated,
     MindServed,
 )
@@ -160,11 +161,8 @@ class Turn:
         request = replace(request, namespace=self.namespace)
         held = self.held if request.mind is not None else None  # a side request: no mind
         assert held is not None or self.held is None or self.by_session, "a side request"
-        restore = None
-        if held is not None:
-            assert request.mind == held.key, "a held turn runs its own mind's request"
-            restore = await self.minds.restore(held)
-        async for event in self.client.stream(request, restore):
+        assert held is None or request.mind == held.key, "a held turn runs its own mind's"
+        async for event in self._engine_events(request, held):
             if isinstance(event, MindSeated):
                 if held is not None:
                     self.served = self.minds.served(held, event.served)
@@ -175,6 +173,25 @@ class Turn:
             if isinstance(event, Completion) and self.before_answer is not None:
                 event = await self.before_answer(request, event)
             yield event
+
+    async def _engine_events(
+        self, request: GenerationRequest, held: HeldMind | None
+    ) -> AsyncGenerator[Event, None]:
+        """The engine's events for the request, its mind's state read from disk first where
+        it lives there only. A mind that went to disk after this looked (a switch moved it
+        straight there while the request waited) is read back and the request sent again."""
+        restore = await self.minds.restore(held) if held is not None else None
+        disk_read = held is not None and held.on_disk_only
+        while True:
+            async with aclosing(self.client.stream(request, restore, disk_read)) as events:
+                async for event in events:
+                    if isinstance(event, MindOnDisk):
+                        break
+                    yield event
+                else:
+                    return
+            assert held is not None, "only a mind's request waits for its mind"
+            restore, disk_read = await self.minds.read_again(held), True
 
     async def complete(
         self, request: GenerationRequest, disconnected: Disconnected | None = None

@@ -446,6 +446,10 @@ class Demoter:
                 reg.count(spills_total=1)
                 return 1
             if bounded and not self._disk_room(key, page.n_bytes):
+                assert self.disk is not None
+                if drop and self.disk.give_way(key, lambda: store.remove(key, page.generation)):
+                    self._refused = ""  # the mind went instead of its copy
+                    return 1
                 return 0
             t_held = time.time()
             with self._io:

@@ -16,9 +16,12 @@ not fit:
   the tenants that hold floors. Past it the floors give way (Anthropic's floors are best effort
   too): the least recently used floored mind of the tenant furthest over its share goes first,
   so one tenant's floors never take another's share;
-- when no copy can go (the rest are held by requests or within the floors' cap) the refusal is
-  a typed reason naming the flag, so the waiting switch answers a 503 rather than waiting for a
-  floor to pass.
+- when no copy can go (the rest are held by requests or within the floors' cap), the idle mind
+  being spilled goes instead (`give_way`: its RAM page and any older copy), as its copy would
+  have gone, unless a retention floor keeps it: minds waiting for a slot hold their copies, and
+  a switch must not be refused while a mind the flag lets go is idle in RAM;
+- else the refusal is a typed reason naming the flag, so the waiting switch answers a 503
+  rather than waiting for a floor to pass.
 
 Called by the demoter (its thread, the closing thread, the I/O executor) under no lock of its
 own: the registry and the publisher are thread-safe, and the demoter's spill lock orders the
@@ -127,6 +130,24 @@ class DiskBudget:
             if held[ns] <= 0:
                 del held[ns]
             yield victim
+
+    def give_way(self, key: PageKey, free_ram: Callable[[], object]) -> bool:
+        """A spill of mind `key` refused with `--page-disk-drop-lru` on (every spilled copy
+        left is held): the mind goes instead, its RAM page freed by `free_ram` and any older
+        copy removed, unless a request holds it or a retention floor keeps it. True when gone."""
+        reg = self.registry
+        if not self.drop_lru or reg.floored([key]):
+            return False
+        if not reg.drop_if_idle(key, free_ram):
+            return False
+        if reg.forget_disk(key) is not None:
+            self.publisher.remove(file_name(key))
+        self.settle(key)
+        reg.count(disk_dropped_total=1)
+        log.warning(
+            "disk tier full of minds in use: dropped mind %s from RAM (--page-disk-drop-lru)", key
+        )
+        return True
 
     def _drop(self, victim: PageKey) -> int:
         """Drop mind `victim`'s spilled copy; the bytes it held (0: gone meanwhile)."""

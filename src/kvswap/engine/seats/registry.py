@@ -195,6 +195,11 @@ class MindRegistry:
             live = key in self._resident or in_ram(key)
             return not live and key in self._disk
 
+    def disk_only(self, key: PageKey, in_ram: Callable[[PageKey], bool]) -> bool:
+        """The mind is in no slot and no RAM page, and has a disk copy."""
+        with self._lock:
+            return key not in self._resident and not in_ram(key) and key in self._disk
+
     def drop_if_idle(self, key: PageKey, drop: Callable[[], object]) -> bool:
         """Run `drop` (freeing the mind's RAM page) unless a request holds the mind."""
         with self._lock:

@@ -53,7 +53,7 @@ import time
 import numpy as np
 import numpy.typing as npt
 
-from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
+from kvswap.core.errors import ErrorKind, KvswapError, MindMovedToDisk, StoreOff
 from kvswap.core.keys import PageKey
 from kvswap.core.page import read_tokens
 from kvswap.core.types import MindServed
@@ -66,6 +66,7 @@ from kvswap.engine.commands import (
     SlotCapture,
     SlotErase,
     Submit,
+    unread,
 )
 from kvswap.engine.kv.buffers import BufferWorker
 from kvswap.engine.kv.pagestore import SWITCH_PURPOSE, PageStore
@@ -143,6 +144,9 @@ class Seating:
         mind = cmd.key if isinstance(cmd, MindVerb) else None
         if isinstance(cmd, Submit):
             mind = cmd.request.mind
+        reg = self.registry
+        if mind and slot.mind != mind and unread(cmd) and reg.disk_only(mind, self._store().has):
+            raise MindMovedToDisk(mind.name)  # since its request looked: read, sent again
         t_start = time.perf_counter()
         if slot.mind is not None and slot.mind != mind:
             self.evict(slot)
@@ -153,7 +157,6 @@ class Seating:
                 prompt = np.asarray(cmd.request.prompt_tokens, dtype=np.int32)
                 self.anon.prepare(slot, prompt, cmd.request.namespace)
             return None
-        reg = self.registry
         reg.touch(mind)
         if isinstance(cmd, Submit) and cmd.request.retain_s:
             reg.retain(mind, cmd.request.retain_s)

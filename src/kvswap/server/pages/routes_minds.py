@@ -36,7 +36,7 @@ import numpy.typing as npt
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from kvswap.core.errors import ErrorKind, KvswapError
+from kvswap.core.errors import ErrorKind, KvswapError, MindMovedToDisk
 from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.page import SlotState
 from kvswap.core.vocab import MindAction, MindMove, MindTier
@@ -128,8 +128,7 @@ async def _move(state: ServerState, request: Request, held: HeldMind, act: MindA
     if not here and not (act is MindAction.DROP and state.shared is not None):
         raise KvswapError(ErrorKind.NOT_FOUND, f"no mind named {key.name!r}")
     if act is MindAction.PAGE_IN:
-        restore = await minds.restore(held)
-        await _mind_verb(state, request, key, MindMove.TO_SLOT, restore)
+        await _page_in(state, request, held)
     elif act in (MindAction.PAGE_OUT, MindAction.SPILL):
         await _mind_verb(state, request, key, MindMove.TO_RAM)
     else:
@@ -139,15 +138,27 @@ async def _move(state: ServerState, request: Request, held: HeldMind, act: MindA
         await minds.forget(key)  # its files, and in a cluster the shared tier's copy
 
 
+async def _page_in(state: ServerState, request: Request, held: HeldMind) -> None:
+    """Seat the held mind, its state read from disk first where it lives there only (again
+    when a switch moved it straight there while the verb waited)."""
+    restore = await state.minds.restore(held)
+    try:
+        await _mind_verb(state, request, held.key, MindMove.TO_SLOT, restore, held.on_disk_only)
+    except MindMovedToDisk:
+        restore = await state.minds.read_again(held)
+        await _mind_verb(state, request, held.key, MindMove.TO_SLOT, restore, disk_read=True)
+
+
 async def _mind_verb(
     state: ServerState,
     request: Request,
     key: PageKey,
     action: MindMove,
     restore: SlotState | None = None,
+    disk_read: bool = False,
 ) -> int:
     seated: int = await state.client.call(
-        lambda rid, reply: MindVerb(rid, key, action, reply, restore),
+        lambda rid, reply: MindVerb(rid, key, action, reply, restore, disk_read),
         request.is_disconnected,
     )
     return seated
