@@ -1,5 +1,5 @@
 """Reliability tests start their own `kvswap serve` subprocesses with the server tests' factory."""
 
-from tests.server.conftest import server_factory
+from tests.server.conftest import server_factory, start
 
-__all__ = ["server_factory"]
+__all__ = ["server_factory", "start"]

@@ -22,6 +22,7 @@ from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.page import PageGeometry
 from kvswap.engine.commands import Captured, Command, FlushMinds
 from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.seats.handoffs import Handed
 from kvswap.engine.seats.registry import DiskCopy
 from kvswap.files import Publisher
 from kvswap.tiers.demoter import Demoter, MindPolicy
@@ -344,6 +345,37 @@ def test_a_disk_held_by_requests_lets_the_idle_mind_in_ram_go_instead(tmp_path: 
     d.close(engine_alive=False)
 
 
+def test_a_hand_off_refused_by_a_disk_held_by_requests_drops_the_mind_instead(
+    tmp_path: Path,
+) -> None:
+    """Decision (as for a RAM page): a mind too large for the store, handed over from its slot
+    while every copy on disk is held by a request, is dropped with --page-disk-drop-lru (the
+    engine then clears its slot) rather than refusing the switch that moves it; without the
+    flag, or while a request holds it, the hand-off is refused."""
+    for drop_lru, busy, handed in (
+        (True, False, Handed.DROPPED),
+        (False, False, Handed.REFUSED),
+        (True, True, Handed.REFUSED),
+    ):
+        side = _side(ceiling_bytes=2 * PAGE)
+        save = tmp_path / f"{drop_lru}{busy}"
+        save.mkdir()
+        minds = open_minds(save)
+        held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
+        for key in held:
+            side.registry.set_busy(key, True)
+        bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
+        d = _demoter(side, save, disk_bytes=bound, drop_lru=drop_lru)
+        big = side.seated(0, _m("big"), 3 * N).mind
+        assert big is not None
+        side.registry.set_busy(big, busy)
+        side.handoffs.hand_to_disk(big, side.runtime.verbs.copy_out(side.slots[0]))
+        d.run_pass()
+        assert side.handoffs.state(big) is handed, (drop_lru, busy)
+        assert set(_files(d)) == {file_name(k) for k in held}
+        d.close(engine_alive=False)
+
+
 def test_a_disk_held_by_requests_and_floored_minds_in_ram_refuse_with_a_reason(
     tmp_path: Path,
 ) -> None:
@@ -497,7 +529,8 @@ def test_a_mind_too_large_for_the_store_is_written_from_its_hand_off(
     assert big is not None
     side.handoffs.hand_to_disk(big, side.runtime.verbs.copy_out(side.slots[0]))
     d.run_pass()
-    assert side.handoffs.state(big) is fits and (file_name(big) in _files(d)) is fits
+    assert side.handoffs.state(big) is (Handed.WRITTEN if fits else Handed.REFUSED)
+    assert (file_name(big) in _files(d)) is fits
     copy = side.registry.disk_copy(big)
     assert (copy is not None and copy.n_tokens == 3 * N) is fits
     d.close(engine_alive=False)

@@ -19,6 +19,7 @@ from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
 from kvswap.engine.commands import ALL_HELD, RoomReport, SlotCapture, SlotErase, Submit
 from kvswap.engine.seats.anoncache import BLOCK_TOKENS, Kept
+from kvswap.engine.seats.handoffs import Handed
 from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind
 from kvswap.engine.seats.registry import DiskCopy
 from kvswap.engine.slot import Slot
@@ -153,7 +154,7 @@ def test_a_mind_larger_than_the_store_is_written_to_disk_before_its_slot_is_free
     assert copy.layout.n_tokens == 1000
     copy.buffer.close()
     side.registry.record_disk(big, DiskCopy(copy.layout.n_bytes, 1000, taken[2]))
-    side.handoffs.done(big, written=True)
+    side.handoffs.done(big, Handed.WRITTEN)
     side.seating.seat(side.slots[0], cmd)
     side.check()
     assert side.registry.residents() == {bob: 0} and not side.handoffs.handing(big)
@@ -181,12 +182,24 @@ def test_a_failed_write_of_a_mind_larger_than_the_store_fails_the_switch_and_kee
     side = engine_side(ceiling_bytes=8192)
     big = _m("big")
     cmd, _ = _handed_over(side, big)
-    side.handoffs.done(big, written=False)
+    side.handoffs.done(big, Handed.REFUSED)
     with pytest.raises(KvswapError) as err:
         side.seating.seat(side.slots[0], cmd)
     assert err.value.kind is ErrorKind.UNAVAILABLE
     assert "--page-ram-bytes 8192" in err.value.message and "disk" in err.value.message
     assert side.slots[0].mind == big and len(side.slots[0].tokens) == 1000
+    side.check()
+
+
+def test_a_dropped_hand_off_frees_the_slot_for_the_switch() -> None:
+    """Decision (--page-disk-drop-lru with a disk full of minds in use): the demoter let the
+    mind go rather than refuse; the switch goes on and the slot no longer holds it."""
+    side = engine_side(ceiling_bytes=8192)
+    big = _m("big")
+    cmd, _ = _handed_over(side, big)
+    side.handoffs.done(big, Handed.DROPPED)
+    side.seating.seat(side.slots[0], cmd)
+    assert side.slots[0].mind == _m("bob") and side.registry.resident_slot(big) is None
     side.check()
 
 
@@ -197,7 +210,7 @@ def test_a_mind_that_changed_while_its_copy_was_written_is_handed_over_again() -
     big = _m("big")
     cmd, t_copied = _handed_over(side, big)
     side.registry.record_disk(big, DiskCopy(1, 999, t_copied))  # an older, shorter state
-    side.handoffs.done(big, written=True)
+    side.handoffs.done(big, Handed.WRITTEN)
     with pytest.raises(NoRoomYet):
         side.seating.seat(side.slots[0], cmd)
     again = side.handoffs.take()
@@ -276,7 +289,7 @@ def test_a_mind_the_full_store_cannot_take_goes_straight_to_disk_with_a_disk_tie
     assert taken is not None and taken[0] == ann and taken[1].layout.n_tokens == 40
     taken[1].buffer.close()
     side.registry.record_disk(ann, DiskCopy(taken[1].layout.n_bytes, 40, taken[2]))
-    side.handoffs.done(ann, written=True)
+    side.handoffs.done(ann, Handed.WRITTEN)
     side.seating.seat(side.slots[0], cmd)
     side.check()
     assert side.registry.residents() == {bob: 0} and not side.handoffs.handing(ann)

@@ -54,6 +54,7 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.seats.handoffs import Handed
 from kvswap.engine.seats.registry import DiskCopy
 from kvswap.files import FilesError, Publisher
 from kvswap.files.owners import OwnerLocks
@@ -378,11 +379,15 @@ class Demoter:
             key, cap, t_copied = handoff
             if self._disk_room(key, cap.layout.n_bytes):
                 written = self._spill_captured(key, cap, t_copied)
+                handed = Handed.WRITTEN if written else Handed.REFUSED
             else:
                 cap.buffer.close()
-                written = 0
-            self.handoffs.done(key, bool(written))
-            if written:
+                assert self.disk is not None
+                handed = Handed.REFUSED
+                if self.disk.give_way(key, _nothing, "its slot"):  # (the engine clears it)
+                    handed, self._refused = Handed.DROPPED, ""
+            self.handoffs.done(key, handed)
+            if handed is Handed.WRITTEN:
                 self.registry.count(spills_total=1)
 
     def _demote(self) -> None:
@@ -447,7 +452,8 @@ class Demoter:
                 return 1
             if bounded and not self._disk_room(key, page.n_bytes):
                 assert self.disk is not None
-                if drop and self.disk.give_way(key, lambda: store.remove(key, page.generation)):
+                free = lambda: store.remove(key, page.generation)  # noqa: E731
+                if drop and self.disk.give_way(key, free, "RAM"):
                     self._refused = ""  # the mind went instead of its copy
                     return 1
                 return 0
@@ -478,6 +484,10 @@ class Demoter:
         if why:
             self._refused = why
         return why is None
+
+
+def _nothing() -> None:
+    """A dropped hand-off frees nothing here: the engine clears its slot."""
 
 
 def _minds_in_ram(store: PageStore) -> list[PageKey]:

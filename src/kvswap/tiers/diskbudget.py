@@ -131,21 +131,24 @@ class DiskBudget:
                 del held[ns]
             yield victim
 
-    def give_way(self, key: PageKey, free_ram: Callable[[], object]) -> bool:
+    def give_way(self, key: PageKey, free: Callable[[], object], where: str) -> bool:
         """A spill of mind `key` refused with `--page-disk-drop-lru` on (every spilled copy
-        left is held): the mind goes instead, its RAM page freed by `free_ram` and any older
-        copy removed, unless a request holds it or a retention floor keeps it. True when gone."""
+        left is held): the mind goes instead, its state freed by `free` (it lives in `where`)
+        and any older copy removed, unless a request holds it or a retention floor keeps it.
+        True when gone."""
         reg = self.registry
         if not self.drop_lru or reg.floored([key]):
             return False
-        if not reg.drop_if_idle(key, free_ram):
+        if not reg.drop_if_idle(key, free):
             return False
         if reg.forget_disk(key) is not None:
             self.publisher.remove(file_name(key))
         self.settle(key)
         reg.count(disk_dropped_total=1)
         log.warning(
-            "disk tier full of minds in use: dropped mind %s from RAM (--page-disk-drop-lru)", key
+            "disk tier full of minds in use: dropped mind %s from %s (--page-disk-drop-lru)",
+            key,
+            where,
         )
         return True
 

@@ -3,8 +3,9 @@ and its call when it needs the demoter now.
 
 A mind larger than the whole page store never has a page. With a disk tier the engine copies
 it out and hands the copy over (`hand_to_disk`); the demoter takes it (`take`), writes it as
-the mind's spilled file and says how that went (`done`); the engine frees the slot once the
-file holds the slot's state (`state`, then `end`). A slot verb that ends the mind meanwhile
+the mind's spilled file and says how that went (`done`: written, refused, or dropped, when
+`--page-disk-drop-lru` lets the mind go rather than refuse its switch); the engine frees the
+slot once the file holds the slot's state or the mind was dropped (`state`, then `end`). A slot verb that ends the mind meanwhile
 ends its hand-off too. Each such mind is logged once (`first_too_large`) until it is forgotten.
 
 The demoter attaches its bell (`attach`): `call_demoter` rings it when a hand-off waits, the
@@ -23,11 +24,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from enum import Enum
 
 from kvswap.core.keys import PageKey
 from kvswap.engine.commands import Captured
 
 log = logging.getLogger("kvswap.minds")
+
+
+class Handed(Enum):
+    """How a hand-off ended."""
+
+    WRITTEN = "written"  # the mind's file holds the copy
+    REFUSED = "refused"  # the write failed, or the disk tier had no room
+    DROPPED = "dropped"  # no room, and --page-disk-drop-lru let the mind go instead
 
 
 def _no_demoter() -> None:
@@ -44,9 +54,8 @@ class Handoffs:
         self._lock = threading.Lock()
         self._bell: Callable[[], None] = _no_demoter
         self._disk_tier = False  # the demoter has a save path to write minds to
-        # key -> the copy to write (None: being written), then True (written) or False (the
-        # write failed)
-        self._handoffs: dict[PageKey, Captured | bool | None] = {}
+        # key -> the copy to write (None: being written), then how it ended
+        self._handoffs: dict[PageKey, Captured | Handed | None] = {}
         self._handed_at: dict[PageKey, float] = {}  # key -> when its copy was taken
         self._too_large: set[PageKey] = set()  # minds whose size was logged
 
@@ -62,16 +71,16 @@ class Handoffs:
         """A copy to write and when it was taken (the demoter then owns its buffer), or None."""
         with self._lock:
             for key, value in self._handoffs.items():
-                if value is not None and not isinstance(value, bool):
+                if value is not None and not isinstance(value, Handed):
                     self._handoffs[key] = None
                     return key, value, self._handed_at[key]
             return None
 
-    def done(self, key: PageKey, written: bool) -> None:
-        """The copy of mind `key` was written (`written`) or could not be."""
+    def done(self, key: PageKey, handed: Handed) -> None:
+        """The hand-off of mind `key` ended as `handed`."""
         with self._lock:
             if key in self._handoffs:  # not ended by a slot verb meanwhile
-                self._handoffs[key] = written
+                self._handoffs[key] = handed
 
     # -- the engine's side --------------------------------------------------------------------
 
@@ -95,12 +104,12 @@ class Handoffs:
             self._handed_at[key] = time.time()
         self.call_demoter()
 
-    def state(self, key: PageKey) -> bool | None:
-        """True: the copy is on disk; False: its write failed; None: none asked or under way
-        (`handing` tells those apart)."""
+    def state(self, key: PageKey) -> Handed | None:
+        """How the hand-off ended; None: none asked or under way (`handing` tells those
+        apart)."""
         with self._lock:
             value = self._handoffs.get(key)
-            return value if isinstance(value, bool) else None
+            return value if isinstance(value, Handed) else None
 
     def handing(self, key: PageKey) -> bool:
         """Mind `key` is on its way to disk (its slot keeps it until `end`)."""

@@ -74,7 +74,7 @@ from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import SeatRuntime
 from kvswap.engine.seats.anoncache import AnonCache, Kept
 from kvswap.engine.seats.flushes import FlushSchedule
-from kvswap.engine.seats.handoffs import Handoffs
+from kvswap.engine.seats.handoffs import Handed, Handoffs
 from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind, PagedOut, Seat
 from kvswap.engine.seats.registry import MindRegistry
 from kvswap.engine.seats.roomwait import RoomWait
@@ -345,11 +345,11 @@ class Seating:
                 handoffs.hand_to_disk(mind, verbs.copy_out(slot))
                 self.handoffs.log_too_large(mind, n_bytes, ceiling, "written to disk")
                 raise NoRoomYet()  # the slot keeps the mind until its file holds it
-            written = handoffs.state(mind)
-            if written is None:
+            handed = handoffs.state(mind)
+            if handed is None:
                 raise NoRoomYet()  # being written
             handoffs.end(mind)
-            if not written:
+            if handed is Handed.REFUSED:
                 raise KvswapError(
                     ErrorKind.UNAVAILABLE,
                     f"a mind of {n_bytes} bytes, which the page store (--page-ram-bytes "
@@ -357,7 +357,7 @@ class Seating:
                     "(see the server log); raise --page-ram-bytes",
                 )
             copy = self.registry.disk_copy(mind)
-            if copy is None or copy.n_tokens != len(slot.tokens):
+            if handed is Handed.WRITTEN and (copy is None or copy.n_tokens != len(slot.tokens)):
                 self._too_large(slot, mind, n_bytes)  # it changed meanwhile: hand it over again
                 return
         else:

@@ -1,0 +1,182 @@
+"""Minds of hundreds of megabytes on disk: a SIGKILL in the middle of a mind's write, and a disk
+that refuses one.
+
+The model is a tiny llama with a real 8B model's KV bytes per token and more (32 layers x 64 KV
+heads x 128, f16: 1 MiB a token), so a mind of `BIG_MIB` tokens is `BIG_MIB` MiB. CI runs
+192 MiB minds; `KVSWAP_BIG_MIND_MIB=4096 pytest -s tests/reliability/test_big_minds.py` runs
+4 GiB ones (about 12 GiB of memory: the KV pool, the page store and the written page).
+
+- A SIGKILL while a mind's new generation is being written (its staged file seen growing):
+  a restart serves that mind from its previous generation, exactly, and every other mind, and
+  the cut publication is gone.
+- A disk that refuses a mind's write (the server runs under a file-size limit below that mind:
+  the kernel refuses the write, EFBIG, as a full disk refuses one, ENOSPC): the spill answers a
+  typed 503, the mind stays in RAM and its next turn finds it whole, nothing is left staged, and
+  every file written before is unchanged and served after a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvswap.tiers.mindfiles import MINDS_DIR
+from kvswap.tiny import tiny_model_path
+from tests.reliability.soak import TOKEN_HI, TOKEN_LO
+from tests.server.harness import ServerProcess
+
+BIG_MIB = int(os.environ.get("KVSWAP_BIG_MIND_MIB", "192"))
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300 + BIG_MIB // 4)]
+
+MIB = 1 << 20
+SMALL_TOKENS = 48  # a small mind: 48 MiB
+
+
+def _args() -> list[str]:
+    model = tiny_model_path(
+        "llama", seed=3, n_embd=8, n_layer=32, n_head=64, n_head_kv=64, head_dim=128, n_ff=8,
+        n_ctx_train=max(4096, 2 * BIG_MIB),
+    )  # fmt: skip
+    n_ctx = 256 * (BIG_MIB // 256 + 2)  # one slot of a big mind and its next turns
+    return ["-m", str(model), "-c", str(n_ctx), "-np", "1", "-t", "2", "-tb", "2",
+            "-b", "256", "-ub", "256", "--page-flush-seconds", "0",
+            "--page-ram-bytes", str(4 * (BIG_MIB + 16) * MIB)]  # fmt: skip
+
+
+class Mind:
+    """A mind's conversation as its client keeps it: the tokens its KV holds after each turn."""
+
+    def __init__(self, name: str, n_tokens: int, seed: int) -> None:
+        self.name = name
+        self.tokens = _tokens(n_tokens, seed)
+        self.kv = 0
+
+    def turn(self, server: ServerProcess, n_more: int = 8) -> dict[str, Any]:
+        prompt = self.tokens + _tokens(n_more, len(self.tokens))
+        body = {"prompt": prompt, "n_predict": 2, "temperature": 0, "ignore_eos": True,
+                "return_tokens": True, "mind": self.name}  # fmt: skip
+        resp = server.post("/completion", body)
+        assert resp.status_code == 200, resp.text
+        out = resp.json()
+        self.tokens = prompt + out["tokens"]
+        self.kv = len(self.tokens) - 1
+        return out["mind"] | {"cache_n": out["timings"]["cache_n"]}
+
+    def spill(self, server: ServerProcess) -> httpx.Response:
+        return server.post(f"/minds/{self.name}?action=spill")
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    span = TOKEN_HI - TOKEN_LO + 1
+    return [TOKEN_LO + (seed * 7919 + i * 104729) % span for i in range(n)]
+
+
+def _staged(save: Path) -> list[Path]:
+    """The files the minds' publications staged and did not finish."""
+    stage = save / MINDS_DIR / ".kvswap" / "stage"
+    return sorted(p for d in stage.glob("*") if d.is_dir() for p in d.iterdir())
+
+
+def _minds_files(save: Path) -> dict[str, tuple[int, int]]:
+    """Each committed mind file's size and modification time (ns)."""
+    root = save / MINDS_DIR
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.iterdir() if p.is_file()}
+
+
+def test_a_sigkill_mid_write_of_a_big_mind_keeps_its_previous_generation(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    save = tmp_path / "save"
+    first = start(*_args(), save=save)
+    big, other = Mind("big", BIG_MIB, 1), Mind("other", SMALL_TOKENS, 2)
+    big.turn(first)
+    assert big.spill(first).status_code == 200  # generation 1 on disk
+    kv_committed = big.kv
+    other.turn(first)
+    assert other.spill(first).status_code == 200
+    assert big.turn(first)["tier_before"] == "disk"  # grows past generation 1
+
+    answered: list[object] = []
+
+    def spill() -> None:
+        try:
+            answered.append(big.spill(first).status_code)
+        except httpx.TransportError as err:
+            answered.append(err)
+
+    writer = threading.Thread(target=spill)
+    writer.start()
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 0 for p in _staged(save) if p.exists()):
+        assert time.monotonic() < deadline and writer.is_alive(), "no write of generation 2 seen"
+        time.sleep(0.001)
+    n_staged = max(p.stat().st_size for p in _staged(save) if p.exists())
+    first.proc.send_signal(signal.SIGKILL)
+    writer.join(60)
+    print(f"\nkilled with {n_staged / MIB:.0f} MiB of a {big.kv} MiB mind staged")
+    assert first.proc.wait(30) == -signal.SIGKILL
+    assert answered and isinstance(answered[0], httpx.TransportError), answered  # cut mid-way
+    first.stop()
+
+    again = start(*_args(), save=save)
+    assert _staged(save) == []  # the cut publication is gone
+    for mind, kv in ((big, kv_committed), (other, other.kv)):
+        served = mind.turn(again)
+        assert served["tier_before"] == "disk", (mind.name, served)
+        assert served["n_tokens_before"] == kv and served["cache_n"] == kv, (mind.name, served)
+
+
+@contextmanager
+def _file_size_limit(n_bytes: int) -> Iterator[None]:
+    """Processes started inside inherit a file-size limit of `n_bytes`: a write past it fails
+    with EFBIG (Python ignores SIGXFSZ). The test's own process keeps it only meanwhile."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_a_disk_that_refuses_a_big_minds_write_loses_nothing(tmp_path: Path) -> None:
+    save = tmp_path / "save"
+    save.mkdir()
+    args = [*_args(), "--slot-save-path", str(save)]
+    with _file_size_limit((SMALL_TOKENS + 64) * MIB):
+        server = ServerProcess(args, tmp_path / "limited.log")
+    try:
+        small, big = Mind("small", SMALL_TOKENS, 1), Mind("big", BIG_MIB, 2)
+        small.turn(server)
+        assert small.spill(server).status_code == 200
+        before = _minds_files(save)
+        big.turn(server)
+        refused = big.spill(server)
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["type"] == "unavailable_error" and "stays in RAM" in error["message"]
+        assert _staged(save) == [] and _minds_files(save) == before
+        kv = big.kv
+        served = big.turn(server)  # whole, from RAM
+        assert served["tier_before"] == "ram" and served["cache_n"] == kv, served
+        kv = small.kv
+        served = small.turn(server)
+        assert served["tier_before"] == "disk" and served["cache_n"] == kv, served
+    finally:
+        server.stop()  # the exit's spill of the big mind is refused again (logged)
+    again = ServerProcess(args, tmp_path / "again.log")
+    try:
+        kv = small.kv
+        served = small.turn(again)
+        assert served["tier_before"] == "disk" and served["cache_n"] == kv, served
+    finally:
+        again.stop()
