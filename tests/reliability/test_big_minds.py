@@ -13,6 +13,8 @@ heads x 128, f16: 1 MiB a token), so a mind of `BIG_MIB` tokens is `BIG_MIB` MiB
   the kernel refuses the write, EFBIG, as a full disk refuses one, ENOSPC): the spill answers a
   typed 503, the mind stays in RAM and its next turn finds it whole, nothing is left staged, and
   every file written before is unchanged and served after a restart.
+- A resident mind written behind (the quiet second's flush) is copied into memory the page
+  store charges: the server's anonymous memory (the OS's count) rises by no copy of it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kvswap.bench.server import RssPeaks
 from kvswap.tiers.mindfiles import MINDS_DIR
 from kvswap.tiny import tiny_model_path
 from tests.reliability.soak import TOKEN_HI, TOKEN_LO
@@ -42,15 +45,15 @@ MIB = 1 << 20
 SMALL_TOKENS = 48  # a small mind: 48 MiB
 
 
-def _args() -> list[str]:
+def _args(*, flush_s: int = 0, ram_bytes: int = 4 * (BIG_MIB + 16) * MIB) -> list[str]:
     model = tiny_model_path(
         "llama", seed=3, n_embd=8, n_layer=32, n_head=64, n_head_kv=64, head_dim=128, n_ff=8,
         n_ctx_train=max(4096, 2 * BIG_MIB),
     )  # fmt: skip
     n_ctx = 256 * (BIG_MIB // 256 + 2)  # one slot of a big mind and its next turns
     return ["-m", str(model), "-c", str(n_ctx), "-np", "1", "-t", "2", "-tb", "2",
-            "-b", "256", "-ub", "256", "--page-flush-seconds", "0",
-            "--page-ram-bytes", str(4 * (BIG_MIB + 16) * MIB)]  # fmt: skip
+            "-b", "256", "-ub", "256", "--page-flush-seconds", str(flush_s),
+            "--page-ram-bytes", str(ram_bytes)]  # fmt: skip
 
 
 class Mind:
@@ -180,3 +183,49 @@ def test_a_disk_that_refuses_a_big_minds_write_loses_nothing(tmp_path: Path) -> 
         assert served["tier_before"] == "disk" and served["cache_n"] == kv, served
     finally:
         again.stop()
+
+
+def test_a_resident_minds_write_behind_costs_no_memory_outside_the_budget(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 32 (peak RSS over the bound by half a 1 GiB mind): the flush of a resident mind
+    copied it into a buffer nothing charged. It now borrows the switch's spare (or charged room):
+    while the flush writes, the anonymous memory stays where it was."""
+    ram_bytes = int(2.4 * (BIG_MIB + 16) * MIB)  # a page and the next switch's spare
+    server = start(*_args(flush_s=30, ram_bytes=ram_bytes), "--metrics", save=tmp_path / "save")
+    first, resident = Mind("first", BIG_MIB, 1), Mind("resident", BIG_MIB, 2)
+    first.turn(server)
+    resident.turn(server)  # the first mind to its RAM page, the next switch's spare mapped
+    settled = _settled_anon(server)  # the next switch's spare mapped, before the flush
+    assert not _written(server, resident)
+    peaks = RssPeaks(server.proc.pid, every_s=0.002)
+    deadline = time.monotonic() + 60
+    while not _written(server, resident):  # the quiet second's flush, from its slot
+        assert time.monotonic() < deadline, "the resident mind was not written behind"
+        time.sleep(0.05)
+    peaks.stop()
+    print(
+        f"\nanonymous {settled / MIB:.0f} MiB before the flush, {peaks.anon_bytes / MIB:.0f} at most"
+    )
+    assert peaks.anon_bytes <= settled + 32 * MIB  # no copy of the mind (BIG_MIB MiB)
+
+
+def _settled_anon(server: ServerProcess) -> int:
+    """The server's anonymous memory once it has stopped moving (two readings 50 ms apart
+    within 1 MiB)."""
+    sampler = RssPeaks(server.proc.pid, every_s=3600)
+    last = sampler.now()[0]
+    while True:
+        time.sleep(0.05)
+        now = sampler.now()[0]
+        if abs(now - last) < MIB:
+            sampler.stop()
+            return now
+        last = now
+
+
+def _written(server: ServerProcess, mind: Mind) -> bool:
+    """The mind's state, as its slot holds it, is on disk."""
+    (view,) = [m for m in server.client.get("/pages").json()["minds"] if m["mind"] == mind.name]
+    assert view["tier"] == "slot", view
+    return bool(view["on_disk"]) and view["n_tokens_on_disk"] == view["n_tokens"]

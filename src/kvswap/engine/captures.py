@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from kvswap.backend.lora import Adapters
-from kvswap.core.errors import ErrorKind, KvswapError, StoreFull
-from kvswap.core.keys import PageKey
+from kvswap.core.errors import ErrorKind, KvswapError, PageTooLarge, StoreFull
+from kvswap.core.keys import PageKey, spare_key
 from kvswap.engine.commands import (
     Captured,
     FlushMinds,
@@ -39,7 +40,8 @@ from kvswap.engine.commands import (
     Submit,
 )
 from kvswap.engine.kv.buffers import BufferReady, BufferWorker
-from kvswap.engine.kv.pagestore import PageStore
+from kvswap.engine.kv.pagestore import PageStore, Reservation
+from kvswap.engine.kv.spare import Spare
 from kvswap.engine.kv.verbs import PendingCapture
 from kvswap.engine.reprefill import is_token_only, reprefill_request
 from kvswap.engine.runtime import Runtime
@@ -47,6 +49,7 @@ from kvswap.engine.slot import Slot
 
 log = logging.getLogger("kvswap.engine")
 
+FLUSH_KEY = spare_key("write-behind")  # a resident mind's copy on its way to disk
 Finish = Callable[[PendingCapture, BufferReady], None]
 Fail = Callable[[KvswapError], None]
 
@@ -164,15 +167,16 @@ class Captures:
 
     # -- the copy of every resident mind before exit ------------------------------------------
 
-    def flush(self, cmd: FlushMinds, slots: list[Slot]) -> None:
+    def flush(self, cmd: FlushMinds, slots: list[Slot], spare: Spare | None = None) -> None:
         """Copy each slot's mind out (the slots keep their state); reply with every copy made
-        once the last buffer has arrived (a copy that fails is logged and left out)."""
+        once the last buffer has arrived (a copy that fails is logged and left out). A charged
+        flush copies into charged memory only (`_charged_buffer`: `spare` lent, when in hand);
+        a mind with no room for its copy now is left out, for a later pass."""
         out: list[tuple[PageKey, Captured]] = []
         left = len(slots)
         if not left:
             cmd.reply(out)
             return
-        verbs = self.runtime.verbs
 
         def one_done() -> None:
             nonlocal left
@@ -183,21 +187,85 @@ class Captures:
         for slot in slots:
             mind = slot.mind
             assert mind is not None
+            pending = self.runtime.verbs.begin_copy(slot)
+            held = self._charged_buffer(pending.layout.n_bytes, spare) if cmd.charged else None
+            if cmd.charged and held is None:
+                one_done()  # no room for its copy now: a later pass writes it
+                continue
+            buffer, charge = held if held is not None else (None, None)
+            if buffer is not None:
+                self._copy_out(out, mind, pending, buffer, charge)
+                one_done()
+                continue
 
-            def finish(pending: PendingCapture, ready: BufferReady, mind: PageKey = mind) -> None:
-                try:
-                    if ready.buffer is None:
-                        raise KvswapError(ErrorKind.UNAVAILABLE, ready.error)
-                    out.append((mind, verbs.finish_copy(pending, ready.buffer)))
-                except KvswapError as err:
-                    log.error("mind %s could not be copied out: %s", mind, err.message)
+            def finish(
+                pending: PendingCapture,
+                ready: BufferReady,
+                mind: PageKey = mind,
+                charge: Reservation | None = charge,
+            ) -> None:
+                if ready.buffer is None:
+                    self._failed(mind, ready.error, charge)
+                else:
+                    self._copy_out(out, mind, pending, ready.buffer, charge)
                 one_done()
 
-            def fail(err: KvswapError, mind: PageKey = mind) -> None:
-                log.error("mind %s could not be copied out: %s", mind, err.message)
+            def fail(
+                err: KvswapError, mind: PageKey = mind, charge: Reservation | None = charge
+            ) -> None:
+                self._failed(mind, err.message, charge)
                 one_done()
 
-            self._ask(verbs.begin_copy(slot), finish, fail)
+            self._ask(pending, finish, fail)
+
+    def _charged_buffer(
+        self, n_bytes: int, spare: Spare | None
+    ) -> tuple[mmap.mmap | None, Reservation] | None:
+        """Charged memory for a copy of `n_bytes`: the switch's spare, lent while no switch
+        needs it (it comes back through the shelf); a shelved buffer; else a reservation within
+        the store's free room, the headroom kept (its buffer mapped by the buffer worker:
+        None in its place). None when none is there now."""
+        store = self.store
+        if store is None:
+            return None
+        held = spare.lend(n_bytes) if spare is not None else None
+        if held is None:
+            held = store.take_shelved(FLUSH_KEY, n_bytes)
+        if held is not None:
+            return held
+        if store.in_use_bytes + store.headroom_bytes + n_bytes > store.ceiling_bytes:
+            return None
+        try:
+            return None, store.reserve(FLUSH_KEY, n_bytes)
+        except (StoreFull, PageTooLarge):
+            return None
+
+    def _copy_out(
+        self,
+        out: list[tuple[PageKey, Captured]],
+        mind: PageKey,
+        pending: PendingCapture,
+        buffer: mmap.mmap,
+        charge: Reservation | None,
+    ) -> None:
+        """The copy of `mind` into `buffer`, kept in `out`; a charged buffer goes back to the
+        store's shelf when its copy is closed (a failed copy closes it and gives its charge
+        back)."""
+        try:
+            captured = self.runtime.verbs.finish_copy(pending, buffer)
+        except KvswapError as err:
+            self._failed(mind, err.message, charge)
+            return
+        if charge is not None:
+            store = self.store
+            assert store is not None
+            captured = replace(captured, give_back=lambda b: store.shelve(b, charge))
+        out.append((mind, captured))
+
+    def _failed(self, mind: PageKey, why: str, charge: Reservation | None) -> None:
+        log.error("mind %s could not be copied out: %s", mind, why)
+        if charge is not None and self.store is not None:
+            self.store.cancel(charge)
 
     # -- the buffer -----------------------------------------------------------------------------
 

@@ -119,11 +119,15 @@ class FlushMinds:
     whose disk copy is not current, a scheduled flush for those due), or every one; the slots
     keep theirs.
 
-    Replies with a list of (mind key, Captured) whose buffers the caller closes, once every
-    copy is in a buffer the buffer worker mapped (the engine thread only copies)."""
+    Replies with a list of (mind key, Captured) the caller closes, once every copy is in a
+    buffer the buffer worker mapped (the engine thread only copies). A `charged` flush (the
+    write-behind) copies into memory the page store charges (the switch's spare, lent; a
+    shelved buffer; or a reservation within its free room) and leaves a mind whose copy has no
+    room now for a later pass: a whole mind's copy is never memory outside the budget."""
 
     reply: Reply[list[tuple[PageKey, Captured]]]
     keys: frozenset[PageKey] | None = None  # None: every mind
+    charged: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,15 @@ class Captured:
     buffer: mmap.mmap  # laid out by `layout`
     layout: PageLayout
     mind: PageKey | None = None  # the mind the slot holds (None: none)
+    # A charged buffer's owner, which takes it back on `close` (None: the buffer is closed).
+    give_back: Callable[[mmap.mmap], None] | None = None
+
+    def close(self) -> None:
+        """Done with the copy: its buffer is given back, or closed."""
+        if self.give_back is not None:
+            self.give_back(self.buffer)
+        else:
+            self.buffer.close()
 
 
 @dataclass(frozen=True)

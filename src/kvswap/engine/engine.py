@@ -299,7 +299,7 @@ class Engine:
         elif isinstance(cmd, ShedCache):
             cmd.reply(self.anon.shed(cmd.n_bytes))
         elif isinstance(cmd, FlushMinds):
-            self.captures.flush(cmd, self.slots.idle_minds(cmd.keys))
+            self.captures.flush(cmd, self.slots.idle_minds(cmd.keys), self.seating.spare)
         elif isinstance(cmd, ForgetMind):
             cmd.reply(self.seating.forget(cmd.key))
         elif isinstance(cmd, MindTokens):

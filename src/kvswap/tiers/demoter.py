@@ -256,7 +256,7 @@ class Demoter:
         assert isinstance(captured, list)
         if self.publisher is None:
             for _, cap in captured:
-                cap.buffer.close()
+                cap.close()
             if captured or minds_in_ram:
                 log.warning(
                     "no --slot-save-path: %d mind(s) are lost at exit",
@@ -280,7 +280,7 @@ class Demoter:
         not written."""
         assert self.publisher is not None
         if self._is_current(key):
-            cap.buffer.close()
+            cap.close()
             return 1
         try:
             with self._io:
@@ -294,7 +294,7 @@ class Demoter:
             log.error("mind %s could not be spilled: %s", key, err)
             return 0
         finally:
-            cap.buffer.close()
+            cap.close()
 
     # -- the demoter thread -----------------------------------------------------------------
 
@@ -339,12 +339,12 @@ class Demoter:
             return
         t_asked = time.time()
         answer = Answer()
-        self.post(FlushMinds(answer, resident))
+        self.post(FlushMinds(answer, resident, charged=True))
         if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, list):
             return
         for key, cap in answer.value:
             if not self._disk_room(key, cap.layout.n_bytes, may_drop=False):
-                cap.buffer.close()
+                cap.close()
             elif self._spill_captured(key, cap, t_asked):  # closes the buffer
                 self.flushes.flushed(key, t_asked)
                 reg.count(flushes_total=1)
@@ -381,7 +381,7 @@ class Demoter:
                 written = self._spill_captured(key, cap, t_copied)
                 handed = Handed.WRITTEN if written else Handed.REFUSED
             else:
-                cap.buffer.close()
+                cap.close()
                 assert self.disk is not None
                 handed = Handed.REFUSED
                 if self.disk.give_way(key, _nothing, "its slot"):  # (the engine clears it)

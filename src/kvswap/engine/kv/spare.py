@@ -107,6 +107,15 @@ class Spare:
             buffer.madvise(mmap.MADV_DONTNEED, kept, len(buffer) - kept)
         return buffer, self.store.trim(reservation, key, min(kept, reservation.n_bytes))
 
+    def lend(self, n_bytes: int) -> tuple[mmap.mmap, Reservation] | None:
+        """The buffer in hand, whole and still reserved, for a copy whose user gives it to the
+        store's shelf when done (the write-behind of a resident mind), where the next `ask`
+        finds it; None when none of `n_bytes` is in hand."""
+        if self._closed or not self.ready_for(n_bytes):
+            return None
+        held, self._held = self._held, None
+        return held
+
     def give_back(self) -> int:
         """Return the buffer in hand to the store's shelf (or closed, when it is full); its
         bytes (0: none was in hand)."""
