@@ -324,17 +324,22 @@ def test_one_tenants_floors_never_take_another_tenants_share(tmp_path: Path) -> 
     d.close(engine_alive=False)
 
 
+def _disk_held_by_requests(side: EngineSide, save_dir: Path) -> tuple[list[PageKey], int]:
+    """Two spilled minds whose requests hold them, and a disk budget they fill."""
+    minds = open_minds(save_dir)
+    held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
+    for key in held:
+        side.registry.set_busy(key, True)
+    return held, sum(c.n_bytes for c in side.registry.disk_copies().values())
+
+
 def test_a_disk_held_by_requests_lets_the_idle_mind_in_ram_go_instead(tmp_path: Path) -> None:
     """Decision (minds waiting for a slot hold their spilled copies, so a switch behind them
     was refused while the flag allowed dropping an idle mind): with --page-disk-drop-lru and
     every copy on disk held by a request, the least recently used idle mind in RAM goes instead
     of a copy (its page and any older copy, counted as a drop), and the pass makes its room."""
     side = _side()
-    minds = open_minds(tmp_path)
-    held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
-    for key in held:
-        side.registry.set_busy(key, True)
-    bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
+    held, bound = _disk_held_by_requests(side, tmp_path)
     d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
     old, *_ = _in_ram(side, "old", "mid", "new", "newest")
     assert d.run_pass().refused == ""
@@ -360,11 +365,7 @@ def test_a_hand_off_refused_by_a_disk_held_by_requests_drops_the_mind_instead(
         side = _side(ceiling_bytes=2 * PAGE)
         save = tmp_path / f"{drop_lru}{busy}"
         save.mkdir()
-        minds = open_minds(save)
-        held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
-        for key in held:
-            side.registry.set_busy(key, True)
-        bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
+        held, bound = _disk_held_by_requests(side, save)
         d = _demoter(side, save, disk_bytes=bound, drop_lru=drop_lru)
         big = side.seated(0, _m("big"), 3 * N).mind
         assert big is not None
@@ -384,11 +385,7 @@ def test_a_disk_held_by_requests_and_floored_minds_in_ram_refuse_with_a_reason(
     mind in RAM kept by a retention floor), the pass reports a reason naming
     --page-disk-bytes, which the waiting switch answers as a 503; the pages stay in RAM."""
     side = _side()
-    minds = open_minds(tmp_path)
-    held = [_on_disk(side, minds, f"h{i}", when_s=10.0 + i) for i in range(2)]
-    for key in held:
-        side.registry.set_busy(key, True)
-    bound = sum(c.n_bytes for c in side.registry.disk_copies().values())
+    held, bound = _disk_held_by_requests(side, tmp_path)
     d = _demoter(side, tmp_path, disk_bytes=bound, drop_lru=True)
     in_ram = _in_ram(side, "old", "mid", "new", "newest")
     for key in in_ram:

@@ -116,12 +116,16 @@ class EngineClient:
         self._engine.post(cmd)
 
     async def stream(
-        self, request: GenerationRequest, restore: SlotState | None = None, disk_read: bool = False
+        self,
+        request: GenerationRequest,
+        restore: SlotState | None = None,
+        disk_read: bool = False,
+        seeds: bool = False,
     ) -> AsyncGenerator[Event | MindOnDisk, None]:
         """Run a request and yield its events; the last is a Completion, an EngineError or,
         for a mind that went to disk after its request looked, a MindOnDisk. `restore` is a
         mind's state read back from disk, applied before the prompt (`disk_read`: the disk
-        copy was read for this request)."""
+        copy was read for this request; `seeds`: it is another mind's, a new mind's start)."""
         req_id = self.new_id()
         events: asyncio.Queue[Event | MindOnDisk] = asyncio.Queue()
         outbox = self._outbox
@@ -129,7 +133,7 @@ class EngineClient:
         def sink(event: Event | MindOnDisk) -> None:
             outbox.put(events, event)
 
-        self.post(Submit(req_id, request, sink, restore, disk_read))
+        self.post(Submit(req_id, request, sink, restore, disk_read, seeds))
         finished = False
         try:
             while True:

@@ -42,6 +42,8 @@ class Submit:
     restore: SlotState | None = None
     # The caller read the mind's disk copy for it (`restore`; None: it could not be loaded).
     disk_read: bool = False
+    # `restore` is another mind's state (`minds.diskseed`): a new mind keeps the prefix they share.
+    seeds: bool = False
 
 
 @dataclass(frozen=True)

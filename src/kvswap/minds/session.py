@@ -39,6 +39,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from kvswap.core.errors import ErrorKind, KvswapError, StoreOff
 from kvswap.core.keys import PageKey, PageKind
 from kvswap.core.page import SlotState
@@ -49,6 +52,7 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.seats.registry import MindRegistry, MindView
 from kvswap.engine.snapshot import EngineSnapshot
 from kvswap.files import FilesError, WrongModelError
+from kvswap.minds.diskseed import DiskSeeds
 from kvswap.minds.histories import DEFAULT_BUDGET_TOKENS, MindHistories
 from kvswap.minds.placement import TurnFacts
 from kvswap.minds.shared import SharedMinds
@@ -93,6 +97,7 @@ class HeldMind:
     read_ms: float = 0.0  # ... and how long its read took
     restored: bool = False  # `restore` was asked (once per turn)
     seed: Seed | None = None  # a fork: the state it starts from (set before `restore`)
+    disk_seed: bool = False  # `read` is another mind's state, a new mind's seed (`diskseed`)
 
 
 class MindSession:
@@ -109,8 +114,10 @@ class MindSession:
         io: Executor,
         read_back: Callable[[PageKey], ReadState] | None = None,
         shared: SharedMinds | None = None,
+        seeds: DiskSeeds | None = None,
     ) -> None:
-        """`read_back(key)`: the mind's disk copy read (blocking; None: no disk tier)."""
+        """`read_back(key)`: the mind's disk copy read (blocking; None: no disk tier);
+        `seeds`: new minds may start from their tenant's minds on disk (None: they may not)."""
         self.registry = registry
         self.store = store
         self.claims = claims
@@ -119,6 +126,7 @@ class MindSession:
         self.io = io
         self.read_back = read_back
         self.shared = shared
+        self.seeds = seeds
         # Each mind's last chat turn, for its next one (in a cluster, read from the shared
         # tier when a replica takes the mind over: `minds.turnrecord`).
         self.histories = MindHistories(DEFAULT_BUDGET_TOKENS)
@@ -163,9 +171,12 @@ class MindSession:
             if turn is not None:
                 self.histories.put(key, turn)
 
-    async def restore(self, held: HeldMind) -> SlotState | None:
+    async def restore(
+        self, held: HeldMind, prompt: npt.NDArray[np.int32] | None = None
+    ) -> SlotState | None:
         """The state the engine applies with the held mind's turn, if it needs one (asked
-        once, right before the turn is submitted)."""
+        once, right before the turn is submitted). `prompt`: the turn's, which a new mind may
+        start from a prefix of (`held.disk_seed` then says the state is another mind's)."""
         assert not held.restored, "a turn restores its mind once"
         held.restored = True
         if held.seed is not None:
@@ -173,7 +184,36 @@ class MindSession:
         resumed = held.resumed
         if resumed is not None and resumed.state is not None:
             return resumed.state
-        return await self.read_again(held) if held.on_disk_only else None
+        if held.on_disk_only:
+            return await self.read_again(held)
+        if prompt is not None and self.seeds is not None and self.tier(held.key) is None:
+            return await self._seed_from_disk(held, prompt)
+        return None
+
+    async def _seed_from_disk(
+        self, held: HeldMind, prompt: npt.NDArray[np.int32]
+    ) -> SlotState | None:
+        """A new mind's start: the state of its tenant's mind on disk sharing the longest
+        prefix with its prompt (`minds.diskseed`); None when none pays its read, or the read
+        fails (logged: the mind starts from its prompt)."""
+        assert self.seeds is not None
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(self.io, self.seeds.donor, held.key, prompt)
+        if found is None:
+            return None
+        donor, n_prefix = found
+        try:
+            read = await self._read(donor)
+        except KvswapError as err:
+            log.warning("mind %s: no seed from %s: %s", held.key, donor, err.message)
+            return None
+        if read is None:
+            return None
+        held.read, held.disk_seed = read, True
+        log.info(
+            "mind %s starts from %s's first %d tokens, read from disk", held.key, donor, n_prefix
+        )
+        return read.state
 
     async def read_again(self, held: HeldMind) -> SlotState | None:
         """The held mind's disk copy read back for its turn: a mind on disk only, or one a

@@ -35,6 +35,7 @@ from kvswap.engine.plan.geometry import Geometry
 from kvswap.files import Publisher
 from kvswap.files.faults import KILL_AT_STEP_ENV, kill_seam_from_env
 from kvswap.minds.chains import StoredChains
+from kvswap.minds.diskseed import DiskSeeds
 from kvswap.minds.session import MindSession
 from kvswap.minds.shared import SharedMinds
 from kvswap.minds.stored.replicated import ReplicatedRecords
@@ -47,7 +48,7 @@ from kvswap.server.state import ServerState
 from kvswap.text.builtin_template import BuiltinTemplate
 from kvswap.text.template import CHATML_TEMPLATE, ChatTemplate
 from kvswap.tiers.demoter import Demoter, MindPolicy
-from kvswap.tiers.mindfiles import file_name, open_minds
+from kvswap.tiers.mindfiles import file_name, open_minds, tokens_on_disk
 from kvswap.tiers.shared.replica import SharedTier
 from kvswap.tiers.slotfiles import ReadState, read_state
 
@@ -254,17 +255,8 @@ def build_state(
         minds_files = open_minds(save_dir, seam)
     io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvswap-io")
     demoter = _demoter(config, client, save_dir, publisher, minds_files)
-    shared = shared_minds = None
-    if config.cluster.shared_tier is not None:
-        shared = SharedTier(
-            config.cluster,
-            post=client.post,
-            pages=client.pages,
-            publisher=minds_files,
-            geometry=lambda: client.snapshot.page_geometry,
-            forget_files=demoter.forget,
-        )
-        shared_minds = SharedMinds(shared)
+    shared = _shared_tier(config, client, minds_files, demoter)
+    shared_minds = SharedMinds(shared) if shared is not None else None
     minds = MindSession(
         registry=client.pages.registry,
         store=client.pages.store,
@@ -274,6 +266,7 @@ def build_state(
         io=io,
         read_back=_mind_reader(minds_files, client),
         shared=shared_minds,
+        seeds=_disk_seeds(minds_files, client) if shared is None else None,
     )
     load_turns(minds.histories, save_dir if shared is None else None)  # (the last exit's)
     # A cluster's stored conversations live in the shared tier's log.
@@ -325,6 +318,31 @@ def _demoter(
         ),
         slot_files=publisher,
     )
+
+
+def _shared_tier(
+    config: ServerConfig, client: EngineClient, minds_files: Publisher | None, demoter: Demoter
+) -> SharedTier | None:
+    """The cluster's shared tier (`--shared-tier`), or None."""
+    if config.cluster.shared_tier is None:
+        return None
+    return SharedTier(
+        config.cluster,
+        post=client.post,
+        pages=client.pages,
+        publisher=minds_files,
+        geometry=lambda: client.snapshot.page_geometry,
+        forget_files=demoter.forget,
+    )
+
+
+def _disk_seeds(minds_files: Publisher | None, client: EngineClient) -> DiskSeeds | None:
+    """New minds may start from their tenant's minds on disk (`minds.diskseed`), read from the
+    token header of their files; None without a disk tier or a page store."""
+    store = client.pages.store
+    if minds_files is None or store is None:
+        return None
+    return DiskSeeds(client.pages.registry, store, lambda key: tokens_on_disk(minds_files, key))
 
 
 def _mind_reader(

@@ -73,6 +73,10 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
         "Mind requests that read their mind back from disk or the shared tier",
     ),
     "mind_new_total": ("counter", "Mind requests that started a new mind"),
+    "mind_disk_seeds_total": (
+        "counter",
+        "New minds started from a prefix their tenant's mind on disk held",
+    ),
     "mind_demotions_total": ("counter", "Minds paged out of a slot into RAM"),
     "mind_spills_total": ("counter", "Mind pages spilled from RAM to disk"),
     "mind_spill_failed_total": ("counter", "Mind spills that failed"),

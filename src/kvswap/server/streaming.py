@@ -45,6 +45,7 @@ from contextlib import AbstractAsyncContextManager, AsyncExitStack, aclosing, as
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
@@ -180,10 +181,14 @@ class Turn:
         """The engine's events for the request, its mind's state read from disk first where
         it lives there only. A mind that went to disk after this looked (a switch moved it
         straight there while the request waited) is read back and the request sent again."""
-        restore = await self.minds.restore(held) if held is not None else None
-        disk_read = held is not None and held.on_disk_only
+        restore, disk_read, seeds = None, False, False
+        if held is not None:
+            prompt = np.asarray(request.prompt_tokens, dtype=np.int32)
+            restore = await self.minds.restore(held, prompt if request.cache_prompt else None)
+            disk_read, seeds = held.on_disk_only, held.disk_seed
         while True:
-            async with aclosing(self.client.stream(request, restore, disk_read)) as events:
+            stream = self.client.stream(request, restore, disk_read, seeds)
+            async with aclosing(stream) as events:
                 async for event in events:
                     if isinstance(event, MindOnDisk):
                         break
@@ -191,7 +196,7 @@ class Turn:
                 else:
                     return
             assert held is not None, "only a mind's request waits for its mind"
-            restore, disk_read = await self.minds.read_again(held), True
+            restore, disk_read, seeds = await self.minds.read_again(held), True, False
 
     async def complete(
         self, request: GenerationRequest, disconnected: Disconnected | None = None

@@ -71,6 +71,7 @@ class MindCounters:
     hits_ram_total: int = 0  # ... as a RAM page (paged in)
     hits_disk_total: int = 0  # ... read back (from disk, or from the shared tier)
     new_total: int = 0  # a mind never seen starts fresh
+    disk_seeds_total: int = 0  # ... from a prefix its tenant's mind on disk held (`diskseed`)
     demotions_total: int = 0  # slot -> RAM page
     spills_total: int = 0  # RAM page -> disk
     spill_failed_total: int = 0

@@ -215,6 +215,10 @@ class Seating:
             t0 = time.perf_counter()
             verbs.mover.apply(slot, cmd.restore)
             ms = (time.perf_counter() - t0) * 1e3
+            if isinstance(cmd, Submit) and cmd.seeds:  # another mind's: a new mind's prefix
+                reg.count(new_total=1, disk_seeds_total=1)
+                slot.t_last_used = time.monotonic()
+                return MindSource.NEW
             reg.restored(mind, ms)
             reg.count(hits_disk_total=1, restore_ms_total=ms)
             source = MindSource.DISK  # or the shared tier: the HTTP side knows which
@@ -361,12 +365,8 @@ class Seating:
                 self._too_large(slot, mind, n_bytes)  # it changed meanwhile: hand it over again
                 return
         else:
-            self.handoffs.log_too_large(
-                mind,
-                n_bytes,
-                ceiling,
-                "dropped (no --slot-save-path): its next request re-prefills",
-            )
+            why = "dropped (no --slot-save-path): its next request re-prefills"
+            self.handoffs.log_too_large(mind, n_bytes, ceiling, why)
         verbs.clear(slot)
         self._left(slot, mind)
         self.registry.count(too_large_total=1)
