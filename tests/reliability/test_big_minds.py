@@ -167,6 +167,7 @@ def test_a_disk_that_refuses_a_big_minds_write_loses_nothing(tmp_path: Path) -> 
         assert refused.status_code == 503, refused.text
         error = refused.json()["error"]
         assert error["type"] == "unavailable_error" and "stays in RAM" in error["message"]
+        assert "File too large" in error["message"], error  # the write's own error
         assert _staged(save) == [] and _minds_files(save) == before
         kv = big.kv
         served = big.turn(server)  # whole, from RAM

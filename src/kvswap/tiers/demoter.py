@@ -143,13 +143,15 @@ class Demoter:
                 self.publisher.remove(file_name(key))
         self.settle(key)  # its claim goes too: it lives nowhere now
 
-    def spill_now(self, key: PageKey) -> bool:
+    def spill_now(self, key: PageKey) -> str | None:
         """A client's spill of mind `key` (POST /minds/{name}?action=spill): its RAM page is
         written to disk and leaves RAM (it stays when a request holds the mind meanwhile);
-        False when the disk tier refused it (see the log) or there is none."""
+        None when done, else why not (the disk tier's refusal, the write's error)."""
         if self.publisher is None or self.store is None:
-            return False
-        return bool(self._spill(self.store, key, drop=True, bounded=True))
+            return "there is no disk tier (--slot-save-path)"
+        if self._spill(self.store, key, drop=True, bounded=True):
+            return None
+        return self._refused or "the disk tier refused it (see the server log)"  # (its reason)
 
     def owns(self, key: PageKey) -> bool:
         """This server owns mind `key` already (no file is touched)."""

@@ -110,12 +110,11 @@ async def mind_action(name: str, request: Request, action: str = "") -> JSONResp
         await _move(state, request, held, act)
     loop = asyncio.get_running_loop()
     if act is MindAction.SPILL and minds.tier(key) is MindTier.RAM:
-        spilled = await loop.run_in_executor(state.io, state.demoter.spill_now, key)
-        if not spilled:
+        why = await loop.run_in_executor(state.io, state.demoter.spill_now, key)
+        if why is not None:
             raise KvswapError(
                 ErrorKind.UNAVAILABLE,
-                "the mind could not be written to disk now (the disk tier is full, "
-                "--page-disk-bytes, or a write failed: see the server log); it stays in RAM",
+                f"the mind could not be written to disk now: {why}; it stays in RAM",
             )
     return JSONResponse({"mind": name, "action": action, "tier": minds.tier(key) or "none"})
 
