@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +87,20 @@ def _tokens(n: int, seed: int) -> list[int]:
 def _staged(save: Path) -> list[Path]:
     """The files the minds' publications staged and did not finish."""
     stage = save / MINDS_DIR / ".kvswap" / "stage"
-    return sorted(p for d in stage.glob("*") if d.is_dir() for p in d.iterdir())
+    found: list[Path] = []
+    for folder in stage.glob("*"):
+        with suppress(FileNotFoundError, NotADirectoryError):  # a lock file, a stage gone
+            found += folder.iterdir()
+    return sorted(found)
+
+
+def _staged_bytes(save: Path) -> int:
+    """The most bytes a staged file holds now (0: none); a stage that goes meanwhile counts 0."""
+    sizes = [0]
+    for path in _staged(save):
+        with suppress(FileNotFoundError):
+            sizes.append(path.stat().st_size)
+    return max(sizes)
 
 
 def _minds_files(save: Path) -> dict[str, tuple[int, int]]:
@@ -120,10 +133,9 @@ def test_a_sigkill_mid_write_of_a_big_mind_keeps_its_previous_generation(
     writer = threading.Thread(target=spill)
     writer.start()
     deadline = time.monotonic() + 120
-    while not any(p.stat().st_size > 0 for p in _staged(save) if p.exists()):
+    while not (n_staged := _staged_bytes(save)):
         assert time.monotonic() < deadline and writer.is_alive(), "no write of generation 2 seen"
         time.sleep(0.001)
-    n_staged = max(p.stat().st_size for p in _staged(save) if p.exists())
     first.proc.send_signal(signal.SIGKILL)
     writer.join(60)
     print(f"\nkilled with {n_staged / MIB:.0f} MiB of a {big.kv} MiB mind staged")
