@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kvswap.agents.drive import YARN_16K
+from kvswap.agents.drive import CONTEXT_16K
 from kvswap.agents.recorder import Exchange
 from kvswap.models import default_model_path
 from tests.cluster.upcluster import ClusterUp
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterUp]:
     state = tmp_path_factory.mktemp("agents-cluster") / "state"
-    up = ClusterUp(state, 2, YARN_16K, model=default_model_path())
+    up = ClusterUp(state, 2, CONTEXT_16K, model=default_model_path())
     try:
         up.start()
         yield up

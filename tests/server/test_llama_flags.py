@@ -5,7 +5,6 @@ And llama-server's request log line, once per request."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,37 +106,3 @@ def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
     lines = [line for line in run.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, lines  # caught before anything loads: the flag and the path named
     assert "-m/--model" in lines[0] and str(tmp_path / "model.gguf") in lines[0], lines
-
-
-def test_yarn_and_override_kv_let_a_slot_hold_past_the_training_context(tmp_path: Path) -> None:
-    """Context extension as llama-server takes it (the flags were accepted and ignored): the
-    tiny model is trained on 4,096 tokens, so a 6,000-token prompt is a 400 naming the training
-    context and the flags that extend it; started with exactly those flags (YaRN, the training
-    context overridden), a slot holds 8,192 and the same prompt is answered. Defect caught: the
-    refusal said only a model trained on a longer context would do."""
-    from kvswap.tiny import tiny_model_path
-
-    model = str(tiny_model_path("llama", seed=7, vocab="tiny"))
-    base = ["-m", model, "-np", "1", "-t", "1", "-tb", "1", "-ub", "512"]
-    prompt = {"prompt": "one two three four five six " * 300, "n_predict": 2}
-    plain = ServerProcess(base, tmp_path / "plain.log")
-    try:
-        refused = plain.post("/completion", prompt)
-        assert refused.status_code == 400 and "trained on 4096 tokens" in refused.text, refused.text
-    finally:
-        plain.stop()
-    advised = re.search(
-        r"start with (--rope-scaling .*?), or serve", refused.json()["error"]["message"]
-    )
-    assert advised is not None, refused.text
-    assert "--override-kv llama.context_length=int:8192" in advised[1], advised[1]
-    extended = ServerProcess([*base, *advised[1].split()], tmp_path / "extended.log")
-    try:
-        props = extended.client.get("/props").json()
-        assert props["context_geometry"]["n_ctx_slot"] == 8192, props["context_geometry"]
-        answer = extended.post("/completion", prompt)
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["tokens_evaluated"] > 5000
-        assert "ignored" not in extended.log()
-    finally:
-        extended.stop()

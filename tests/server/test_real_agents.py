@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvswap.agents.drive import YARN_16K
+from kvswap.agents.drive import CONTEXT_16K
 from tests.server.harness import ServerProcess
 from tests.server.real_agents import (
     anthropic_count,
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("real-agents") / "server.log"
-    srv = ServerProcess([*YARN_16K, "--api-key", "ka,kb"], log)
+    srv = ServerProcess([*CONTEXT_16K, "--api-key", "ka,kb"], log)
     try:
         srv.wait_ready(180)
         yield srv

@@ -166,7 +166,7 @@ class Runtime:
         self.verbs = TokenVerbs(store)
         self.memory = Cuts()
         self.geometry = geometry
-        self.n_ctx_train = n_ctx_train
+        self.n_ctx_trained = n_ctx_train
         self.n_ctx_slot = geometry.n_ctx_slot(n_ctx_train)
         self.refuse: set[Geometry] = set()
         self.installed: list[Geometry] = []
@@ -180,7 +180,7 @@ class Runtime:
         if geo in self.refuse:
             raise ContextInitError(f"libllama cannot build {geo}")
         self.geometry = geo
-        self.n_ctx_slot = geo.n_ctx_slot(self.n_ctx_train)
+        self.n_ctx_slot = geo.n_ctx_slot(self.n_ctx_trained)
         self.installed.append(geo)
 
     def close(self) -> None:

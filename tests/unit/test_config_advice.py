@@ -67,23 +67,38 @@ def test_a_per_slot_cap_is_named() -> None:
 
 
 def test_the_training_context_is_extended_by_yarn_and_the_flags_named_fit_the_prompt() -> None:
-    """A slot capped by the training context is told llama-server's context extension (before:
-    "needs a model trained on a longer context", though the flags exist), with the override of
-    the model's own metadata key; the pool the advice names holds the prompt in one slot."""
+    """A slot capped by the training context is told the -c whose slot holds the prompt (kvswap
+    extends the context by YaRN itself) and llama-server's four flags for the smallest
+    extension (before: "needs a model trained on a longer context", though the flags exist);
+    the pool the advice names holds the prompt in one slot."""
     advice = _refusal(_geometry(8192, 1), n_ctx_train=2048)
-    assert advice.startswith("the model was trained on 2048 tokens")
+    assert advice.startswith("the model was trained on 2048 tokens, the most one slot takes")
+    assert "start with -c 8192 and no --rope-* flag: kvswap extends the context 4x" in advice
     assert (
-        "extend it 2x by YaRN: start with --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 2048 "
-        "--override-kv llama.context_length=int:4096 -c 8192, or serve a model" in advice
-    )
+        "llama-server extends it 2x with --rope-scaling yarn --rope-scale 2 --yarn-orig-ctx 2048 "
+        "--override-kv llama.context_length=int:4096 -c 8192), or serve a model" in advice
+    ), advice
     assert _geometry(8192, 1).n_ctx_slot(4096) > 2531  # extended, the slot holds the prompt
     # A split pool is told to unify it too; a per-slot cap above the training context does not
     # bind, the training context does.
     split = _refusal(_geometry(8192, 4), n_ctx_train=1024)
-    assert "--rope-scale 4" in split and "int:4096 -c 8192 -kvu," in split, split
+    assert "start with -c 8192 -kvu and no --rope-* flag" in split, split
+    assert "--rope-scale 4" in split and "int:4096 -c 8192 -kvu)" in split, split
     assert _geometry(8192, 4, kvu=True).n_ctx_slot(4096) > 2531
     capped = _refusal(_geometry(8192, 1, per_slot=4096), n_ctx_train=2048)
     assert capped.startswith("the model was trained on 2048 tokens")
-    # -c at its default, the training context: both bind, and only the extension lifts them.
+    # -c at its default, the training context: both bind, and a -c past it extends it.
     default = _refusal(_geometry(2048, 1), n_ctx_train=2048)
-    assert "extend it 2x by YaRN" in default and "int:4096 -c 4096," in default, default
+    assert "start with -c 4096 and no --rope-* flag: kvswap extends the context 2x" in default
+    assert "int:4096 -c 4096)" in default, default
+
+
+def test_a_slot_already_extended_names_the_models_own_training_context() -> None:
+    """Slots extended 4x (-c 8192 over a model trained on 2048) and still too small: the
+    advice counts from the model's 2,048 tokens, not the extended 8,192 (a YaRN over 8,192
+    would be a 16x extension called 2x)."""
+    message = exceeds_context_message(9000, 8192, _geometry(8192, 1), Trained(8192, "llama", 2048))
+    advice = message.split(": ", 1)[1]
+    assert advice.startswith("the model was trained on 2048 tokens, extended to 8192 by YaRN")
+    assert "start with -c 16384 and no --rope-* flag: kvswap extends the context 8x" in advice
+    assert "--rope-scale 8 --yarn-orig-ctx 2048" in advice, advice

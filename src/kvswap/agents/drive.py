@@ -25,7 +25,10 @@ from kvswap.agents.recorder import Exchange, Recorder, Rewrite
 
 WORDS = 'root ::= word (" " word){149,249} "."\nword ::= [a-zA-Z]{1,10}\n'
 # The server flags the sessions run under: SmolLM2 extended to 16k tokens by YaRN (Claude
-# Code's prompt is 6.5k tokens with no tools, Codex's 7k), one slot.
+# Code's prompt is 6.5k tokens with no tools, Codex's 7k), one slot. kvswap's own (a -c past
+# the training context turns YaRN on), and llama-server's four flags for the same extension
+# (a benchmark runs both servers with one set of flags).
+CONTEXT_16K = ["-c", "16384", "-np", "1"]
 YARN_16K = [
     "-c", "16384", "-np", "1",
     "--override-kv", "llama.context_length=int:16384",

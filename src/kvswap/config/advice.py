@@ -4,9 +4,8 @@ Owns `exceeds_context_message` and `WindowShape` (what it reads of a context geo
 engine's `Geometry` fits it). A slot's window is capped by whichever of four limits binds first,
 and each has its own remedy:
 
-- the model's training context: llama-server's context extension lifts it (YaRN over the
-  RoPE, the training context overridden in the model's metadata), as a model trained on a
-  longer context does;
+- the model's training context: a `-c` that gives a slot more lifts it, kvswap extending the
+  context by YaRN (`config.extension`; llama-server's four flags for it are named too);
 - `--kv-unified-per-slot N`, a cap per slot;
 - `-np N` without `-kvu`: the pool `-c` is split into N fixed windows, so a mind can never grow
   past `-c / N` even while the other slots are empty (llama-server turns unified KV on only
@@ -23,14 +22,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvswap.config.extension import yarn_factor
+
 
 @dataclass(frozen=True)
 class Trained:
-    """What the model says of its training context: the length, and its metadata key's prefix
-    (`general.architecture`), which `--override-kv` names."""
+    """What the model says of its training context: the length a slot is capped at, its
+    metadata key's prefix (`general.architecture`), which `--override-kv` names, and the
+    model's own length where an extension raised the cap (0: the same)."""
 
     n_ctx: int
     arch: str
+    n_ctx_model: int = 0
 
 
 class WindowShape(Protocol):
@@ -68,9 +71,8 @@ def exceeds_context_message(
 
 def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape, trained: Trained | None) -> str:
     per_slot = shape.kv_unified_per_slot
-    arch = trained.arch if trained is not None else ""
     if n_ctx_slot < shape.n_ctx_seq() and not 0 < per_slot <= n_ctx_slot:
-        return _extension(n_prompt, n_ctx_slot, shape, arch)
+        return _extension(n_prompt, n_ctx_slot, trained, shape)
     if 0 < per_slot <= n_ctx_slot:
         return (
             f"--kv-unified-per-slot {per_slot} caps every slot; start with a larger value, "
@@ -84,8 +86,8 @@ def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape, trained: Trained
             f'POST /reconfigure {{"n_parallel": 1}} or a larger "n_ctx"'
         )
     if trained is not None and 0 < trained.n_ctx <= n_prompt:
-        # The training context binds too (it is -c's default): no -c lifts it.
-        return _extension(n_prompt, trained.n_ctx, shape, arch)
+        # The training context binds too (it is -c's default): a -c past it extends it.
+        return _extension(n_prompt, trained.n_ctx, trained, shape)
     # The training context may bind here too when it is not known: say so.
     return (
         f"the whole KV pool is -c {shape.n_ctx} tokens; start with -c above {n_prompt}, or "
@@ -94,23 +96,27 @@ def _advice(n_prompt: int, n_ctx_slot: int, shape: WindowShape, trained: Trained
     )
 
 
-def _extension(n_prompt: int, n_train: int, shape: WindowShape, arch: str) -> str:
-    """A slot capped by the training context: the smallest power-of-two YaRN extension whose
-    window holds the prompt, as llama-server's flags say it."""
-    factor = 2
-    while n_train * factor <= n_prompt:
-        factor *= 2
+def _extension(n_prompt: int, n_cap: int, trained: Trained | None, shape: WindowShape) -> str:
+    """A slot capped by the training context (`n_cap`): the `-c` whose slot holds the prompt
+    (kvswap extends the context by the smallest power-of-two YaRN factor that covers a slot),
+    and llama-server's flags for the smallest extension that holds the prompt."""
+    n_train = (trained.n_ctx_model if trained is not None else 0) or n_cap
+    factor = yarn_factor(n_prompt + 1, n_train)
     n_ctx = n_train * factor
     pool = max(shape.n_ctx, n_ctx)
     if not shape.kv_unified and shape.n_parallel > 1:
         pool_flags = f"-c {pool} -kvu"  # a split pool's windows are -c / -np
     else:
         pool_flags = f"-c {pool}"
+    extended = f", extended to {n_cap} by YaRN" if n_cap != n_train else ""
+    arch = trained.arch if trained is not None and trained.arch else "<arch>"
     return (
-        f"the model was trained on {n_train} tokens, the most one slot takes whatever -c is; "
-        f"extend it {factor}x by YaRN: start with --rope-scaling yarn --rope-scale {factor} "
-        f"--yarn-orig-ctx {n_train} --override-kv {arch or '<arch>'}.context_length=int:{n_ctx} "
-        f"{pool_flags}, or serve a model trained on a longer context"
+        f"the model was trained on {n_train} tokens{extended}, the most one slot takes; start "
+        f"with {pool_flags} and no --rope-* flag: kvswap extends the context "
+        f"{yarn_factor(pool, n_train)}x by YaRN (llama-server extends it {factor}x with "
+        f"--rope-scaling yarn --rope-scale {factor} --yarn-orig-ctx {n_train} --override-kv "
+        f"{arch}.context_length=int:{n_ctx} {pool_flags}), or serve a model trained on a "
+        "longer context"
     )
 
 

@@ -99,6 +99,9 @@ class RebuildRuntime(Protocol):
     @property
     def n_ctx_slot(self) -> int: ...
 
+    @property
+    def n_ctx_trained(self) -> int: ...  # the training context a slot is capped at
+
     def install(self, geo: Geometry) -> None:
         """Build the contexts of `geo`; raises `core.errors.ContextInitError` when libllama
         cannot, and nothing is installed then."""

@@ -241,7 +241,7 @@ class Reconfigurer:
     def _run(self, p: _Pending, t_drained: float) -> ReconfigureReceipt:
         rt, slots, target = self.runtime, self.slots, p.target
         old = rt.geometry
-        new_slot_ctx = target.n_ctx_slot(self.info.n_ctx_train)
+        new_slot_ctx = target.n_ctx_slot(rt.n_ctx_trained)
         occupants = self._occupants(new_slot_ctx)
         plan = plan_seats(occupants, target.n_parallel, new_slot_ctx)
         kv_change = self._kv_type_changes(target)

@@ -20,6 +20,7 @@ from kvswap.backend.context import Context, ContextParams
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model
 from kvswap.config.advice import Trained
+from kvswap.config.extension import rope_fingerprint
 from kvswap.core.page import PageGeometry
 from kvswap.core.types import LoraSet
 from kvswap.engine.kv.checkpoints import CheckpointBudget
@@ -45,6 +46,8 @@ class EngineConfig:
     flash_attn: str = "auto"
     swa_full: bool = False
     rope: tuple[tuple[str, float], ...] = ()  # RoPE/YaRN context params (`--rope-*`)
+    # The training context a slot is capped at; 0 = the model's (an extension raises it).
+    n_ctx_trained: int = 0
     slot_prompt_similarity: float = 0.1
     step_tokens: int = 0  # per-step token budget; 0 = n_ubatch
     ctx_checkpoints: int = 32  # per slot (--ctx-checkpoints)
@@ -71,7 +74,7 @@ class Runtime:
     def trained(self) -> Trained:
         """The model's training context, as a refusal's advice names it."""
         info = self.model.info
-        return Trained(info.n_ctx_train, info.architecture)
+        return Trained(self.n_ctx_trained, info.architecture, info.n_ctx_train)
 
     def __init__(
         self,
@@ -92,6 +95,7 @@ class Runtime:
         self.budget = budget
         self.counters = counters
         info = model.info
+        self.n_ctx_trained = config.n_ctx_trained or info.n_ctx_train
         self.swa_window = 0 if config.swa_full else info.n_swa
         self.needs_checkpoints = info.is_recurrent or info.is_hybrid or self.swa_window > 0
         self.install(config.geometry)
@@ -125,14 +129,14 @@ class Runtime:
         self.geometry = geo
         self.ctx = ctx
         self.lora_applied: LoraSet | None = None  # a new context starts without adapters
-        self.n_ctx_slot = min(ctx.n_ctx_seq, info.n_ctx_train)
+        self.n_ctx_slot = min(ctx.n_ctx_seq, self.n_ctx_trained)
         if geo.kv_unified_per_slot > 0:
             self.n_ctx_slot = min(self.n_ctx_slot, geo.kv_unified_per_slot)
         self.step_budget = max(1, min(config.step_tokens or geo.n_ubatch, geo.n_batch))
         n_spec = 1 + self.spec.per_slot_cap if self.spec is not None else 1
         self.batch = Batch(max(self.step_budget, geo.n_parallel * n_spec))
         self.page_geometry = PageGeometry(
-            model_fingerprint=info.fingerprint,
+            model_fingerprint=rope_fingerprint(info.fingerprint, config.rope),
             cache_type_k=geo.cache_type_k,
             cache_type_v=geo.cache_type_v,
             n_stream=1 if geo.kv_unified else geo.n_parallel,

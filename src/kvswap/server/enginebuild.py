@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 from kvswap.backend.lora import Adapters
 from kvswap.backend.model import Model, ModelParams
+from kvswap.config.extension import Extension, auto_extension
 from kvswap.config.settings import ServerConfig
 from kvswap.engine.client import EngineClient, StartedEngine
 from kvswap.engine.plan.geometry import Geometry, resolve_geometry
@@ -57,7 +59,8 @@ def build_engine(config: ServerConfig, model: Model, geometry: Geometry | None =
             draft = Model.load(spec.model_draft, params)
             check_compatible(model, draft)
             log.info("draft model loaded: %s (%s)", spec.model_draft, draft.info.desc)
-        engine_conf = engine_config(config, model.info.n_ctx_train, geometry)
+        scaling = model.meta(f"{model.info.architecture}.rope.scaling.type")
+        engine_conf = engine_config(config, model.info.n_ctx_train, geometry, scaling)
         engine = EngineClient.build(model, engine_conf, adapters=adapters, draft_model=draft)
     except BaseException:
         adapters.close()
@@ -68,12 +71,17 @@ def build_engine(config: ServerConfig, model: Model, geometry: Geometry | None =
 
 
 def engine_config(
-    config: ServerConfig, n_ctx_train: int, geometry: Geometry | None = None
+    config: ServerConfig,
+    n_ctx_train: int,
+    geometry: Geometry | None = None,
+    model_scaling: str | None = None,
 ) -> EngineConfig:
     """The engine's configuration: the start-up flags, with `geometry` (a waking server's live
-    one) in place of the geometry they resolve to."""
+    one) in place of the geometry they resolve to. The context extension kvswap turns on is
+    the flags' (`_extension`), whatever the live geometry: a wake keeps the RoPE its
+    minds were made under. `model_scaling`: the model's `rope.scaling.type`, when its metadata has one."""
     ctx = config.context
-    geometry = geometry or resolve_geometry(
+    flags_geometry = resolve_geometry(
         n_ctx=ctx.n_ctx,
         n_parallel=ctx.n_parallel,
         kv_unified=ctx.kv_unified_resolved,
@@ -84,13 +92,16 @@ def engine_config(
         cache_type_v=ctx.cache_type_v,
         n_ctx_train=n_ctx_train,
     )
+    geometry = geometry or flags_geometry
+    extension = _extension(config, flags_geometry, n_ctx_train, model_scaling)
     return EngineConfig(
         geometry=geometry,
         n_threads=ctx.n_threads,
         n_threads_batch=ctx.n_threads_batch,
         flash_attn=ctx.flash_attn,
         swa_full=ctx.swa_full,
-        rope=ctx.rope,
+        rope=ctx.rope if extension is None else extension.rope,
+        n_ctx_trained=0 if extension is None else extension.n_ctx_train,
         slot_prompt_similarity=config.paging.slot_prompt_similarity,
         ctx_checkpoints=ctx.ctx_checkpoints,
         checkpoint_min_step=ctx.checkpoint_min_step,
@@ -107,6 +118,21 @@ def engine_config(
         warmup=config.model.warmup,
         clock=clock_from_env(os.environ),  # the retention tests' seam
     )
+
+
+def _extension(
+    config: ServerConfig, flags: Geometry, n_ctx_train: int, model_scaling: str | None
+) -> Extension | None:
+    """The YaRN extension the flags' slots need (logged when there is one)."""
+    extension = auto_extension(
+        rope=config.context.rope,
+        n_ctx_slot=flags.n_ctx_slot(sys.maxsize),
+        n_ctx_train=n_ctx_train,
+        model_scaling=model_scaling,
+    )
+    if extension is not None:
+        log.info("%s", extension.describe(flags.n_ctx_slot(extension.n_ctx_train)))
+    return extension
 
 
 def spec_config(config: ServerConfig) -> SpecConfig | None:

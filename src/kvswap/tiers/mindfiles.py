@@ -56,13 +56,24 @@ def key_of(name: str) -> PageKey | None:
 
 
 def made_with(theirs: str, ours: str) -> str:
-    """What differs between a file's fingerprint and this server's (`model;k=..;v=..`)."""
-    their_model, _, their_kv = theirs.partition(";")
-    our_model, _, _ = ours.partition(";")
+    """What differs between a file's fingerprint and this server's (`model[;rope=..];k=..;v=..`:
+    `PageGeometry.file_fingerprint`)."""
+    their_model, their_parts = _fingerprint_parts(theirs)
+    our_model, our_parts = _fingerprint_parts(ours)
     if their_model != our_model:
         return "another model"
-    kinds = dict(part.split("=", 1) for part in their_kv.split(";") if "=" in part)
-    return f"KV types {kinds.get('k', '?')}/{kinds.get('v', '?')}"
+    their_rope, our_rope = their_parts.get("rope", ""), our_parts.get("rope", "")
+    if their_rope != our_rope:
+        return (
+            f"the RoPE setting {their_rope or 'the model sets'} (this server: "
+            f"{our_rope or 'the model sets'}; -c and the --rope-* flags choose it)"
+        )
+    return f"KV types {their_parts.get('k', '?')}/{their_parts.get('v', '?')}"
+
+
+def _fingerprint_parts(fingerprint: str) -> tuple[str, dict[str, str]]:
+    model, *parts = fingerprint.split(";")
+    return model, dict(part.split("=", 1) for part in parts if "=" in part)
 
 
 def n_tokens_of(head: bytes) -> int:
