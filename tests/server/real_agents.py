@@ -1,7 +1,8 @@
 """Claude Code and Codex sessions driven through a recording proxy, for the tests that run the
 real clients against kvswap (one server: tests/server/test_real_agents.py; a cluster:
 tests/cluster/test_real_agents_cluster.py), steered as `kvswap.agents.drive` says (greedy, a
-150-250-word grammar, one forced `get_goal` call at the start of each Codex turn); and the token
+150-250-word grammar, one forced `get_goal` call at the start of each Codex turn; Claude Code's
+own Read tool called on the session's GOAL.md at the start of its first turn); and the token
 counts the tests assert on.
 """
 
@@ -15,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from kvswap.agents.clis import ClaudeCode, Codex
-from kvswap.agents.drive import WORDS, codex_rewrite, greedy
-from kvswap.agents.recorder import Exchange, Recorder
+from kvswap.agents.drive import WORDS, codex_rewrite
+from kvswap.agents.recorder import Exchange, Recorder, Rewrite
 
 SLACK = 64  # tokens a turn may prefill beyond its new input (the issue's bound)
 
@@ -66,7 +67,42 @@ def stamped(body: dict[str, Any]) -> dict[str, Any]:
     stamp = uuid.uuid4().hex[:5]
     system[0]["text"] = _BILLING.sub(rf"cc_version=\1.{stamp[:3]}; cch={stamp};", system[0]["text"])
     assert system[0]["text"] != body["system"][0]["text"], system[0]
-    return {**body, "system": system, "temperature": 0, "grammar": WORDS}
+    return {**body, "system": system}
+
+
+GOAL = "The goal of this session is to teach a cat to write Python.\n"
+
+
+def read_goal(
+    home: Path, then: Callable[[dict[str, Any]], dict[str, Any]] = dict, call: bool = True
+) -> Rewrite:
+    """Claude Code's steering (`then` first changes each body): with `call`, the first request
+    calls Claude Code's own Read tool on `home`/GOAL.md (the one path Read's schema is narrowed
+    to, on every request alike, so the prompt's prefix holds); every other request answers in
+    `WORDS`; greedy throughout."""
+    goal = str(home / "GOAL.md")
+    narrowed = {
+        "type": "object",
+        "properties": {"file_path": {"type": "string", "enum": [goal]}},
+        "required": ["file_path"],
+    }
+    seen = 0 if call else 1
+
+    def rewrite(_: int, body: dict[str, Any]) -> dict[str, Any]:
+        nonlocal seen
+        body = then(body)
+        tools = [
+            {**t, "input_schema": narrowed} if t.get("name") == "Read" else t
+            for t in body.get("tools", [])
+        ]
+        if seen == 0:
+            steer: dict[str, Any] = {"tool_choice": {"type": "tool", "name": "Read"}}
+        else:
+            steer = {"tool_choice": {"type": "none"}, "grammar": WORDS}
+        seen += 1
+        return {**body, "tools": tools, "temperature": 0, **steer}
+
+    return rewrite
 
 
 @dataclass
@@ -84,16 +120,28 @@ class Session:
 def claude_session(
     url: str, home: Path, key: str, between: Callable[[str], None] | None = None
 ) -> Session:
-    """`claude -p` then `claude -p --continue` (its billing line restamped), each exiting 0;
-    `between(session_id)` runs between the turns."""
-    with Recorder(url, rewrite=greedy(every={"grammar": WORDS})) as proxy:
-        claude = ClaudeCode(proxy.url, home, api_key=key, tools="", max_output_tokens=1000)
-        first = claude.turn("Write a short story about a cat who learns to code.", timeout_s=600)
+    """`claude -p` (Claude Code's Read tool called on GOAL.md, then an answer) then `claude -p
+    --continue` (its billing line restamped), each exiting 0; `between(session_id)` runs
+    between the turns. Claude Code offers the model its Read tool alone: its whole default set
+    makes a 21k-token prompt, 8 minutes of prefill on SmolLM2 with two cores."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "GOAL.md").write_text(GOAL)
+    with Recorder(url, rewrite=read_goal(home)) as proxy:
+        claude = ClaudeCode(proxy.url, home, api_key=key, tools="Read", max_output_tokens=1000)
+        first = claude.turn("What is the goal of this session? Read GOAL.md.", timeout_s=600)
         assert first.returncode == 0, first
         turn1 = proxy.taken()
+        results = [
+            block
+            for m in turn1[-1].json()["messages"]
+            if isinstance(m["content"], list)
+            for block in m["content"]
+            if block.get("type") == "tool_result"
+        ]
+        assert results and GOAL.strip() in str(results[0]["content"]), turn1[-1].json()
         if between is not None:
             between(turn1[0].headers["X-Claude-Code-Session-Id"])
-        proxy.rewrite = lambda i, body: stamped(body)
+        proxy.rewrite = read_goal(home, stamped, call=False)
         second = claude.next_turn(
             "Now tell the same story from the computer's point of view.", timeout_s=600
         )

@@ -1,6 +1,6 @@
 """Claude Code and Codex, the released command-line agents (installed from npm at pinned
 versions by scripts/setup.sh), each run two turns of one session against a real `kvswap serve`
-on SmolLM2 (YaRN to 16k tokens, one slot, two API keys), through a recording proxy that drives
+on SmolLM2 (-c 16384: YaRN to 16k tokens, one slot, two API keys), through a recording proxy that drives
 the random-weight model (tests/server/real_agents.py).
 
 What a user relies on: both turns exit 0; the session is a mind, so every request after the
@@ -45,10 +45,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 def test_claude_code_continues_its_session_from_the_mind(
     server: ServerProcess, tmp_path: Path
 ) -> None:
-    """`claude -p`, a side request on the session's id, then `claude -p --continue` under a
-    restamped billing line: both exit 0 and every request after the first prefills only its
-    new input (before: a 400 on the system turn, then each turn prefilled its history again
-    from the billing line's 25th token). Another key sending the session's id reads none of it."""
+    """`claude -p` (the model calls Claude Code's Read tool, then answers on its result), a side
+    request on the session's id, then `claude -p --continue` under a restamped billing line:
+    both exit 0 and every request after the first prefills only its new input, the tool call
+    and its result included (before: a 400 on the system turn, then each turn prefilled its
+    history again from the billing line's 25th token). Another key sending the session's id
+    reads none of it."""
 
     def title_request(session: str) -> None:
         """A title request on the session's id (another system prompt): not on the mind."""
@@ -67,7 +69,8 @@ def test_claude_code_continues_its_session_from_the_mind(
 
     run = claude_session(server.url, tmp_path / "claude", "ka", between=title_request)
     counts = [anthropic_count(x) for x in run.all]
-    assert counts[0].output >= 150, counts
+    assert len(run.turn1) == 2, counts  # the Read call, then the answer on its result
+    assert counts[1].output >= 150, counts
     assert_no_reprefill(counts, "claude")
 
     # Key kb sends the session's id and its first prompt: its own mind, nothing read.
