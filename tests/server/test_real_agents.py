@@ -1,7 +1,7 @@
 """Claude Code and Codex, the released command-line agents (installed from npm at pinned
 versions by scripts/setup.sh), each run two turns of one session against a real `kvswap serve`
-on SmolLM2 (-c 16384: YaRN to 16k tokens, one slot, two API keys), through a recording proxy that drives
-the random-weight model (tests/server/real_agents.py).
+on SmolLM2 (-c 16384: YaRN to 16k tokens, one slot, two API keys), through a recording proxy
+that drives the random-weight model (tests/server/real_agents.py).
 
 What a user relies on: both turns exit 0; the session is a mind, so every request after the
 first prefills only what it adds (its new input + 64 tokens), the answers and tool calls coming
