@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from kvswap.core.errors import ErrorKind, KvswapError
@@ -149,9 +150,7 @@ class Demoter:
         None when done, else why not (the disk tier's refusal, the write's error)."""
         if self.publisher is None or self.store is None:
             return "there is no disk tier (--slot-save-path)"
-        if self._spill(self.store, key, drop=True, bounded=True):
-            return None
-        return self._refused or "the disk tier refused it (see the server log)"  # (its reason)
+        return self._spill(self.store, key, drop=True, bounded=True)
 
     def owns(self, key: PageKey) -> bool:
         """This server owns mind `key` already (no file is touched)."""
@@ -268,7 +267,7 @@ class Demoter:
         self._write_handoffs()
         n_spilled = sum(self._spill_captured(key, cap) for key, cap in captured)
         for key in minds_in_ram:
-            n_spilled += self._spill(store, key, drop=False, bounded=False)
+            n_spilled += self._spill(store, key, drop=False, bounded=False) is None
         if n_spilled:
             log.info("spilled %d mind(s) before exit", n_spilled)
 
@@ -345,7 +344,7 @@ class Demoter:
         if not answer.wait(_ENGINE_TIMEOUT_S) or not isinstance(answer.value, list):
             return
         for key, cap in answer.value:
-            if not self._disk_room(key, cap.layout.n_bytes, may_drop=False):
+            if self._disk_refusal(key, cap.layout.n_bytes, may_drop=False) is not None:
                 cap.close()
             elif self._spill_captured(key, cap, t_asked):  # closes the buffer
                 self.flushes.flushed(key, t_asked)
@@ -360,7 +359,7 @@ class Demoter:
             return  # paged in meanwhile: its next window writes it from the slot
         t_held = time.time()
         try:
-            if not self._disk_room(key, page.n_bytes, may_drop=False):
+            if self._disk_refusal(key, page.n_bytes, may_drop=False) is not None:
                 return
             with self._io:
                 if self.registry.forgotten_after(key, t_held):
@@ -379,13 +378,15 @@ class Demoter:
         """Write the minds too large for the page store that the engine handed over."""
         while (handoff := self.handoffs.take()) is not None:
             key, cap, t_copied = handoff
-            if self._disk_room(key, cap.layout.n_bytes):
+            refusal = self._disk_refusal(key, cap.layout.n_bytes)
+            if refusal is None:
                 written = self._spill_captured(key, cap, t_copied)
                 handed = Handed.WRITTEN if written else Handed.REFUSED
             else:
                 cap.close()
                 assert self.disk is not None
                 handed = Handed.REFUSED
+                self._refused = refusal
                 if self.disk.give_way(key, _nothing, "its slot"):  # (the engine clears it)
                     handed, self._refused = Handed.DROPPED, ""
             self.handoffs.done(key, handed)
@@ -411,7 +412,9 @@ class Demoter:
             if self.publisher is None:
                 self._refused = "there is no disk tier to spill to (--slot-save-path)"
                 return
-            if not self._spill(store, candidates[0], drop=True, bounded=True):
+            refusal = self._spill(store, candidates[0], drop=True, bounded=True)
+            if refusal is not None:
+                self._refused = refusal
                 return
         self._refused = ""
 
@@ -435,30 +438,32 @@ class Demoter:
             return 0
         return answer.value
 
-    def _spill(self, store: PageStore, key: PageKey, *, drop: bool, bounded: bool) -> int:
+    def _spill(self, store: PageStore, key: PageKey, *, drop: bool, bounded: bool) -> str | None:
         """Write mind `key`'s RAM page to disk; `drop` then frees it from RAM (unless a request
-        holds the mind meanwhile; a page whose disk copy is current is freed unwritten). 1 when
-        written (or current), 0 when refused or failed."""
+        holds the mind meanwhile; a page whose disk copy is current is freed unwritten). None
+        when written (or current), else why not (the disk tier's refusal, the write's error):
+        the caller's own answer, never another thread's."""
         assert self.publisher is not None
         reg = self.registry
         try:
             page = store.hold(key)
         except KvswapError:
-            return 1  # paged in (or spilled) meanwhile
+            return None  # paged in (or spilled) meanwhile
         try:
             if drop and self._is_current(key):
                 # Its disk copy holds this very state (written behind): only RAM is freed.
                 if reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
                     self.settle(key)
                 reg.count(spills_total=1)
-                return 1
-            if bounded and not self._disk_room(key, page.n_bytes):
+                return None
+            refusal = self._disk_refusal(key, page.n_bytes) if bounded else None
+            if refusal is not None:
                 assert self.disk is not None
-                free = lambda: store.remove(key, page.generation)  # noqa: E731
-                if drop and self.disk.give_way(key, free, "RAM"):
-                    self._refused = ""  # the mind went instead of its copy
-                    return 1
-                return 0
+                if drop and self.disk.give_way(
+                    key, partial(store.remove, key, page.generation), "RAM"
+                ):
+                    return None  # the mind went instead of its copy
+                return refusal or "the disk tier refused it"
             t_held = time.time()
             with self._io:
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
@@ -467,25 +472,22 @@ class Demoter:
             if drop and reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
                 self.settle(key)  # on disk only now: another server may take it
             reg.count(spills_total=1)
-            return 1
+            return None
         except FilesError as err:
             reg.count(spill_failed_total=1)
-            self._refused = f"a spill to disk failed ({err})"
             log.error("mind %s could not be spilled: %s", key, err)
-            return 0
+            return f"a spill to disk failed ({err})"
         finally:
             store.release(page)
 
     def _record_disk(self, key: PageKey, n_bytes: int, n_tokens: int) -> None:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
-    def _disk_room(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> bool:
-        """Room on disk for mind `key`'s copy (`diskbudget`); a refusal's reason is the pass's."""
+    def _disk_refusal(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> str | None:
+        """Why the disk tier has no room for mind `key`'s copy (`diskbudget`; "" a quiet
+        refusal), or None."""
         assert self.disk is not None
-        why = self.disk.room(key, n_bytes, may_drop)
-        if why:
-            self._refused = why
-        return why is None
+        return self.disk.room(key, n_bytes, may_drop)
 
 
 def _nothing() -> None:
