@@ -34,7 +34,7 @@ import pytest
 
 from kvswap.bench.server import RssPeaks
 from kvswap.tiers.mindfiles import MINDS_DIR
-from kvswap.tiny import tiny_model_path
+from kvswap.bench.paging import wide_model
 from tests.reliability.soak import TOKEN_HI, TOKEN_LO
 from tests.server.harness import ServerProcess
 
@@ -46,10 +46,7 @@ SMALL_TOKENS = 48  # a small mind: 48 MiB
 
 
 def _args(*, flush_s: int = 0, ram_bytes: int = 4 * (BIG_MIB + 16) * MIB) -> list[str]:
-    model = tiny_model_path(
-        "llama", seed=3, n_embd=8, n_layer=32, n_head=64, n_head_kv=64, head_dim=128, n_ff=8,
-        n_ctx_train=max(4096, 2 * BIG_MIB),
-    )  # fmt: skip
+    model = wide_model(BIG_MIB)  # 1 MiB of KV a token
     n_ctx = 256 * (BIG_MIB // 256 + 2)  # one slot of a big mind and its next turns
     return ["-m", str(model), "-c", str(n_ctx), "-np", "1", "-t", "2", "-tb", "2",
             "-b", "256", "-ub", "256", "--page-flush-seconds", str(flush_s),

@@ -24,7 +24,7 @@ def test_bench_help_lists_every_bench_with_a_line(capsys: pytest.CaptureFixture[
     modules = {m.name for m in pkgutil.iter_modules(kvswap.bench.__path__)}
     # Every bench module is listed (the helpers are not benches).
     helpers = {"cli", "server", "progress", "minds_script", "minds_report", "cluster_floor",
-               "stateful_report", "coding_report"}  # fmt: skip
+               "stateful_report", "coding_report", "switch_floors"}  # fmt: skip
     assert set(BENCHES) == modules - helpers
     for name, what in BENCHES.items():
         assert f"  {name}" in out and what in out

@@ -54,6 +54,7 @@ from kvswap.bench.minds_script import (
     llama_probe,
 )
 from kvswap.bench.server import BenchServer, peak_rss_bytes
+from kvswap.bench.switch_floors import drop_cache
 from kvswap.models import default_model_path
 
 _GROWTH = 30  # tokens a turn adds to a mind, about (estimates only)
@@ -118,13 +119,8 @@ def drop_cached(save: Path, mind: str) -> None:
     """Mind `mind`'s file leaves the page cache (`posix_fadvise(DONTNEED)`; its pages are
     clean once written and fsynced): its next read is from the disk."""
     path = mind_file(save, mind)
-    if path is None:
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    if path is not None:
+        drop_cache(path)
 
 
 def read_floor_ms(save: Path, mind: str, *, cold: bool = False) -> float:
