@@ -9,7 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvswap.bench.switch_floors import drop_cache, measure_floors, read_into, write_fsync
+from kvswap.bench.switch_floors import (
+    WriteFloor,
+    drop_cache,
+    measure_floors,
+    read_into,
+    write_fsync,
+)
 from kvswap.tiny import tiny_model_path
 
 
@@ -37,6 +43,20 @@ def test_the_floors_time_the_prefilled_minds_state(tmp_path: Path) -> None:
     assert 1.8 < large.n_bytes / small.n_bytes < 2.1, (small, large)
     for floors in (small, large):
         times = [floors.memcpy_ms, floors.get_data_ms, floors.set_data_ms,
-                 floors.write_fsync_ms, floors.read_warm_ms, floors.read_cold_ms]  # fmt: skip
+                 floors.read_warm_ms, floors.read_cold_ms]  # fmt: skip
         assert all(ms > 0 for ms in times), floors
     assert not (tmp_path / "floor.bin").exists()
+
+
+def test_the_write_floor_replaces_its_file_as_a_publication_does(tmp_path: Path) -> None:
+    """Each write is a new file written beside the last, which then goes: the floor neither
+    reuses blocks it freed before writing nor fills the disk."""
+    floor = WriteFloor(tmp_path, 1 << 20)
+    assert floor() > 0
+    first = list(tmp_path.iterdir())
+    assert floor() > 0
+    second = list(tmp_path.iterdir())
+    assert len(first) == len(second) == 1 and first != second
+    assert second[0].stat().st_size == 1 << 20
+    floor.clear()
+    assert list(tmp_path.iterdir()) == []

@@ -33,7 +33,13 @@ import numpy as np
 
 from kvswap.backend.liblog import route_libllama_logs
 from kvswap.bench.server import BenchServer
-from kvswap.bench.switch_floors import Floors, drop_cache, measure_floors
+from kvswap.bench.switch_floors import (
+    CopyFloor,
+    Floors,
+    WriteFloor,
+    drop_cache,
+    measure_floors,
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class Moves:
     page_in_ms: float  # RAM to slot
     spill_ms: float  # RAM to disk (the page written to a file, kept in RAM)
     save_ms: float  # slot to disk (a slot file)
+    write_floor_ms: float  # a write of as many bytes with its fsync, taking turns with them
+    memcpy_ms: float  # a memcpy of as many bytes, taking turns with the copies
     restore_ms: float  # disk to slot, the file in the page cache
     restore_cold_ms: float  # ... after the file left the page cache
 
@@ -94,26 +102,39 @@ def _moves(server: BenchServer, tokens: list[int], save_dir: Path, runs: int) ->
     prefill_ms = (time.perf_counter() - t0) * 1e3
     seen: dict[str, list[float]] = {}
     n_bytes = 0
+    floor: WriteFloor | None = None
+    memcpy: CopyFloor | None = None
 
     def timed(name: str, path: str, body: dict | None = None, key: str = "") -> dict:
         out = _post(server, path, body)
         seen.setdefault(name, []).append(out["timings"][key or f"{name}_ms"])
         return out
 
-    for _ in range(runs):
+    for run in range(runs):
+        if memcpy is not None:
+            seen.setdefault("memcpy", []).append(memcpy())
         out = timed("page_out", "/slots/0?action=page_out&page=mind")
         n_bytes = out["n_bytes"]
+        memcpy = memcpy or CopyFloor(n_bytes)
         seen.setdefault("copy", []).append(out["timings"]["copy_ms"])
+        floor = floor or WriteFloor(save_dir, n_bytes)
+        if run % 2 == 0:  # the floor's write first on even runs, last on odd ones
+            seen.setdefault("write_floor", []).append(floor())
         timed("spill", "/slots/0?action=spill&page=mind", {"filename": "spill.bin", "drop": False})
         timed("page_in", "/slots/1?action=page_in&page=mind")
         timed("save", "/slots/1?action=save", {"filename": "mind.bin"})
+        if run % 2 == 1:
+            seen.setdefault("write_floor", []).append(floor())
         timed("restore", "/slots/0?action=restore", {"filename": "mind.bin"})
         drop_cache(save_dir / "mind.bin")
         timed("restore_cold", "/slots/0?action=restore", {"filename": "mind.bin"}, "restore_ms")
+    assert memcpy is not None and floor is not None
+    seen.setdefault("memcpy", []).append(memcpy())  # a run's worth after the last page_out
+    floor.clear()
     med = {name: statistics.median(v) for name, v in seen.items()}
     return Moves(
         n_bytes, prefill_ms, med["page_out"], med["copy"], med["page_in"], med["spill"],
-        med["save"], med["restore"], med["restore_cold"],
+        med["save"], med["write_floor"], med["memcpy"], med["restore"], med["restore_cold"],
     )  # fmt: skip
 
 
@@ -124,8 +145,8 @@ def part1(cases: list[MindCase], threads: int, runs: int) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     floor_lines = [
-        "| mind | state MB | slot to RAM: copy / memcpy ms | x | RAM to slot: page_in / set_data ms | x | RAM to disk: spill / write+fsync ms | x | slot to disk: save / write+fsync ms | x | disk to slot warm: restore / read+set_data ms | x | cold | x |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mind | state MB | slot to RAM: copy / memcpy ms | x | RAM to slot: page_in / set_data ms | x | RAM to disk: spill / write+fsync ms | x | slot to disk: save / write+fsync ms | x | disk to slot warm: restore / read+set_data ms | x | cold | x | slot to RAM apart ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for case in cases:
         with tempfile.TemporaryDirectory(prefix="kvswap-bench-") as save_dir:
@@ -156,15 +177,16 @@ def _moves_row(case: MindCase, m: Moves) -> str:
 
 def _floors_row(case: MindCase, m: Moves, f: Floors) -> str:
     pairs = [
-        (m.copy_ms, f.memcpy_ms),
+        (m.copy_ms, m.memcpy_ms),
         (m.page_in_ms, f.set_data_ms),
-        (m.spill_ms, f.write_fsync_ms),
-        (m.save_ms, f.write_fsync_ms),
+        (m.spill_ms, m.write_floor_ms),
+        (m.save_ms, m.write_floor_ms),
         (m.restore_ms, f.read_warm_ms + f.set_data_ms),
         (m.restore_cold_ms, f.read_cold_ms + f.set_data_ms),
     ]
     cells = " | ".join(f"{ms:.1f} / {floor:.1f} | {ms / floor:.2f}" for ms, floor in pairs)
-    return f"| {case.label} | {m.n_bytes / 1e6:.1f} | {cells} |"
+    libllama = f"get_data {f.get_data_ms:.1f}, memcpy {f.memcpy_ms:.1f} apart"
+    return f"| {case.label} | {m.n_bytes / 1e6:.1f} | {cells} | {libllama} |"
 
 
 def part2(model: str, mind_tokens: int) -> list[str]:
