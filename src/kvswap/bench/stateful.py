@@ -2,13 +2,15 @@
 re-send, on the same engine, and against llama-server.
 
 N agents (default 8) each hold a chain of T turns (default 20); each turn adds one user message
-of about W tokens and asks for a few greedy tokens, streamed through POST /v1/responses. Three
-ways, one after the other, each on a fresh server with the same geometry and RAM budget:
+of about W tokens and asks for a few greedy tokens, streamed through POST /v1/responses. The
+ways, one after the other, each on a fresh server with the same RAM budget:
 - `kvswap stored`: each request carries only `previous_response_id` and its new message;
 - `kvswap re-send`: each request carries the whole conversation (`store: false`), naming the
   agent's mind (`X-Mind-Id`), kvswap's best case for a client that re-sends;
 - `llama-server re-send` (`--llama-server BIN`): the same bodies; its prompt cache
-  (`--cache-ram`, set to kvswap's `--page-ram-bytes`) finds what it can.
+  (`--cache-ram`, set to kvswap's `--page-ram-bytes`) finds what it can;
+- `kvswap resident`: the stored requests on a server with a slot for each agent, so no mind
+  ever leaves its slot: the stored turn's floor (the new message's prefill over the history).
 One client plays the agents round robin, so every returning turn finds its mind out of its slot
 (8 agents, 2 slots), in RAM or on disk past `--page-ram-bytes`. Per turn: TTFT (to the first
 output delta), the request's bytes, the server's CPU time over the request, the tokens it
@@ -46,7 +48,7 @@ class Agents:
 
     def __init__(self, server: BenchServer, a: argparse.Namespace, way: str) -> None:
         self.server, self.a, self.way = server, a, way
-        self.stored = way == "kvswap stored"
+        self.stored = way in (WAYS[0], WAYS[3])  # the resident way's requests are stored too
         self.previous: dict[int, str | None] = dict.fromkeys(range(a.agents))
         self.history: dict[int, list[dict[str, str]]] = {m: [] for m in range(a.agents)}
         self.figures: list[TurnFigures] = []
@@ -129,7 +131,8 @@ def _model(a: argparse.Namespace) -> str:
 
 
 def _args(a: argparse.Namespace, model: str, way: str, save: str) -> list[str]:
-    common = ["-m", model, "-c", str(a.ctx_slot * a.slots), "-np", str(a.slots)]
+    slots = a.agents if way == WAYS[3] else a.slots  # a slot each: no mind ever leaves its slot
+    common = ["-m", model, "-c", str(a.ctx_slot * slots), "-np", str(slots)]
     common += ["-t", str(a.threads), "-tb", str(a.threads)]
     if way.startswith("llama-server"):
         return [*common, "--cache-ram", str(a.page_ram_mib)]
@@ -173,8 +176,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--long", action="store_true", help="a generated model with SmolLM2's KV "
                    "bytes per token (give --ctx-slot and --message-tokens for 32k chains)")  # fmt: skip
     p.add_argument("--llama-server", default="", help="the pinned llama-server binary")
-    p.add_argument("--ways", default=",".join(WAYS[:2]), help="comma-separated ways to run "
-                   "(--llama-server adds the third)")  # fmt: skip
+    p.add_argument("--ways", default=",".join((WAYS[0], WAYS[1], WAYS[3])),
+                   help="comma-separated ways to run (--llama-server adds llama-server's)")  # fmt: skip
     p.add_argument("--out", default="docs", help="folder for bench-stateful.md and its plot")
     a = p.parse_args(argv)
     ways = [w.strip() for w in a.ways.split(",") if w.strip()]
