@@ -32,9 +32,9 @@ from typing import Any
 import httpx
 import pytest
 
+from kvswap.bench.paging import wide_model
 from kvswap.bench.server import RssPeaks
 from kvswap.tiers.mindfiles import MINDS_DIR
-from kvswap.bench.paging import wide_model
 from tests.reliability.soak import TOKEN_HI, TOKEN_LO
 from tests.server.harness import ServerProcess
 
