@@ -149,6 +149,20 @@ def claude_session(
         return Session(turn1, proxy.taken())
 
 
+def claude_resume(url: str, home: Path, key: str, session: str) -> tuple[list[Exchange], Count]:
+    """Another session's turn (`claude -p`), then `claude -p --resume SESSION`, each exiting 0:
+    the resumed turn's exchanges, and the count of the other session's first request."""
+    with Recorder(url, rewrite=read_goal(home, call=False)) as proxy:
+        claude = ClaudeCode(proxy.url, home, api_key=key, tools="Read", max_output_tokens=1000)
+        other = claude.turn("Say hello.", timeout_s=600)
+        assert other.returncode == 0, other
+        between = anthropic_count(proxy.taken()[0])
+        proxy.rewrite = read_goal(home, call=False)
+        resumed = claude.resume(session, "Say it once more, in one sentence.", timeout_s=600)
+        assert resumed.returncode == 0, resumed
+        return proxy.taken(), between
+
+
 def codex_session(url: str, home: Path, key: str) -> Session:
     """`codex exec` (one forced tool call, then an answer) then `codex exec resume --last`,
     each exiting 0."""

@@ -22,6 +22,7 @@ from tests.server.harness import ServerProcess
 from tests.server.real_agents import (
     anthropic_count,
     assert_no_reprefill,
+    claude_resume,
     claude_session,
     codex_session,
     responses_count,
@@ -50,7 +51,8 @@ def test_claude_code_continues_its_session_from_the_mind(
     both exit 0 and every request after the first prefills only its new input, the tool call
     and its result included (before: a 400 on the system turn, then each turn prefilled its
     history again from the billing line's 25th token). Another key sending the session's id
-    reads none of it."""
+    reads none of it; after another session's turn, `claude -p --resume` continues the first
+    from its mind."""
 
     def title_request(session: str) -> None:
         """A title request on the session's id (another system prompt): not on the mind."""
@@ -83,6 +85,15 @@ def test_claude_code_continues_its_session_from_the_mind(
     )
     assert other.status_code == 200, other.text
     assert (other.json()["usage"].get("cache_read_input_tokens") or 0) == 0, other.json()
+
+    # Another session of key ka runs, then `claude -p --resume` names the first: its mind comes
+    # back (from RAM or disk) and the turn prefills only its new input.
+    resumed, between = claude_resume(server.url, tmp_path / "claude", "ka", session)
+    assert between.prefilled < between.prompt // 2, between  # the other opened from its prefix
+    assert all(x.headers["X-Claude-Code-Session-Id"] == session for x in resumed)
+    mind = [e for e in resumed[0].events() if e.get("type") == "message_delta"][-1]["mind"]
+    assert mind["name"] == session and mind["tier_before"] in ("ram", "disk"), mind
+    assert_no_reprefill([counts[-1], anthropic_count(resumed[0])], "claude --resume")
 
 
 @pytest.mark.timeout(1200)

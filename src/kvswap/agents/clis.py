@@ -109,6 +109,10 @@ class ClaudeCode:
     def next_turn(self, prompt: str, timeout_s: float = 900) -> Ran:
         return _run(self._argv("--continue", prompt), self.env(), self.home, timeout_s)
 
+    def resume(self, session: str, prompt: str, timeout_s: float = 900) -> Ran:
+        """`claude -p --resume SESSION PROMPT`: that session, whatever ran since."""
+        return _run(self._argv("--resume", session, prompt), self.env(), self.home, timeout_s)
+
 
 @dataclass
 class Codex:
