@@ -11,10 +11,15 @@ ways, one after the other, each on a fresh server with the same RAM budget:
   (`--cache-ram`, set to kvswap's `--page-ram-bytes`) finds what it can;
 - `kvswap resident`: the stored requests on a server with a slot for each agent, so no mind
   ever leaves its slot: the stored turn's floor (the new message's prefill over the history).
+Every way's server runs at once and the ways play side by side: each agent's turn is sent to
+every way, one after the other (the order rotating from one turn to the next), so a drift in the
+machine's load falls on every way alike and each stored turn has its floor measured beside it.
 One client plays the agents round robin, so every returning turn finds its mind out of its slot
 (8 agents, 2 slots), in RAM or on disk past `--page-ram-bytes`. Per turn: TTFT (to the first
 output delta), the request's bytes, the server's CPU time over the request, the tokens it
-prefilled. `stateful_report` writes the table, the targets and the plot.
+prefilled, and on kvswap the milliseconds the server spent moving minds for it (`/metrics`: the
+engine's switches, reads from disk, restores). `stateful_report` writes the table, the targets
+and the plot.
 """
 
 from __future__ import annotations
@@ -23,13 +28,15 @@ import argparse
 import json
 import tempfile
 import time
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
 
+from kvswap.bench.minds_script import Probe, kvswap_probe
 from kvswap.bench.progress import progress
 from kvswap.bench.server import BenchServer, process_cpu_s
-from kvswap.bench.stateful_report import WAYS, TurnFigures, report
+from kvswap.bench.stateful_report import WAYS, ByWay, TurnFigures, report
 from kvswap.models import default_model_path
 
 
@@ -44,7 +51,7 @@ def message(agent: int, turn: int, n_tokens: int) -> str:
 
 
 class Agents:
-    """Plays the chains of every agent against one server, one way."""
+    """Plays the chains of every agent against one server, one way, a turn at a time."""
 
     def __init__(self, server: BenchServer, a: argparse.Namespace, way: str) -> None:
         self.server, self.a, self.way = server, a, way
@@ -52,15 +59,10 @@ class Agents:
         self.previous: dict[int, str | None] = dict.fromkeys(range(a.agents))
         self.history: dict[int, list[dict[str, str]]] = {m: [] for m in range(a.agents)}
         self.figures: list[TurnFigures] = []
+        self.moves: Probe | None = kvswap_probe(server) if way.startswith("kvswap") else None
 
-    def run(self) -> list[TurnFigures]:
-        a = self.a
-        with httpx.Client(base_url=self.server.url, timeout=3600) as http:
-            for turn in range(a.turns):
-                for agent in range(a.agents):
-                    self.figures.append(self._turn(http, agent, turn))
-                    progress(self.way, len(self.figures), a.agents * a.turns, "turns")
-        return self.figures
+    def play(self, http: httpx.Client, agent: int, turn: int) -> None:
+        self.figures.append(self._turn(http, agent, turn))
 
     def _body(self, agent: int, text: str) -> tuple[dict[str, Any], dict[str, str]]:
         body: dict[str, Any] = {
@@ -91,7 +93,8 @@ class Agents:
         with http.stream("POST", "/v1/responses", content=raw, headers=headers) as resp:
             if resp.status_code != 200:
                 resp.read()
-                return TurnFigures(self.way, agent, turn, 0, 0, len(raw), 0, 0, 0, resp.text[:200])
+                error = resp.text[:200]
+                return TurnFigures(self.way, agent, turn, 0, 0, len(raw), 0, 0, 0, error=error)
             for line in resp.iter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -104,6 +107,7 @@ class Agents:
                     final = event["response"]
         total_ms = (time.perf_counter() - t0) * 1e3
         cpu_ms = (process_cpu_s(self.server.proc.pid) - cpu0) * 1e3
+        moved_ms = sum(self.moves().values()) if self.moves else 0.0
         usage = final.get("usage") or {}
         n_prompt = int(usage.get("input_tokens", 0))
         cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
@@ -114,7 +118,7 @@ class Agents:
         ]
         return TurnFigures(
             self.way, agent, turn, ttft_ms or total_ms, total_ms, len(raw), cpu_ms,
-            n_prompt, n_prompt - cached,
+            n_prompt, n_prompt - cached, moved_ms,
         )  # fmt: skip
 
 
@@ -136,17 +140,30 @@ def _args(a: argparse.Namespace, model: str, way: str, save: str) -> list[str]:
     common += ["-t", str(a.threads), "-tb", str(a.threads)]
     if way.startswith("llama-server"):
         return [*common, "--cache-ram", str(a.page_ram_mib)]
-    return [*common, "--page-ram-bytes", f"{a.page_ram_mib}M", "--slot-save-path", save]
+    save_flags = ["--slot-save-path", save, "--metrics"]
+    return [*common, "--page-ram-bytes", f"{a.page_ram_mib}M", *save_flags]
 
 
-def run(a: argparse.Namespace, way: str) -> list[TurnFigures]:
-    binary = a.llama_server if way.startswith("llama-server") else None
+def run(a: argparse.Namespace, ways: list[str]) -> ByWay:
+    """Every way's server at once; each agent's turn played on every way in a rotating order."""
     model = _model(a)
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-stateful-") as save,
-        BenchServer(_args(a, model, way, save), binary=binary) as server,
-    ):
-        return Agents(server, a, way).run()
+    with ExitStack() as stack:
+        players: list[tuple[Agents, httpx.Client]] = []
+        for way in ways:
+            save = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-stateful-"))
+            binary = a.llama_server if way.startswith("llama-server") else None
+            server = stack.enter_context(BenchServer(_args(a, model, way, save), binary=binary))
+            http = stack.enter_context(httpx.Client(base_url=server.url, timeout=3600))
+            players.append((Agents(server, a, way), http))
+        step, n_steps = 0, a.agents * a.turns
+        for turn in range(a.turns):
+            for agent in range(a.agents):
+                for k in range(len(players)):
+                    player, http = players[(step + k) % len(players)]
+                    player.play(http, agent, turn)
+                step += 1
+                progress("stateful", step, n_steps, "turns of every way")
+        return {player.way: player.figures for player, _ in players}
 
 
 def main(argv: list[str]) -> int:
@@ -186,5 +203,4 @@ def main(argv: list[str]) -> int:
         p.error(f"--ways: {', '.join(unknown) or 'none'} not among {', '.join(WAYS)}")
     if a.llama_server and WAYS[2] not in ways:
         ways.append(WAYS[2])
-    figures = {way: run(a, way) for way in ways}
-    return report(a, argv, figures)
+    return report(a, argv, run(a, ways))
