@@ -15,6 +15,9 @@ heads x 128, f16: 1 MiB a token), so a mind of `BIG_MIB` tokens is `BIG_MIB` MiB
   every file written before is unchanged and served after a restart.
 - A resident mind written behind (the quiet second's flush) is copied into memory the page
   store charges: the server's anonymous memory (the OS's count) rises by no copy of it.
+- A mind larger than the whole page store leaves its slot for disk through its file's mapping:
+  no copy in anonymous memory; a disk that refuses its file refuses the switch (typed 503) and
+  the mind keeps its slot.
 """
 
 from __future__ import annotations
@@ -218,6 +221,53 @@ def test_a_resident_minds_write_behind_costs_no_memory_outside_the_budget(
         f"\nanonymous {settled / MIB:.0f} MiB before the flush, {peaks.anon_bytes / MIB:.0f} at most"
     )
     assert peaks.anon_bytes <= settled + 32 * MIB  # no copy of the mind (BIG_MIB MiB)
+
+
+def test_a_mind_larger_than_the_store_leaves_its_slot_with_no_copy_in_memory(
+    start: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """Issue 32 (no buffer may cost the budget a whole mind): a mind the page store cannot hold
+    was copied out into a fresh buffer nothing charged, then written. It is now captured from
+    its slot into its file's mapping: while it leaves for disk the anonymous memory rises by no
+    copy of it, and its next turn finds it whole on disk."""
+    ram_bytes = (BIG_MIB // 4) * MIB  # a quarter of the mind: it can never be a page
+    server = start(*_args(ram_bytes=ram_bytes), "--metrics", save=tmp_path / "save")
+    big, small = Mind("big", BIG_MIB, 1), Mind("small", SMALL_TOKENS // 4, 2)
+    big.turn(server)
+    settled = _settled_anon(server)
+    peaks = RssPeaks(server.proc.pid, every_s=0.002)
+    assert small.turn(server)["tier_before"] == "new"  # the big mind left the one slot first
+    peaks.stop()
+    print(f"\nanonymous {settled / MIB:.0f} MiB before, {peaks.anon_bytes / MIB:.0f} at most")
+    assert peaks.anon_bytes <= settled + 32 * MIB  # no copy of the mind (BIG_MIB MiB)
+    assert _staged(tmp_path / "save") == []
+    kv = big.kv
+    served = big.turn(server)
+    assert served["tier_before"] == "disk" and served["cache_n"] == kv, served
+
+
+def test_a_full_disk_refuses_a_mind_leaving_its_slot_and_keeps_it(tmp_path: Path) -> None:
+    """A mind the page store cannot hold, whose file the disk refuses (a file-size limit below
+    it: EFBIG, as a full disk's ENOSPC): the switch that needed its slot answers a typed 503,
+    the mind keeps its slot and its next turn finds it whole, nothing stays staged."""
+    save = tmp_path / "save"
+    save.mkdir()
+    args = [*_args(ram_bytes=(BIG_MIB // 4) * MIB), "--slot-save-path", str(save)]
+    with _file_size_limit((SMALL_TOKENS + 64) * MIB):
+        server = ServerProcess(args, tmp_path / "limited.log")
+    try:
+        big, small = Mind("big", BIG_MIB, 1), Mind("small", SMALL_TOKENS // 4, 2)
+        big.turn(server)
+        body = {"prompt": small.tokens, "n_predict": 1, "mind": small.name}
+        refused = server.post("/completion", body)
+        assert refused.status_code == 503, refused.text
+        assert "--page-ram-bytes" in refused.json()["error"]["message"]
+        assert _staged(save) == []
+        kv = big.kv
+        served = big.turn(server)
+        assert served["tier_before"] == "slot" and served["cache_n"] == kv, served
+    finally:
+        server.stop()
 
 
 def _settled_anon(server: ServerProcess) -> int:

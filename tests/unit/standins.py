@@ -93,6 +93,9 @@ class TokenMover:
     def apply(self, slot: Slot, state: SlotState) -> None:
         slot.tokens.replace(np.array(state.tokens, dtype=np.int32))
 
+    def capture(self, slot: Slot, buffer: memoryview, layout: PageLayout) -> None:
+        fill(buffer, layout, slot.tokens.view())
+
 
 class TokenVerbs:
     """The runtime's slot verbs, on tokens: pages and copies hold the slot's tokens exactly."""

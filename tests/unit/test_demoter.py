@@ -20,9 +20,9 @@ import pytest
 
 from kvswap.core.keys import PageKey, mind_key
 from kvswap.core.page import PageGeometry
-from kvswap.engine.commands import Captured, Command, FlushMinds
-from kvswap.engine.kv.buffers import new_buffer
+from kvswap.engine.commands import Command, FlushMinds
 from kvswap.engine.seats.handoffs import Handed
+from kvswap.engine.seats.outcomes import NoRoomYet
 from kvswap.engine.seats.registry import DiskCopy
 from kvswap.files import Publisher
 from kvswap.tiers.demoter import Demoter, MindPolicy
@@ -370,11 +370,24 @@ def test_a_hand_off_refused_by_a_disk_held_by_requests_drops_the_mind_instead(
         big = side.seated(0, _m("big"), 3 * N).mind
         assert big is not None
         side.registry.set_busy(big, busy)
-        side.handoffs.hand_to_disk(big, side.runtime.verbs.copy_out(side.slots[0]))
-        d.run_pass()
-        assert side.handoffs.state(big) is handed, (drop_lru, busy)
+        assert _to_disk(side, d, big) is handed, (drop_lru, busy)
         assert set(_files(d)) == {file_name(k) for k in held}
         d.close(engine_alive=False)
+
+
+def _to_disk(side: EngineSide, d: Demoter, key: PageKey) -> Handed | None:
+    """Mind `key`, in slot 0 and too large for the store, sent to disk as a switch sends it:
+    the engine's steps (`todisk`: ask for a file, fill it once opened) between demoter passes;
+    how its hand-off ended."""
+    slot, ceiling = side.slots[0], side.store.ceiling_bytes
+    with pytest.raises(NoRoomYet):
+        side.seating.to_disk.leave(slot, key, 0, ceiling)  # a file asked for
+    d.run_pass()  # opened, or refused
+    if side.handoffs.file_to_fill(key) is not None:
+        with pytest.raises(NoRoomYet):
+            side.seating.to_disk.leave(slot, key, 0, ceiling)  # filled
+        d.run_pass()  # published
+    return side.handoffs.state(key)
 
 
 def test_a_disk_held_by_requests_and_floored_minds_in_ram_refuse_with_a_reason(
@@ -517,16 +530,15 @@ def test_without_a_disk_tier_exit_says_how_many_minds_are_lost(
 def test_a_mind_too_large_for_the_store_is_written_from_its_hand_off(
     tmp_path: Path, fits: bool
 ) -> None:
-    """The engine's copy of a mind larger than the store is written as the mind's file and the
-    hand-off says so (the engine then frees the slot); one that the disk budget refuses is
-    reported as not written (the engine's switch then fails, and the slot keeps the mind)."""
+    """A mind larger than the store, captured by the engine into the file the demoter opened
+    for it, is published as the mind's file and the hand-off says so (the engine then frees
+    the slot); one that the disk budget refuses gets no file and is reported as not written
+    (the engine's switch then fails, and the slot keeps the mind)."""
     side = _side(ceiling_bytes=2 * PAGE)
     d = _demoter(side, tmp_path, disk_bytes=10 * PAGE if fits else PAGE)
     big = side.seated(0, _m("big"), 3 * N).mind
     assert big is not None
-    side.handoffs.hand_to_disk(big, side.runtime.verbs.copy_out(side.slots[0]))
-    d.run_pass()
-    assert side.handoffs.state(big) is (Handed.WRITTEN if fits else Handed.REFUSED)
+    assert _to_disk(side, d, big) is (Handed.WRITTEN if fits else Handed.REFUSED)
     assert (file_name(big) in _files(d)) is fits
     copy = side.registry.disk_copy(big)
     assert (copy is not None and copy.n_tokens == 3 * N) is fits
@@ -577,13 +589,10 @@ def test_a_mind_on_its_way_to_disk_is_not_forgotten(tmp_path: Path) -> None:
     d = _demoter(side, tmp_path)
     ann = _m("ann")
     side.registry.touch(ann)
-    layout = layout_of(5)
-    side.handoffs.hand_to_disk(ann, Captured(0, new_buffer(layout.n_bytes), layout, ann))
+    side.handoffs.want_file(ann, layout_of(5))
     d.settle(ann)
     assert side.registry.metrics()["mind_entries"] == 1
-    taken = side.handoffs.take()
-    assert taken is not None
-    taken[1].buffer.close()
+    assert side.handoffs.take() is not None
     side.handoffs.end(ann)
     d.settle(ann)
     assert side.registry.metrics()["mind_entries"] == 0

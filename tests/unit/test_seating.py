@@ -17,11 +17,9 @@ import pytest
 from kvswap.core.errors import ErrorKind, KvswapError
 from kvswap.core.keys import PageKey, PageKind, mind_key, page_key
 from kvswap.core.vocab import MindMove
-from kvswap.engine.commands import ALL_HELD, RoomReport, SlotCapture, SlotErase, Submit
+from kvswap.engine.commands import RoomReport, SlotCapture, SlotErase
 from kvswap.engine.seats.anoncache import BLOCK_TOKENS, Kept
-from kvswap.engine.seats.handoffs import Handed
 from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind
-from kvswap.engine.seats.registry import DiskCopy
 from kvswap.engine.slot import Slot
 from tests.unit.standins import (
     NS,
@@ -133,92 +131,6 @@ def test_a_returning_mind_waits_while_running_requests_hold_the_cells() -> None:
     assert len(side.slots[0].tokens) == 80
 
 
-def test_a_mind_larger_than_the_store_is_written_to_disk_before_its_slot_is_freed() -> None:
-    """Defect caught: a mind that can never be a page losing its state. With a disk tier the
-    engine hands a copy to the demoter and the slot keeps the mind until the mind's file holds
-    exactly the slot's state; the demoter is woken for it."""
-    side = engine_side(ceiling_bytes=8192)
-    big, bob = _m("big"), _m("bob")
-    rang: list[bool] = []
-    side.handoffs.attach(lambda: rang.append(True), disk_tier=True)
-    side.seated(0, big, 1000)
-    cmd = submit(bob, tokens(5))[0]
-    for _ in range(2):  # handed over, then being written
-        with pytest.raises(NoRoomYet):
-            side.seating.seat(side.slots[0], cmd)
-        side.check()
-    assert rang and side.handoffs.handing(big) and side.slots[0].mind == big
-    taken = side.handoffs.take()
-    assert taken is not None and taken[0] == big
-    copy = taken[1]
-    assert copy.layout.n_tokens == 1000
-    copy.buffer.close()
-    side.registry.record_disk(big, DiskCopy(copy.layout.n_bytes, 1000, taken[2]))
-    side.handoffs.done(big, Handed.WRITTEN)
-    side.seating.seat(side.slots[0], cmd)
-    side.check()
-    assert side.registry.residents() == {bob: 0} and not side.handoffs.handing(big)
-    assert _counts(side)["mind_too_large_total"] == 1
-
-
-def _handed_over(side: EngineSide, big: PageKey) -> tuple[Submit, float]:
-    """Mind `big` (1000 tokens, more than the store) sits in slot 0 with a disk tier; a switch
-    for another mind hands its copy to the demoter, which takes it (its buffer closed here).
-    The switch, and when the copy was taken."""
-    side.handoffs.attach(lambda: None, disk_tier=True)
-    side.seated(0, big, 1000)
-    cmd = submit(_m("bob"), tokens(5))[0]
-    with pytest.raises(NoRoomYet):
-        side.seating.seat(side.slots[0], cmd)
-    taken = side.handoffs.take()
-    assert taken is not None and taken[0] == big
-    taken[1].buffer.close()
-    return cmd, taken[2]
-
-
-def test_a_failed_write_of_a_mind_larger_than_the_store_fails_the_switch_and_keeps_it() -> None:
-    """Defect caught: a failed write losing the only copy. The switch fails, typed, naming
-    --page-ram-bytes, and the slot still holds the mind."""
-    side = engine_side(ceiling_bytes=8192)
-    big = _m("big")
-    cmd, _ = _handed_over(side, big)
-    side.handoffs.done(big, Handed.REFUSED)
-    with pytest.raises(KvswapError) as err:
-        side.seating.seat(side.slots[0], cmd)
-    assert err.value.kind is ErrorKind.UNAVAILABLE
-    assert "--page-ram-bytes 8192" in err.value.message and "disk" in err.value.message
-    assert side.slots[0].mind == big and len(side.slots[0].tokens) == 1000
-    side.check()
-
-
-def test_a_dropped_hand_off_frees_the_slot_for_the_switch() -> None:
-    """Decision (--page-disk-drop-lru with a disk full of minds in use): the demoter let the
-    mind go rather than refuse; the switch goes on and the slot no longer holds it."""
-    side = engine_side(ceiling_bytes=8192)
-    big = _m("big")
-    cmd, _ = _handed_over(side, big)
-    side.handoffs.done(big, Handed.DROPPED)
-    side.seating.seat(side.slots[0], cmd)
-    assert side.slots[0].mind == _m("bob") and side.registry.resident_slot(big) is None
-    side.check()
-
-
-def test_a_mind_that_changed_while_its_copy_was_written_is_handed_over_again() -> None:
-    """Decision: the slot is freed only when the file holds the slot's tokens; a file of an
-    older state (the mind grew meanwhile) means another hand-off, never a lost turn."""
-    side = engine_side(ceiling_bytes=8192)
-    big = _m("big")
-    cmd, t_copied = _handed_over(side, big)
-    side.registry.record_disk(big, DiskCopy(1, 999, t_copied))  # an older, shorter state
-    side.handoffs.done(big, Handed.WRITTEN)
-    with pytest.raises(NoRoomYet):
-        side.seating.seat(side.slots[0], cmd)
-    again = side.handoffs.take()
-    assert again is not None and again[1].layout.n_tokens == 1000
-    again[1].buffer.close()
-    assert side.slots[0].mind == big
-
-
 def test_without_a_disk_tier_a_mind_larger_than_the_store_is_dropped_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -265,35 +177,6 @@ def test_a_store_that_cannot_make_room_fails_the_switch_naming_page_ram_bytes() 
     assert err.value.extra["retry_after_s"] > 0  # the 503's Retry-After: a refusal that passes
     assert side.slots[0].mind == ann and side.slots[0].tokens.view().tolist() == tokens(40)
     side.check()
-
-
-def test_a_mind_the_full_store_cannot_take_goes_straight_to_disk_with_a_disk_tier() -> None:
-    """Defect caught (minds over half the RAM budget): a switch refused with a 503 while the
-    disk tier had room, because the page the request holds and the outgoing page could not both
-    be charged. With a disk tier, the refused switch hands the outgoing mind to disk and goes
-    on once its file holds the slot's state; nothing is lost, nothing refused."""
-    side = engine_side(ceiling_bytes=16384)
-    ann, bob = _m("ann"), _m("bob")
-    put_page(side.store, page_key(NS, "client"), 1340)  # 16080 of 16384 bytes, held
-    side.seated(0, ann, 40)
-    side.handoffs.attach(lambda: None, disk_tier=True)
-    cmd = submit(bob, tokens(5))[0]
-    with pytest.raises(NoRoomYet):
-        side.seating.seat(side.slots[0], cmd)
-    side.post(RoomReport(1, ALL_HELD))
-    for _ in range(2):  # handed over, then being written
-        with pytest.raises(NoRoomYet):
-            side.seating.seat(side.slots[0], cmd)
-        assert side.slots[0].mind == ann and side.handoffs.handing(ann)
-    taken = side.handoffs.take()
-    assert taken is not None and taken[0] == ann and taken[1].layout.n_tokens == 40
-    taken[1].buffer.close()
-    side.registry.record_disk(ann, DiskCopy(taken[1].layout.n_bytes, 40, taken[2]))
-    side.handoffs.done(ann, Handed.WRITTEN)
-    side.seating.seat(side.slots[0], cmd)
-    side.check()
-    assert side.registry.residents() == {bob: 0} and not side.handoffs.handing(ann)
-    assert side.registry.disk_copy(ann) is not None
 
 
 def test_a_disk_tier_that_refused_room_fails_the_switch_naming_its_flag() -> None:

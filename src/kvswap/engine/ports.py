@@ -17,7 +17,7 @@ from typing import Protocol
 
 from kvswap.core.keys import PageKey
 from kvswap.core.page import PageLayout, SlotState
-from kvswap.engine.commands import Captured, PageMoved
+from kvswap.engine.commands import PageMoved
 from kvswap.engine.kv.pagestore import Reservation
 from kvswap.engine.plan.geometry import Geometry
 from kvswap.engine.slot import Slot
@@ -29,6 +29,8 @@ class Mover(Protocol):
     def measure(self, slot: Slot) -> PageLayout: ...
 
     def apply(self, slot: Slot, state: SlotState) -> None: ...
+
+    def capture(self, slot: Slot, buffer: memoryview, layout: PageLayout) -> None: ...
 
 
 class SlotMoves(Protocol):
@@ -42,8 +44,6 @@ class SlotMoves(Protocol):
     def page_in(self, slot: Slot, key: PageKey) -> PageMoved: ...
 
     def copy_in(self, slot: Slot, key: PageKey) -> PageMoved: ...
-
-    def copy_out(self, slot: Slot) -> Captured: ...
 
     def share_prefix(self, src: Slot, dst: Slot, n_tokens: int) -> int: ...
 

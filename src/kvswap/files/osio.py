@@ -40,6 +40,8 @@ StepName = Literal[
     "rmdir",
     "listdir",
     "flock",
+    "allocate",
+    "truncate",
 ]
 
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -142,6 +144,16 @@ class OsAdapter:
             got += n
         view.release()
         return bytes(buf[:got])
+
+    def allocate(self, fd: int, n_bytes: int) -> None:
+        """Give a new file `n_bytes` of disk blocks now (`posix_fallocate`), so that writing
+        it through a mapping cannot meet a full disk (which would end the process, SIGBUS):
+        a full disk or a file-size limit fails here, with its errno."""
+        self._step("allocate", str(fd), lambda: os.posix_fallocate(fd, 0, n_bytes))
+
+    def truncate(self, fd: int, n_bytes: int) -> None:
+        """Cut a file to `n_bytes`."""
+        self._step("truncate", str(fd), lambda: os.ftruncate(fd, n_bytes))
 
     def fsync(self, fd: int) -> None:
         """Make a file's data durable (F_FULLFSYNC where plain fsync does not reach the disk)."""

@@ -25,16 +25,18 @@ and other instances are still excluded by `flock`. Does not call libllama.
 
 from __future__ import annotations
 
+import logging
+import mmap
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvswap.files import seqfile, sidecar
+from kvswap.files import checksum, seqfile, sidecar
 from kvswap.files.commits import CommitRecord, FileEntry, is_pending, new_record, read_record
 from kvswap.files.errors import FilesError, FilesIOError
 from kvswap.files.locks import LockTable
@@ -45,6 +47,8 @@ from kvswap.files.reader import Alloc, Generation, read_head, read_locked
 from kvswap.files.sidecar import EncodedFile
 from kvswap.files.stage import FileContent, Stage, roll_forward, sweep
 from kvswap.files.types import ALL_SUFFIXES, SIDECAR_SUFFIXES, Suffix
+
+log = logging.getLogger(__name__)
 
 _MAX_ROLL_FORWARD_TRIES = 8
 
@@ -57,6 +61,19 @@ class PublishReceipt:
     n_files: int  # files written, F included
     n_bytes: int  # bytes of every file, F included: what `save` reports as `n_written`
     t_ms: float
+
+
+@dataclass
+class InPlace:
+    """`F` of a generation written in place (`Publisher.open_in_place`): its staged file,
+    mapped for the caller to fill, then published (`publish_in_place`) or dropped
+    (`cancel_in_place`). Its stage is live meanwhile: no sweep removes it; a crash leaves it to
+    the next sweep, which removes it (it has no commit record)."""
+
+    name: str
+    stage: Stage
+    fd: int
+    buffer: mmap.mmap  # F's bytes, and room past them the caller may use (cut at publishing)
 
 
 @dataclass(frozen=True)
@@ -208,12 +225,106 @@ class Publisher:
     def _publish_staged(
         self, stage: Stage, name: str, files: Mapping[str, FileContent], fingerprint: str
     ) -> tuple[FileEntry, ...]:
+        def write() -> tuple[FileEntry, ...]:
+            order: list[Suffix] = [s for s in ALL_SUFFIXES if s in files]
+            executor = self._crc_executor()
+            return tuple(stage.write(suffix, files[suffix], executor) for suffix in order)
+
+        return self._commit_staged(stage, name, write, fingerprint)
+
+    # -- F written in place -----------------------------------------------------------------
+
+    def open_in_place(self, name: str, n_bytes: int) -> InPlace:
+        """Stage a generation of `name` whose `F` the caller writes through a mapping of
+        `n_bytes` (its disk blocks allocated now: a full disk fails here, not while it is
+        filled). Raises `InvalidNameError`, `FilesIOError`; nothing stays staged then."""
+        validate_filename(name)
+        key = name_key(name)
+        self.recover()
+        with _os_errors("staging", name):
+            stage = Stage.create(self._root, self._locks, key)
+        with self._live_mutex:
+            self._live.add(stage.stage_id)
+        try:
+            with _os_errors("allocating", name):
+                fd, buffer = stage.create_mapped("", n_bytes)
+        except BaseException:
+            self._drop_stage(stage)
+            raise
+        return InPlace(name, stage, fd, buffer)
+
+    def publish_in_place(
+        self,
+        staged: InPlace,
+        n_bytes: int,
+        sidecars: Callable[[memoryview], Mapping[str, FileContent]],
+        fingerprint: str,
+    ) -> PublishReceipt:
+        """Publish `staged` as a generation: `F` its first `n_bytes` (the rest of the mapping
+        is cut), with the sidecars `sidecars(mapping)` makes (views of the mapping past `F`,
+        say); they are dropped, and the mapping closed, before this returns. Raises as
+        `publish`; on any error before the commit point nothing stays staged."""
+        t0 = time.perf_counter()
+        stage, name = staged.stage, staged.name
+
+        def write() -> tuple[FileEntry, ...]:
+            with memoryview(staged.buffer) as view:
+                files = sidecars(view)
+                try:
+                    _check_contents({"": [view[:n_bytes]], **files})
+                    executor = self._crc_executor()
+                    order = [s for s in SIDECAR_SUFFIXES if s in files]
+                    entries = [stage.write(suffix, files[suffix], executor) for suffix in order]
+                    crc = checksum.update(0, view[:n_bytes])  # out of the page cache
+                finally:
+                    del files
+            staged.buffer.close()
+            staged.fd, fd = -1, staged.fd
+            return (stage.seal("", fd, n_bytes, crc), *entries)
+
+        try:
+            entries = self._commit_staged(stage, name, write, fingerprint)
+        finally:
+            self._close_in_place(staged)
+            with self._live_mutex:
+                self._live.discard(stage.stage_id)
+        n_total = sum(e.n_bytes for e in entries)
+        t_ms = (time.perf_counter() - t0) * 1e3
+        return PublishReceipt(name, stage.generation, entries, len(entries), n_total, t_ms)
+
+    def cancel_in_place(self, staged: InPlace) -> None:
+        """Drop a generation opened in place and never published (best effort, logged)."""
+        self._close_in_place(staged)
+        self._drop_stage(staged.stage)
+
+    def _close_in_place(self, staged: InPlace) -> None:
+        try:
+            staged.buffer.close()  # idempotent
+        except BufferError:  # a view of it outlives the call (a caller's bug): unmapped at GC
+            log.warning("kvswap.files: %s: a view of the file written in place is still alive",
+                        staged.name)  # fmt: skip
+        if staged.fd >= 0:
+            staged.fd, fd = -1, staged.fd
+            self._root.osio.close(fd)
+
+    def _drop_stage(self, stage: Stage) -> None:
+        stage.discard()
+        with self._live_mutex:
+            self._live.discard(stage.stage_id)
+
+    def _commit_staged(
+        self,
+        stage: Stage,
+        name: str,
+        write: Callable[[], tuple[FileEntry, ...]],
+        fingerprint: str,
+    ) -> tuple[FileEntry, ...]:
+        """Write the stage's files (`write`), then its record, and commit it (see the module
+        docstring); before the commit point a failure discards the stage."""
         committed: bool | None = False
         try:
             with _os_errors("writing", name):
-                order: list[Suffix] = [s for s in ALL_SUFFIXES if s in files]
-                executor = self._crc_executor()
-                entries = tuple(stage.write(suffix, files[suffix], executor) for suffix in order)
+                entries = write()
                 record = new_record(name, stage.generation, stage.stage_id, fingerprint, [*entries])
                 stage.write_record(record)
             with _os_errors("committing", name), self._locks.hold(stage.key, exclusive=True):

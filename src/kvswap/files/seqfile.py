@@ -44,6 +44,10 @@ PACKED_VERSION: Final = 1
 FIXED_HEADER_BYTES: Final = 12  # magic, version, n_words
 STATE_PREFIX_BYTES: Final = 8  # magic, source seq id
 _PACKED_OVERHEAD_WORDS: Final = 4  # marker, version, n_tokens ... n_media
+# Where a page (`core.page`: tokens, then the target state with its RAM prefix) starts in an F
+# written in place, so that its state's payload lies where F's goes: F's header and packed words
+# (4 words more than the tokens) end where the state's prefix does.
+PAGE_IN_FILE: Final = FIXED_HEADER_BYTES + 4 * _PACKED_OVERHEAD_WORDS - STATE_PREFIX_BYTES
 _MIN_PAYLOAD_BYTES: Final = 4  # every memory's payload starts with a u32 (n_stream, cells)
 
 _FIXED = struct.Struct("<III")

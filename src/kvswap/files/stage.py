@@ -17,6 +17,7 @@ exclusively by the caller; the sweep takes the locks it needs, never blocking on
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import stat
 import uuid
@@ -126,6 +127,29 @@ class Stage:
             osio.close(fd)
         value = crc.value() if known_crc is None else known_crc
         return FileEntry(suffix=suffix, n_bytes=n_bytes, checksum=checksum.to_text(value))
+
+    def create_mapped(self, suffix: Suffix, n_bytes: int) -> tuple[int, mmap.mmap]:
+        """A file of the generation created at `n_bytes`, its blocks allocated, and a shared
+        mapping of it for the caller to fill (`seal` ends it)."""
+        osio = self.root.osio
+        fd = osio.open(ROLE[suffix], os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=self.dir_fd)
+        try:
+            osio.allocate(fd, n_bytes)
+            return fd, mmap.mmap(fd, n_bytes, flags=mmap.MAP_SHARED)
+        except BaseException:
+            osio.close(fd)
+            raise
+
+    def seal(self, suffix: Suffix, fd: int, n_bytes: int, crc: int) -> FileEntry:
+        """A mapped file filled (its mapping closed): cut to its `n_bytes`, synced, closed;
+        `crc` is the CRC-32 of those bytes."""
+        osio = self.root.osio
+        try:
+            osio.truncate(fd, n_bytes)
+            osio.fsync(fd)
+        finally:
+            osio.close(fd)
+        return FileEntry(suffix=suffix, n_bytes=n_bytes, checksum=checksum.to_text(crc))
 
     def write_record(self, record: CommitRecord) -> None:
         """Write the record into the stage, then make the stage's entries durable."""

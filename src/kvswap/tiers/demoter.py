@@ -55,11 +55,11 @@ from kvswap.engine.commands import (
 )
 from kvswap.engine.handle import PagesHandle
 from kvswap.engine.kv.pagestore import PageStore
-from kvswap.engine.seats.handoffs import Handed
 from kvswap.engine.seats.registry import DiskCopy
 from kvswap.files import FilesError, Publisher
 from kvswap.files.owners import OwnerLocks
 from kvswap.tiers.diskbudget import DiskBudget
+from kvswap.tiers.handfiles import HandoffFiles
 from kvswap.tiers.mindfiles import HEAD_BYTES, file_name, key_of, made_with, migrate, n_tokens_of
 from kvswap.tiers.slotfiles import publish_state
 
@@ -102,6 +102,7 @@ class Demoter:
         self.save_dir = save_dir
         self.policy = policy
         self.owners = OwnerLocks(save_dir) if save_dir is not None else None
+        self.io = threading.Lock()  # one spill at a time: demoter and close never interleave
         self.disk = (
             DiskBudget(
                 bound_bytes=policy.page_disk_bytes,
@@ -113,11 +114,15 @@ class Demoter:
             if publisher is not None
             else None
         )
+        self.files = (
+            HandoffFiles(self, publisher, self.disk)
+            if publisher is not None and self.disk is not None
+            else None
+        )
         self._bell = threading.Event()  # the engine (or `close`) wakes the thread
         self.handoffs.attach(self._bell.set, disk_tier=publisher is not None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._io = threading.Lock()  # one spill at a time: demoter and close never interleave
         self._n_passes = 0
         self._refused = ""  # why the last pass could not make room
         self._closed = False
@@ -138,7 +143,7 @@ class Demoter:
     def forget(self, key: PageKey) -> None:
         """A slot verb ended mind `key` (erase, page_out): its spilled files go too, so no
         tier holds it. Under the spill lock: no copy taken before this is written after it."""
-        with self._io:
+        with self.io:
             copy = self.registry.forget(key, also=self._forget_rest)
             if copy is not None and self.publisher is not None:
                 self.publisher.remove(file_name(key))
@@ -243,8 +248,8 @@ class Demoter:
         if store is None:
             return
         # Only minds whose disk copy is not current are copied out and counted.
-        minds_in_ram = [k for k in _minds_in_ram(store) if not self._is_current(k)]
-        resident = frozenset(k for k in self.registry.residents() if not self._is_current(k))
+        minds_in_ram = [k for k in _minds_in_ram(store) if not self.is_current(k)]
+        resident = frozenset(k for k in self.registry.residents() if not self.is_current(k))
         answer = Answer()
         self.post(FlushMinds(answer, resident))
         if not answer.wait(_ENGINE_TIMEOUT_S):
@@ -271,7 +276,7 @@ class Demoter:
         if n_spilled:
             log.info("spilled %d mind(s) before exit", n_spilled)
 
-    def _is_current(self, key: PageKey) -> bool:
+    def is_current(self, key: PageKey) -> bool:
         """Mind `key`'s disk copy holds its newest state (nothing changed since it was taken)."""
         return self.registry.disk_copy(key) is not None and not self.flushes.is_dirty(key)
 
@@ -280,15 +285,15 @@ class Demoter:
         when written (or already current on disk). A copy of a mind a slot verb ended since is
         not written."""
         assert self.publisher is not None
-        if self._is_current(key):
+        if self.is_current(key):
             cap.close()
             return 1
         try:
-            with self._io:
+            with self.io:
                 if t_copied is not None and self.registry.forgotten_after(key, t_copied):
                     return 0
                 receipt = publish_state(self.publisher, file_name(key), cap.buffer, cap.layout)
-            self._record_disk(key, receipt.n_bytes, cap.layout.n_tokens)
+            self.record_disk(key, receipt.n_bytes, cap.layout.n_tokens)
             return 1
         except FilesError as err:
             self.registry.count(spill_failed_total=1)
@@ -361,11 +366,11 @@ class Demoter:
         try:
             if self._disk_refusal(key, page.n_bytes, may_drop=False) is not None:
                 return
-            with self._io:
+            with self.io:
                 if self.registry.forgotten_after(key, t_held):
                     return
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
-            self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
+            self.record_disk(key, receipt.n_bytes, page.layout.n_tokens)
             self.flushes.flushed(key, t_held)
             self.registry.count(flushes_total=1)
         except FilesError as err:
@@ -375,23 +380,13 @@ class Demoter:
             store.release(page)
 
     def _write_handoffs(self) -> None:
-        """Write the minds too large for the page store that the engine handed over."""
-        while (handoff := self.handoffs.take()) is not None:
-            key, cap, t_copied = handoff
-            refusal = self._disk_refusal(key, cap.layout.n_bytes)
-            if refusal is None:
-                written = self._spill_captured(key, cap, t_copied)
-                handed = Handed.WRITTEN if written else Handed.REFUSED
-            else:
-                cap.close()
-                assert self.disk is not None
-                handed = Handed.REFUSED
-                self._refused = refusal
-                if self.disk.give_way(key, _nothing, "its slot"):  # (the engine clears it)
-                    handed, self._refused = Handed.DROPPED, ""
-            self.handoffs.done(key, handed)
-            if handed is Handed.WRITTEN:
-                self.registry.count(spills_total=1)
+        """Open, publish or drop the files of the minds the engine hands over (`handfiles`)."""
+        if self.files is None:
+            return
+        while (job := self.handoffs.take()) is not None:
+            self.files.run(job)
+            if self.files.refused:
+                self._refused, self.files.refused = self.files.refused, ""
 
     def _demote(self) -> None:
         """Shed the anonymous cache, then spill least recently used idle mind pages, until the
@@ -450,7 +445,7 @@ class Demoter:
         except KvswapError:
             return None  # paged in (or spilled) meanwhile
         try:
-            if drop and self._is_current(key):
+            if drop and self.is_current(key):
                 # Its disk copy holds this very state (written behind): only RAM is freed.
                 if reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
                     self.settle(key)
@@ -465,9 +460,9 @@ class Demoter:
                     return None  # the mind went instead of its copy
                 return refusal or "the disk tier refused it"
             t_held = time.time()
-            with self._io:
+            with self.io:
                 receipt = publish_state(self.publisher, file_name(key), page.buffer, page.layout)
-            self._record_disk(key, receipt.n_bytes, page.layout.n_tokens)
+            self.record_disk(key, receipt.n_bytes, page.layout.n_tokens)
             self.flushes.flushed(key, t_held)
             if drop and reg.drop_if_idle(key, lambda: store.remove(key, page.generation)):
                 self.settle(key)  # on disk only now: another server may take it
@@ -480,7 +475,7 @@ class Demoter:
         finally:
             store.release(page)
 
-    def _record_disk(self, key: PageKey, n_bytes: int, n_tokens: int) -> None:
+    def record_disk(self, key: PageKey, n_bytes: int, n_tokens: int) -> None:
         self.registry.record_disk(key, DiskCopy(n_bytes, n_tokens, time.time()))
 
     def _disk_refusal(self, key: PageKey, n_bytes: int, may_drop: bool = True) -> str | None:
@@ -488,10 +483,6 @@ class Demoter:
         refusal), or None."""
         assert self.disk is not None
         return self.disk.room(key, n_bytes, may_drop)
-
-
-def _nothing() -> None:
-    """A dropped hand-off frees nothing here: the engine clears its slot."""
 
 
 def _minds_in_ram(store: PageStore) -> list[PageKey]:

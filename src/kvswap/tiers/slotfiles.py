@@ -38,7 +38,8 @@ from kvswap.core.page import (
 from kvswap.engine.kv.pagestore import PageStore
 from kvswap.files import FilesError, Generation, Publisher, PublishReceipt, SidecarRead, sidecar
 from kvswap.files.mapping import new_buffer
-from kvswap.files.seqfile import file_parts
+from kvswap.files.publish import InPlace
+from kvswap.files.seqfile import PAGE_IN_FILE, STATE_PREFIX_BYTES, encode_header, file_parts
 
 log = logging.getLogger("kvswap.files")
 
@@ -77,6 +78,12 @@ def _files(view: memoryview, layout: PageLayout) -> dict[str, Any]:
     """`F` and the sidecars of one generation, as buffers over `view` (no copy)."""
     t = layout.target
     files: dict[str, Any] = {"": file_parts(read_tokens(view, layout), view[t.offset : t.end])}
+    return files | _sidecars(view, layout)
+
+
+def _sidecars(view: memoryview, layout: PageLayout) -> dict[str, Any]:
+    """The sidecars of one generation, as buffers over `view` (no copy)."""
+    files: dict[str, Any] = {}
     if layout.checkpoints:
         header = {
             "format": CKPT_FORMAT,
@@ -112,6 +119,40 @@ def publish_state(
     finally:
         del files
         view.release()
+
+
+def open_in_place(publisher: Publisher, filename: str, layout: PageLayout) -> InPlace:
+    """A generation of `filename` to be written in place from a slot (`publish_in_place`):
+    its staged `F`, mapped with room for a page laid out by `layout` from `PAGE_IN_FILE` on
+    (`page_of`), so that a slot's capture puts its target state's payload where F's goes and
+    nothing is copied again; its disk blocks are allocated now (a full disk is refused here)."""
+    return publisher.open_in_place(filename, PAGE_IN_FILE + layout.n_bytes)
+
+
+def page_of(staged: InPlace) -> memoryview:
+    """Where a slot's capture goes in a generation opened in place (the caller releases it)."""
+    return memoryview(staged.buffer)[PAGE_IN_FILE:]
+
+
+def publish_in_place(publisher: Publisher, staged: InPlace, layout: PageLayout) -> PublishReceipt:
+    """Publish a generation opened in place whose page (`page_of`) holds a capture laid out by
+    `layout`: F's header is written over the tokens and the state's prefix, the draft state and
+    checkpoints past F's end go to their sidecars, and F is cut where its state ends."""
+    n_f = PAGE_IN_FILE + layout.target.end
+
+    def sidecars(view: memoryview) -> dict[str, Any]:
+        page = view[PAGE_IN_FILE:]
+        files = _sidecars(page, layout)  # (read before F's header covers the tokens)
+        header = encode_header(read_tokens(page, layout))
+        assert len(header) == PAGE_IN_FILE + layout.target.offset + STATE_PREFIX_BYTES
+        view[: len(header)] = header
+        return files
+
+    try:
+        return publisher.publish_in_place(staged, n_f, sidecars, layout.geometry.file_fingerprint())
+    except BaseException as err:
+        drop_frames(err)
+        raise
 
 
 READ_KEY = spare_key("disk-read")  # a read's buffers taken off the store's shelf

@@ -34,7 +34,6 @@ from kvswap.engine.commands import (
     SlotApply,
     SlotErase,
 )
-from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagestore import PageStore, Reservation
 from kvswap.engine.kv.slotstate import StateMover
 from kvswap.engine.plan.lora import resolve
@@ -215,15 +214,3 @@ class SlotVerbs:
         ahead (`kv.spare`) and reserved for the page (`reservation` names its key)."""
         pending = PendingCapture(slot, layout, reservation, time.perf_counter())
         return self.finish_page(pending, buffer, keep_slot)
-
-    def copy_out(self, slot: Slot) -> Captured:
-        """A copy of the slot's whole state in a buffer mapped now, on the caller's thread (the
-        slot keeps its state): only for a mind too large for the whole page store, which no
-        prepared buffer can hold."""
-        pending = self.begin_copy(slot)
-        try:
-            buffer = new_buffer(pending.layout.n_bytes)
-        except (OSError, ValueError) as err:
-            self.abandon(pending)
-            raise KvswapError(ErrorKind.UNAVAILABLE, f"no memory for the copy: {err}") from err
-        return self.finish_copy(pending, buffer)

@@ -30,7 +30,8 @@ When the page store cannot take the evicted mind now, the job waits (`roomwait`)
 demoter to spill least recently used pages to disk (each pass answers with a `RoomReport`);
 when a pass that ran after the wait began could not make room (every other page is held: the
 incoming mind's own, when minds are over half the budget), the evicted mind goes straight to
-disk as one larger than the store does, or, with no disk tier, the job fails, typed.
+disk as one larger than the store does (`todisk`: from its slot into its file's mapping, no
+copy in memory), or, with no disk tier, the job fails, typed.
 
 `page_out_idle_resident` is the engine's answer to a full KV pool: the least recently used idle
 resident moves out (a mind to its own page; an anonymous slot's cached prompt into the
@@ -74,10 +75,11 @@ from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import SeatRuntime
 from kvswap.engine.seats.anoncache import AnonCache, Kept
 from kvswap.engine.seats.flushes import FlushSchedule
-from kvswap.engine.seats.handoffs import Handed, Handoffs
+from kvswap.engine.seats.handoffs import Handoffs
 from kvswap.engine.seats.outcomes import NoRoomYet, NotYourMind, PagedOut, Seat
 from kvswap.engine.seats.registry import MindRegistry
 from kvswap.engine.seats.roomwait import RoomWait
+from kvswap.engine.seats.todisk import ToDisk
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -109,6 +111,7 @@ class Seating:
         self.handoffs = handoffs
         self.anon = anon
         self.room = RoomWait()
+        self.to_disk = ToDisk(handoffs, registry, runtime)
         self.spare = Spare(store, buffers, SWITCH_PURPOSE) if store is not None else None
         self._moved = False  # a mind left its slot since the demoter was last considered
 
@@ -339,35 +342,9 @@ class Seating:
         log.debug("mind %s: slot %d -> RAM page (%d tokens)", mind, slot.id, moved.n_tokens)
 
     def _too_large(self, slot: Slot, mind: PageKey, n_bytes: int) -> None:
-        """The mind's state is larger than the whole page store: it can never be a page. With
-        a disk tier a copy goes to the demoter and the job waits until the mind's file holds
-        the slot's state, then the slot is freed; without one the state is dropped."""
-        handoffs, verbs = self.handoffs, self.runtime.verbs
-        ceiling = self._store().ceiling_bytes
-        if handoffs.has_disk_tier:
-            if not handoffs.handing(mind):
-                handoffs.hand_to_disk(mind, verbs.copy_out(slot))
-                self.handoffs.log_too_large(mind, n_bytes, ceiling, "written to disk")
-                raise NoRoomYet()  # the slot keeps the mind until its file holds it
-            handed = handoffs.state(mind)
-            if handed is None:
-                raise NoRoomYet()  # being written
-            handoffs.end(mind)
-            if handed is Handed.REFUSED:
-                raise KvswapError(
-                    ErrorKind.UNAVAILABLE,
-                    f"a mind of {n_bytes} bytes, which the page store (--page-ram-bytes "
-                    f"{ceiling}) could not hold, could not be written to disk to free its slot "
-                    "(see the server log); raise --page-ram-bytes",
-                )
-            copy = self.registry.disk_copy(mind)
-            if handed is Handed.WRITTEN and (copy is None or copy.n_tokens != len(slot.tokens)):
-                self._too_large(slot, mind, n_bytes)  # it changed meanwhile: hand it over again
-                return
-        else:
-            why = "dropped (no --slot-save-path): its next request re-prefills"
-            self.handoffs.log_too_large(mind, n_bytes, ceiling, why)
-        verbs.clear(slot)
+        """The mind's state cannot be a page: to its file (`todisk`), or dropped without a
+        disk tier; the slot is then free."""
+        self.to_disk.leave(slot, mind, n_bytes, self._store().ceiling_bytes)
         self._left(slot, mind)
         self.registry.count(too_large_total=1)
 
