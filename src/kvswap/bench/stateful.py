@@ -8,7 +8,10 @@ ways, one after the other, each on a fresh server with the same RAM budget:
 - `kvswap re-send`: each request carries the whole conversation (`store: false`), naming the
   agent's mind (`X-Mind-Id`), kvswap's best case for a client that re-sends;
 - `llama-server re-send` (`--llama-server BIN`): the same bodies; its prompt cache
-  (`--cache-ram`, set to kvswap's `--page-ram-bytes`) finds what it can;
+  (`--cache-ram`, set to kvswap's `--page-ram-bytes`) finds what it can. With
+  `--llama-server-from T` it joins at turn T, each chain's earlier exchanges taken from the
+  first way's: its re-send of a long chain (`--long` to 32k) for scale, without the hours of
+  re-prefilling every turn before it;
 - `kvswap resident`: the stored requests on a server with a slot for each agent, so no mind
   ever leaves its slot: the stored turn's floor (the new message's prefill over the history).
 Every way's server runs at once and the ways play side by side: each agent's turn is sent to
@@ -144,6 +147,12 @@ def _args(a: argparse.Namespace, model: str, way: str, save: str) -> list[str]:
     return [*common, "--page-ram-bytes", f"{a.page_ram_mib}M", *save_flags]
 
 
+def _joins_late(player: Agents, a: argparse.Namespace) -> bool:
+    """llama-server's re-send from turn `--llama-server-from` on, each chain's earlier exchanges
+    being the first way's."""
+    return player.way == WAYS[2] and a.llama_server_from > 1
+
+
 def run(a: argparse.Namespace, ways: list[str]) -> ByWay:
     """Every way's server at once; each agent's turn played on every way in a rotating order."""
     model = _model(a)
@@ -155,11 +164,16 @@ def run(a: argparse.Namespace, ways: list[str]) -> ByWay:
             server = stack.enter_context(BenchServer(_args(a, model, way, save), binary=binary))
             http = stack.enter_context(httpx.Client(base_url=server.url, timeout=3600))
             players.append((Agents(server, a, way), http))
+        chains = players[0][0]  # whose chains a llama-server joining late takes up
         step, n_steps = 0, a.agents * a.turns
         for turn in range(a.turns):
             for agent in range(a.agents):
                 for k in range(len(players)):
                     player, http = players[(step + k) % len(players)]
+                    if _joins_late(player, a) and turn < a.llama_server_from - 1:
+                        continue
+                    if _joins_late(player, a) and turn == a.llama_server_from - 1:
+                        player.history[agent] = chains.history[agent][: 2 * turn]
                     player.play(http, agent, turn)
                 step += 1
                 progress("stateful", step, n_steps, "turns of every way")
@@ -193,6 +207,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--long", action="store_true", help="a generated model with SmolLM2's KV "
                    "bytes per token (give --ctx-slot and --message-tokens for 32k chains)")  # fmt: skip
     p.add_argument("--llama-server", default="", help="the pinned llama-server binary")
+    p.add_argument("--llama-server-from", type=int, default=1, metavar="TURN",
+                   help="llama-server re-sends from this turn on, each chain's earlier exchanges "
+                   "taken from the first way's (its re-send of a long chain, for scale, without "
+                   "re-prefilling every turn before it)")  # fmt: skip
     p.add_argument("--ways", default=",".join((WAYS[0], WAYS[1], WAYS[3])),
                    help="comma-separated ways to run (--llama-server adds llama-server's)")  # fmt: skip
     p.add_argument("--out", default="docs", help="folder for bench-stateful.md and its plot")
@@ -203,4 +221,8 @@ def main(argv: list[str]) -> int:
         p.error(f"--ways: {', '.join(unknown) or 'none'} not among {', '.join(WAYS)}")
     if a.llama_server and WAYS[2] not in ways:
         ways.append(WAYS[2])
+    if ways[0] == WAYS[2] and a.llama_server_from > 1:
+        p.error("--llama-server-from: the first way plays the chains llama-server takes up")
+    if not 1 <= a.llama_server_from <= a.turns:
+        p.error(f"--llama-server-from: {a.llama_server_from} is not a turn of 1 to {a.turns}")
     return report(a, argv, run(a, ways))

@@ -141,7 +141,8 @@ def plot(figures: ByWay, n_turns: int, path: Path, title: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 4))
     turns = list(range(n_turns))
     for way, figs in figures.items():
-        ax.plot([t + 1 for t in turns], [_ttft(figs, t) for t in turns], marker="o", label=way)
+        played = [t for t in turns if _at(figs, t)]  # llama-server may join late
+        ax.plot([t + 1 for t in played], [_ttft(figs, t) for t in played], marker="o", label=way)
     ax.set_yscale("log")
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT p50 (ms, log)")
@@ -159,7 +160,8 @@ def report(a: argparse.Namespace, argv: list[str], figures: ByWay) -> int:
         f"{a.n_predict} tokens a turn, -np {a.slots} x {a.ctx_slot}, "
         f"{a.page_ram_mib} MiB RAM budget, -t {a.threads}"
     )
-    picked = sorted({0, 1, a.turns // 4, a.turns // 2, (3 * a.turns) // 4, a.turns - 1})
+    joined = a.llama_server_from - 1  # llama-server's first turn when it joins late
+    picked = sorted({0, 1, a.turns // 4, a.turns // 2, (3 * a.turns) // 4, joined, a.turns - 1})
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# kvswap bench stateful: {title}", "", f"command: `kvswap bench stateful "
