@@ -19,6 +19,7 @@ from kvswap.core.page import PageGeometry, PageLayout, plan_layout, read_tokens,
 from kvswap.engine.kv.buffers import new_buffer
 from kvswap.engine.kv.pagestore import PageStore, Reservation
 from kvswap.engine.seats.anoncache import BLOCK_TOKENS, AnonCache, Kept
+from kvswap.engine.seats.outcomes import NoRoomYet
 from kvswap.engine.slot import Slot, SlotTable
 from tests.unit.standins import Worker
 
@@ -198,16 +199,23 @@ def test_check_integrity_catches_an_entry_whose_page_is_gone() -> None:
         cache.check_integrity()
 
 
-def test_no_prepared_buffer_means_no_save_and_one_is_mapped_for_the_next() -> None:
+def test_no_prepared_buffer_means_a_wait_for_the_one_being_mapped_never_a_lost_prompt() -> None:
+    """Defect caught (a stored conversation's second turn re-prefilling its first): a request
+    displacing an idle slot's prompt while the buffer for it was still being mapped skipped the
+    save, and the prompt was gone. The save waits (never mapping on the engine thread): the
+    displacing request is retried once the buffer arrives, and the prompt is saved."""
     worker = Worker()
     cache, store = _cache(worker=worker)
     worker.hold = True  # the worker has not answered yet
     slot = _slot(_toks(2 * B))
-    assert cache.save(slot) is Kept.WAITING  # skipped: never mapped here, on the engine thread
-    assert _pages(store) == 0 and cache.n_skipped == 1 and worker.n_mapped == 1
-    assert cache.save(slot) is Kept.WAITING and worker.n_mapped == 1  # asked once only
+    assert cache.save(slot) is Kept.WAITING  # never mapped here, on the engine thread
+    assert _pages(store) == 0 and cache.n_skipped == 0 and worker.n_mapped == 1
+    with pytest.raises(NoRoomYet):
+        cache.displace(slot)  # the displacing request waits
+    assert worker.n_mapped == 1  # asked once only
     worker.deliver()
-    assert cache.save(slot) is Kept.SAVED and _pages(store) == 1
+    cache.displace(slot)  # retried: saved
+    assert _pages(store) == 1 and cache.n_skipped == 0
     assert worker.n_mapped == 2  # the next save's buffer is asked for at once
     cache.check_integrity()
     store.check_integrity()

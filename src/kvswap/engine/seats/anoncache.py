@@ -3,8 +3,9 @@ again by their longest common token prefix (as llama-server's `--cache-ram`).
 
 - When an anonymous request is about to overwrite most of an idle slot's cached prompt, or a
   mind takes a slot that holds one, that state is saved as a page first (one memcpy into a
-  buffer prepared ahead, `kv.spare`: when none is ready the save is skipped, never mapped on
-  the engine thread; an anonymous request's end asks for one sized to its slot's state). Its
+  buffer prepared ahead, `kv.spare`, never mapped on the engine thread: while one is being
+  mapped the request waits for it (`displace`), and only a store with no room skips the save;
+  an anonymous request's end asks for one sized to its slot's state). Its
   key (`core.keys.anon_key`) is one no request can build, so no client page ever collides
   with it and no request can name, replace or consume it.
 - A full KV pool moves an idle anonymous slot's state here (`keep`), and a reconfigure hands
@@ -47,6 +48,7 @@ from kvswap.engine.kv.pagestore import PageStore
 from kvswap.engine.kv.spare import Spare, ask_quietly, in_hand
 from kvswap.engine.ports import CacheRuntime
 from kvswap.engine.seats.mindprefix import best_mind_page, best_resident
+from kvswap.engine.seats.outcomes import NoRoomYet
 from kvswap.engine.slot import Slot, SlotTable
 
 log = logging.getLogger("kvswap.minds")
@@ -170,7 +172,7 @@ class AnonCache:
             log.debug(
                 "updating prompt cache: slot %d takes %s (%d tokens)", slot.id, best[0], best[1]
             )
-            self.save(slot, ask_next=False)
+            self.displace(slot, ask_next=False)
             key = best[0]
             page = self.store.hold(key)  # its buffer, once paged in, is the next save's spare
             try:
@@ -188,7 +190,7 @@ class AnonCache:
             self.n_hits += 1
             slot.t_last_used = time.monotonic()
         elif len(slot.tokens) - n_slot >= BLOCK_TOKENS:
-            self.save(slot)
+            self.displace(slot)
 
     def seed(self, slot: Slot, request: GenerationRequest | None, mind: PageKey) -> None:
         """A new `mind` starts on `slot` (whose own state was saved) for `request` (None: a
@@ -279,9 +281,11 @@ class AnonCache:
                 self.n_skipped += 1
                 return Kept.REFUSED
             ready = in_hand(spare, layout.n_bytes)
-            if not ready:
+            if ready is None:
                 self.n_skipped += 1
-                return Kept.REFUSED if ready is None else Kept.WAITING
+                return Kept.REFUSED
+            if not ready:
+                return Kept.WAITING
         if not self._make_room(layout.n_bytes):
             return Kept.REFUSED
         key = anon_key(next(self._ids))
@@ -318,6 +322,14 @@ class AnonCache:
                 )
                 if unified:
                     self.runtime.memory.cut(slot, 0)
+
+    def displace(self, slot: Slot, ask_next: bool = True) -> None:
+        """Save the slot's anonymous state before a request overwrites it (`save`); while the
+        buffer for it is being mapped the request waits (`NoRoomYet`, retried when the buffer
+        arrives) rather than lose a prompt the cache has room for: a conversation's first turn
+        runs anonymous, and its second finds it here."""
+        if self.save(slot, ask_next) is Kept.WAITING:
+            raise NoRoomYet()
 
     def keep(self, slot: Slot) -> Kept:
         """A full KV pool needs the idle anonymous slot's cells: its state becomes an entry (or

@@ -170,7 +170,7 @@ class Seating:
         assert isinstance(cmd, Submit | MindVerb)
         t0 = time.perf_counter()
         if slot.mind is None:
-            self.anon.save(slot)  # the anonymous prompt it held stays findable
+            self.anon.displace(slot)  # the anonymous prompt it held stays findable
         source = self._bring_in(slot, mind, cmd)
         slot.mind = mind
         reg.seated(mind, slot.id)
