@@ -47,6 +47,15 @@ def _open(side: EngineSide, files: Publisher, key: PageKey) -> InPlace:
     return staged
 
 
+def _ask_open_fill(side: EngineSide, files: Publisher, key: PageKey, cmd: Submit) -> InPlace:
+    """The switch waits while the engine asks for mind `key`'s file, the demoter opens it and
+    the engine fills it; the file."""
+    _wait(side, cmd)  # a file asked for
+    staged = _open(side, files, key)
+    _wait(side, cmd)  # filled
+    return staged
+
+
 def _filled(side: EngineSide, key: PageKey) -> tuple[FileFilled, float]:
     job = side.handoffs.take()
     assert job is not None and job.key == key and isinstance(job.what, FileFilled)
@@ -101,9 +110,7 @@ def test_a_failed_write_fails_the_switch_and_keeps_the_mind(tmp_path: Path) -> N
     big = _m("big")
     cmd = _big_in_slot(side, big)
     with Publisher(tmp_path) as files:
-        _wait(side, cmd)
-        _open(side, files, big)
-        _wait(side, cmd)
+        _ask_open_fill(side, files, big, cmd)
         filled, _ = _filled(side, big)
         files.cancel_in_place(filled.staged)  # the demoter's write failed
         side.handoffs.done(big, Handed.REFUSED)
@@ -137,9 +144,7 @@ def test_a_mind_that_changed_since_its_file_was_written_asks_again(tmp_path: Pat
     big = _m("big")
     cmd = _big_in_slot(side, big)
     with Publisher(tmp_path) as files:
-        _wait(side, cmd)
-        _open(side, files, big)
-        _wait(side, cmd)
+        _ask_open_fill(side, files, big, cmd)
         _publish(side, files, big)
         side.registry.record_disk(big, DiskCopy(1, 999, 0.0))  # as if an older state landed
         _wait(side, cmd)
