@@ -188,10 +188,10 @@ class Handoffs:
         with self._lock:
             value = self._handoffs.pop(key, None)
             self._handed_at.pop(key, None)
-            orphan = isinstance(value, FileOpened | FileFilled)
-            if isinstance(value, FileOpened | FileFilled):
-                self._orphans.append(value.staged)
-        if orphan:
+            staged = value.staged if isinstance(value, FileOpened | FileFilled) else None
+            if staged is not None:
+                self._orphans.append(staged)
+        if staged is not None:
             self.call_demoter()
 
     def minds(self) -> set[PageKey]:
