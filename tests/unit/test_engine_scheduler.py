@@ -1,5 +1,7 @@
 """Waiting work and slot choice: id_slot, longest prefix, LRU, and arrival order."""
 
+import time
+
 import numpy as np
 
 from kvswap.engine.plan.scheduler import Job, WaitQueue, choose_slot
@@ -131,3 +133,21 @@ def test_a_mind_that_adopts_takes_the_anonymous_slot_holding_its_prefix() -> Non
     assert adopted is slots[1]
     seated = choose_slot(slots, prompt, similarity=0.1, taken=set(), mind=mind)
     assert seated is slots[0]
+
+
+def test_a_job_put_back_for_room_keeps_its_place_and_its_wait_counts_from_the_first_try() -> None:
+    """What `mind_seat_wait_ms_total` adds up: a job that found no room to start goes back to
+    the head of the queue (before jobs that arrived after it) and its wait is timed from its
+    first failed start, not reset by each retry; a job that started at once waited 0 ms."""
+    queue = WaitQueue(similarity=0.5)
+    first, later = Job(1, -1, _prompt(1)), Job(2, -1, _prompt(2))
+    assert first.held_ms() == 0.0
+    queue.add(later)
+    queue.put_back(first)
+    began = first.held_since
+    assert [j.req_id for j in queue.jobs] == [1, 2]
+    time.sleep(0.02)
+    queue.jobs.remove(first)
+    queue.put_back(first)  # a second retry
+    assert first.held_since == began
+    assert first.held_ms() >= 20.0 and later.held_ms() == 0.0

@@ -162,12 +162,15 @@ def _follow(prompt: str, content: str, turn: int) -> str:
 
 
 # After a turn: the times the server measured since the last call, ms ("switch": its state
-# moves; kvswap also "read" and "restore", a switch from disk's parts).
+# moves; kvswap also "read" and "restore", a switch from disk's parts, "wait", the requests'
+# waits for room to start, and "prefill", the engine's prompt processing).
 Probe = Callable[[], dict[str, float]]
-_KVSWAP_COUNTERS = {
-    "switch": "mind_switch_ms_total",
-    "read": "mind_read_ms_total",
-    "restore": "mind_restore_ms_total",
+_KVSWAP_COUNTERS = {  # part: (counter, its unit in ms)
+    "switch": ("mind_switch_ms_total", 1.0),
+    "read": ("mind_read_ms_total", 1.0),
+    "restore": ("mind_restore_ms_total", 1.0),
+    "wait": ("mind_seat_wait_ms_total", 1.0),
+    "prefill": ("prompt_seconds_total", 1e3),
 }
 
 
@@ -178,9 +181,9 @@ def kvswap_probe(server: BenchServer) -> Probe:
     def probe() -> dict[str, float]:
         text = server.client.get("/metrics").text
         deltas = {}
-        for part, name in _KVSWAP_COUNTERS.items():
+        for part, (name, unit_ms) in _KVSWAP_COUNTERS.items():
             found = re.search(rf"^llamacpp:{name} (\S+)$", text, re.M)
-            now = float(found.group(1)) if found else 0.0
+            now = float(found.group(1)) * unit_ms if found else 0.0
             deltas[part], seen[part] = now - seen[part], now
         return deltas
 

@@ -20,9 +20,9 @@ machine's load falls on every way alike and each stored turn has its floor measu
 One client plays the agents round robin, so every returning turn finds its mind out of its slot
 (8 agents, 2 slots), in RAM or on disk past `--page-ram-bytes`. Per turn: TTFT (to the first
 output delta), the request's bytes, the server's CPU time over the request, the tokens it
-prefilled, and on kvswap the milliseconds the server spent moving minds for it (`/metrics`: the
-engine's switches, reads from disk, restores). `stateful_report` writes the table, the targets
-and the plot.
+prefilled, and on kvswap what the server measured (`/metrics`): its prefill, the milliseconds it
+spent moving minds for it (the engine's switches, reads from disk, restores) and the request's
+wait for room to start. `stateful_report` writes the table, the targets and the plot.
 """
 
 from __future__ import annotations
@@ -110,7 +110,8 @@ class Agents:
                     final = event["response"]
         total_ms = (time.perf_counter() - t0) * 1e3
         cpu_ms = (process_cpu_s(self.server.proc.pid) - cpu0) * 1e3
-        moved_ms = sum(self.moves().values()) if self.moves else 0.0
+        parts = self.moves() if self.moves else {}
+        moved_ms = sum(parts.get(k, 0.0) for k in ("switch", "read", "restore"))
         usage = final.get("usage") or {}
         n_prompt = int(usage.get("input_tokens", 0))
         cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
@@ -121,7 +122,8 @@ class Agents:
         ]
         return TurnFigures(
             self.way, agent, turn, ttft_ms or total_ms, total_ms, len(raw), cpu_ms,
-            n_prompt, n_prompt - cached, moved_ms,
+            n_prompt, n_prompt - cached, moved_ms, parts.get("wait", 0.0),
+            parts.get("prefill", 0.0),
         )  # fmt: skip
 
 
@@ -133,7 +135,9 @@ def _model(a: argparse.Namespace) -> str:
     from kvswap.tiny import realistic_kv_params, tiny_model_path
 
     params = realistic_kv_params("smollm2-135m")  # SmolLM2's KV bytes per token
-    params["n_ctx_train"] = max(params["n_ctx_train"], a.ctx_slot)
+    # A slot's window is padded to 256 cells: one past the training context would be
+    # YaRN-extended, which llama-server would cap instead.
+    params["n_ctx_train"] = max(params["n_ctx_train"], -(-a.ctx_slot // 256) * 256)
     return str(tiny_model_path("llama", clean_text=True, **params))
 
 

@@ -1,5 +1,5 @@
 """`kvswap bench stateful`'s report: per turn and way, TTFT p50/p95, request bytes, server CPU,
-the server's mind moves and tokens prefilled; the targets (the stored path's last turn within
+the server's prefill, mind moves, waits for room and tokens prefilled; the targets (the stored path's last turn within
 1.2x of its turn 2, request bytes that do not grow with the chain, never slower than a full
 re-send, at least 10x faster than llama-server over the RAM budget), each with its figure; the
 plot of TTFT per turn (`bench-stateful.png`, with matplotlib); and the stored turn against its
@@ -30,6 +30,8 @@ class TurnFigures:
     n_prompt: int  # the prompt's tokens
     n_prefilled: int  # ... of them, those the server computed
     moved_ms: float = 0.0  # kvswap: the server's mind moves for it (switch, read, restore)
+    wait_ms: float = 0.0  # kvswap: its wait for room to start (a buffer, the demoter's room)
+    prefill_ms: float = 0.0  # kvswap: the engine's prompt processing while it ran
     error: str = ""
 
 
@@ -51,9 +53,9 @@ def _ttft(figures: list[TurnFigures], turn: int, q: float = 0.5) -> float:
 
 def table(figures: ByWay, turns: list[int]) -> list[str]:
     lines = [
-        "| turn | way | TTFT p50 ms | TTFT p95 ms | request KB | server CPU ms | mind moves ms "
-        "| prompt tokens | prefilled |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| turn | way | TTFT p50 ms | TTFT p95 ms | request KB | server CPU ms | prefill ms "
+        "| mind moves ms | waits ms | prompt tokens | prefilled |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for turn in turns:
         for way, figs in figures.items():
@@ -63,11 +65,14 @@ def table(figures: ByWay, turns: list[int]) -> list[str]:
             kb = statistics.mean(f.request_bytes for f in at) / 1024
             cpu = statistics.mean(f.cpu_ms for f in at)
             moved = statistics.mean(f.moved_ms for f in at)
+            waited = statistics.mean(f.wait_ms for f in at)
+            prefill = statistics.mean(f.prefill_ms for f in at)
             n_prompt = statistics.mean(f.n_prompt for f in at)
             n_pre = statistics.mean(f.n_prefilled for f in at)
             lines.append(
                 f"| {turn + 1} | {way} | {_ttft(figs, turn):.0f} | {_ttft(figs, turn, 0.95):.0f} "
-                f"| {kb:.1f} | {cpu:.0f} | {moved:.0f} | {n_prompt:.0f} | {n_pre:.0f} |"
+                f"| {kb:.1f} | {cpu:.0f} | {prefill:.0f} | {moved:.0f} | {waited:.0f} "
+                f"| {n_prompt:.0f} | {n_pre:.0f} |"
             )
     return lines
 

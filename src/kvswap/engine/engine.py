@@ -334,11 +334,12 @@ class Engine:
             try:
                 seat = self.seating.seat(slot, cmd)
             except NoRoomYet:
-                self.waiting.jobs.insert(0, job)  # retried when the demoter has made room
+                self.waiting.put_back(job)  # retried when the demoter has made room
                 break
             except KvswapError as err:
                 refuse(cmd, err)
                 continue
+            self.registry.count(seat_wait_ms_total=job.held_ms())
             if isinstance(cmd, Submit):
                 assert job.prompt is not None
                 self._admit(cmd, job.prompt, slot, seat)

@@ -103,6 +103,11 @@ KVSWAP_SERIES: dict[str, tuple[str, str]] = {
         "counter",
         "Engine milliseconds spent moving minds in and out of slots",
     ),
+    "mind_seat_wait_ms_total": (
+        "counter",
+        "Milliseconds requests waited for room to start: a page buffer being mapped, the "
+        "demoter's room for a switch, a mind's hand-off to disk",
+    ),
     "mind_read_ms_total": (
         "counter",
         "Milliseconds spent reading minds back from disk (read and verify, off the engine)",

@@ -19,6 +19,7 @@ Pure (slots are read, never changed). Rules, as llama-server plus ordering it la
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -43,6 +44,11 @@ class Job:
     mind: PageKey | None = None  # the mind the request names (None: anonymous)
     namespace: str = PUBLIC_NAMESPACE  # the tenant of an anonymous request
     adopt: bool = False  # a mind in no slot may take an anonymous slot holding its prefix
+    held_since: float | None = None  # perf_counter when it first waited for room to start
+
+    def held_ms(self) -> float:
+        """How long the job waited for room to start (`WaitQueue.put_back`), ms; 0 if never."""
+        return 0.0 if self.held_since is None else (time.perf_counter() - self.held_since) * 1e3
 
     @staticmethod
     def of(
@@ -125,6 +131,13 @@ class WaitQueue:
 
     def add(self, job: Job) -> None:
         self.jobs.append(job)
+
+    def put_back(self, job: Job) -> None:
+        """A job that found no room to start (a page buffer, the demoter's room, a mind's
+        hand-off to disk) goes back to the head of the queue; its wait is timed from now on."""
+        if job.held_since is None:
+            job.held_since = time.perf_counter()
+        self.jobs.insert(0, job)
 
     def remove(self, req_id: int) -> Job | None:
         for i, job in enumerate(self.jobs):

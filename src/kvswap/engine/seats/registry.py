@@ -80,6 +80,7 @@ class MindCounters:
     too_large_total: int = 0  # a mind larger than the whole page store left its slot
     flushes_total: int = 0  # an idle mind's state written on schedule (--page-flush-seconds)
     switch_ms_total: float = 0.0  # engine time spent seating minds (evict, page in, apply)
+    seat_wait_ms_total: float = 0.0  # jobs waiting for room to start (NoRoomYet), summed
     diverged_total: int = 0  # a request that did not extend its mind's history
     dropped_tokens_total: int = 0  # ... the tokens of the history it dropped
     read_ms_total: float = 0.0  # reading minds back from disk (I/O worker: read and verify)
