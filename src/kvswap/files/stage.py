@@ -29,6 +29,7 @@ from kvswap.files import checksum
 from kvswap.files.commits import CommitRecord, FileEntry, read_record, write_file
 from kvswap.files.errors import CorruptFileError, FilesIOError
 from kvswap.files.locks import LockTable
+from kvswap.files.mapping import populate_shared
 from kvswap.files.osio import OsAdapter
 from kvswap.files.paths import RECORD_STAGED, ROLE, SWEEP_LOCK, SaveRoot, stage_lock_name
 from kvswap.files.sidecar import EncodedFile
@@ -130,12 +131,19 @@ class Stage:
 
     def create_mapped(self, suffix: Suffix, n_bytes: int) -> tuple[int, mmap.mmap]:
         """A file of the generation created at `n_bytes`, its blocks allocated, and a shared
-        mapping of it for the caller to fill (`seal` ends it)."""
+        mapping of it for the caller to fill (`seal` ends it), its pages faulted in already
+        (`mapping.populate_shared`: the caller's fill is then a memcpy)."""
         osio = self.root.osio
         fd = osio.open(ROLE[suffix], os.O_RDWR | os.O_CREAT | os.O_EXCL, dir_fd=self.dir_fd)
         try:
             osio.allocate(fd, n_bytes)
-            return fd, mmap.mmap(fd, n_bytes, flags=mmap.MAP_SHARED)
+            buffer = mmap.mmap(fd, n_bytes, flags=mmap.MAP_SHARED)
+            try:
+                populate_shared(buffer)
+            except BaseException:
+                buffer.close()
+                raise
+            return fd, buffer
         except BaseException:
             osio.close(fd)
             raise
