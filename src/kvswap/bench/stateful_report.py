@@ -1,7 +1,8 @@
 """`kvswap bench stateful`'s report: per turn and way, TTFT p50/p95, request bytes, server CPU,
-the server's prefill, mind moves, waits for room and tokens prefilled; the targets (the stored path's last turn within
-1.2x of its turn 2, request bytes that do not grow with the chain, never slower than a full
-re-send, at least 10x faster than llama-server over the RAM budget), each with its figure; the
+the server's prefill, mind moves, waits for room and tokens prefilled; the targets (the stored
+path's last turn within 1.2x of its turn 2, request bytes that do not grow with the chain, never
+slower than a full re-send, at least 10x faster than llama-server over the RAM budget), each
+with its figure; the
 plot of TTFT per turn (`bench-stateful.png`, with matplotlib); and the stored turn against its
 floor, the same turn on a mind resident in its slot (the `kvswap resident` way, when run: within
 1.15x), paired: each agent's stored turn over the same agent's resident turn, played beside it

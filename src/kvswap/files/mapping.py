@@ -74,7 +74,7 @@ def map_populated(fd: int, size: int) -> mmap.mmap | None:
     m = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     kept = False
     try:
-        err = _read_in(m)
+        err = _fault_in(m)
         if err in (errno.EINVAL, errno.ENOSYS):
             return None
         if err:
@@ -92,13 +92,13 @@ def populate_shared(m: mmap.mmap) -> None:
     faulting page-cache pages in one at a time ran 3-20x slower (a 780 MiB mind: 240-1,490 ms
     against 69 ms, plus 165 ms here, off that thread). A kernel without the advice leaves the
     faults to the copy; a disk that fails raises OSError."""
-    err = _read_in(m, MADV_POPULATE_WRITE)
+    err = _fault_in(m, MADV_POPULATE_WRITE)
     if err and err not in (errno.EINVAL, errno.ENOSYS):
         raise OSError(err, f"faulting a mapped file in: {os.strerror(err)}")
 
 
-def _read_in(m: mmap.mmap, advice: int = MADV_POPULATE_READ) -> int:
-    """Every page of `m` read in (`advice`: `MADV_POPULATE_READ`, or `_WRITE`), in steps: 0,
+def _fault_in(m: mmap.mmap, advice: int = MADV_POPULATE_READ) -> int:
+    """Every page of `m` faulted in (`advice`: `MADV_POPULATE_READ`, or `_WRITE`), in steps: 0,
     or the errno of the first step that failed."""
     anchor = ctypes.c_char.from_buffer(m)  # an export: released before returning
     try:
